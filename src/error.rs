@@ -1,0 +1,138 @@
+//! The error type of every fallible oncedb call.
+
+use std::fmt;
+use std::io;
+use std::path::PathBuf;
+
+/// Result alias used throughout oncedb.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in oncedb.
+///
+/// "Already present" is not an error: it is the `false` of
+/// [`Db::insert_if_absent`](crate::Db::insert_if_absent) or a
+/// [`Reservation`](crate::Reservation) variant.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// The options passed to [`Db::open`](crate::Db::open) are inconsistent or out of range.
+    InvalidOptions(String),
+    /// A key is empty or longer than the configured limit.
+    KeyTooLong {
+        /// Length of the rejected key in bytes.
+        len: usize,
+        /// The limit in force (`Options::max_key_bytes`).
+        max: usize,
+    },
+    /// A key is empty.
+    EmptyKey,
+    /// A scope component (tenant or operation) is longer than [`crate::MAX_SCOPE_PART_BYTES`].
+    ScopeTooLong {
+        /// Length of the rejected component in bytes.
+        len: usize,
+    },
+    /// A stored response is longer than the configured limit.
+    ResponseTooLarge {
+        /// Length of the rejected response in bytes.
+        len: usize,
+        /// The limit in force (`Options::max_response_bytes`).
+        max: usize,
+    },
+    /// A batch holds more keys than [`crate::MAX_BATCH_KEYS`].
+    BatchTooLarge {
+        /// Number of keys in the rejected batch.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The lease no longer owns its record: the record expired with its window.
+    LeaseLost,
+    /// Two different scoped keys share a 128-bit fingerprint; the operation was refused
+    /// rather than mixing their records. With a seeded 128-bit hash this is not expected
+    /// to happen in the lifetime of any deployment.
+    FingerprintCollision,
+    /// The store is full and its [`FullPolicy`](crate::FullPolicy) is to reject new keys.
+    Full {
+        /// The configured key limit.
+        max_keys: u64,
+    },
+    /// An earlier I/O failure poisoned the store; it refuses writes until reopened.
+    Poisoned,
+    /// Another process (or another `Db` in this process) holds the directory's lock file.
+    Locked(PathBuf),
+    /// A file is not in a format oncedb wrote, or its checksum does not match.
+    Corrupted {
+        /// The damaged file.
+        path: PathBuf,
+        /// Byte offset of the first damaged record or header.
+        offset: u64,
+        /// What was wrong.
+        reason: String,
+    },
+    /// The directory was created with different settings than the ones passed to open.
+    IncompatibleOptions(String),
+    /// The operating system reported an I/O error.
+    Io(io::Error),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::InvalidOptions(why) => write!(f, "invalid options: {why}"),
+            Error::KeyTooLong { len, max } => {
+                write!(f, "key of {len} bytes exceeds the limit of {max} bytes")
+            }
+            Error::EmptyKey => write!(f, "key is empty"),
+            Error::ScopeTooLong { len } => write!(
+                f,
+                "scope component of {len} bytes exceeds the limit of {} bytes",
+                crate::MAX_SCOPE_PART_BYTES
+            ),
+            Error::ResponseTooLarge { len, max } => {
+                write!(
+                    f,
+                    "response of {len} bytes exceeds the limit of {max} bytes"
+                )
+            }
+            Error::BatchTooLarge { len, max } => {
+                write!(f, "batch of {len} keys exceeds the limit of {max} keys")
+            }
+            Error::LeaseLost => write!(f, "the lease's record has expired or was removed"),
+            Error::FingerprintCollision => {
+                write!(f, "two different keys share a 128-bit fingerprint")
+            }
+            Error::Full { max_keys } => write!(f, "store is full ({max_keys} keys)"),
+            Error::Poisoned => write!(
+                f,
+                "store is poisoned by an earlier I/O failure; reopen it to recover"
+            ),
+            Error::Locked(path) => write!(f, "{} is locked by another process", path.display()),
+            Error::Corrupted {
+                path,
+                offset,
+                reason,
+            } => write!(
+                f,
+                "{} is corrupted at byte {offset}: {reason}",
+                path.display()
+            ),
+            Error::IncompatibleOptions(why) => write!(f, "incompatible options: {why}"),
+            Error::Io(err) => write!(f, "I/O error: {err}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Io(err) => Some(err),
+            _ => None,
+        }
+    }
+}
+
+impl From<io::Error> for Error {
+    fn from(err: io::Error) -> Self {
+        Error::Io(err)
+    }
+}

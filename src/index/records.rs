@@ -1,0 +1,226 @@
+//! The idempotency records of one shard, keyed by fingerprint, with full keys compared.
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
+
+use super::window::Window;
+use crate::error::{Error, Result};
+use crate::record::{Record, RecordStatus};
+
+/// Where a stored record stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum State {
+    InFlight { lease_id: u64 },
+    Completed { response: Arc<[u8]>, at_ms: u64 },
+    Failed { response: Arc<[u8]>, at_ms: u64 },
+}
+
+/// One record as kept in memory.
+#[derive(Debug, Clone)]
+pub(crate) struct StoredRecord {
+    pub(crate) scoped_key: Box<[u8]>,
+    pub(crate) request_hash: u128,
+    pub(crate) bucket: u64,
+    pub(crate) created_ms: u64,
+    pub(crate) state: State,
+}
+
+impl StoredRecord {
+    pub(crate) fn snapshot(&self) -> Record {
+        let (status, response, finished_ms) = match &self.state {
+            State::InFlight { .. } => (RecordStatus::InFlight, None, None),
+            State::Completed { response, at_ms } => (
+                RecordStatus::Completed,
+                Some(response.clone()),
+                Some(*at_ms),
+            ),
+            State::Failed { response, at_ms } => {
+                (RecordStatus::Failed, Some(response.clone()), Some(*at_ms))
+            }
+        };
+        Record {
+            status,
+            response,
+            created_ms: self.created_ms,
+            finished_ms,
+        }
+    }
+
+    pub(crate) fn lease_id(&self) -> Option<u64> {
+        match self.state {
+            State::InFlight { lease_id } => Some(lease_id),
+            _ => None,
+        }
+    }
+}
+
+/// Fingerprints are already uniform: hash a map key by taking its low 64 bits.
+#[derive(Default)]
+pub(crate) struct FingerprintHasher(u64);
+
+impl Hasher for FingerprintHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(byte);
+        }
+    }
+
+    fn write_u128(&mut self, value: u128) {
+        self.0 = value as u64;
+    }
+}
+
+type FingerprintMap<V> = HashMap<u128, V, BuildHasherDefault<FingerprintHasher>>;
+
+/// Records plus an expiry queue in admission order (buckets never decrease within a
+/// shard), drained a few entries per operation.
+#[derive(Debug, Default)]
+pub(crate) struct RecordMap {
+    map: FingerprintMap<StoredRecord>,
+    expiry: VecDeque<(u64, u128)>,
+}
+
+impl RecordMap {
+    /// The live record of `fingerprint`, checking that it belongs to `scoped_key`.
+    /// An expired record is removed and reported absent.
+    pub(crate) fn live_mut(
+        &mut self,
+        fingerprint: u128,
+        scoped_key: Option<&[u8]>,
+        window: Window,
+        current: u64,
+    ) -> Result<Option<&mut StoredRecord>> {
+        let expired = match self.map.get(&fingerprint) {
+            None => return Ok(None),
+            Some(record) => !window.is_live(record.bucket, current),
+        };
+        if expired {
+            self.map.remove(&fingerprint);
+            return Ok(None);
+        }
+        let record = self.map.get_mut(&fingerprint).expect("checked above");
+        if let Some(key) = scoped_key
+            && *record.scoped_key != *key
+        {
+            return Err(Error::FingerprintCollision);
+        }
+        Ok(Some(record))
+    }
+
+    /// Stores `record`, replacing any record with the same fingerprint.
+    pub(crate) fn insert(
+        &mut self,
+        fingerprint: u128,
+        record: StoredRecord,
+    ) -> Option<StoredRecord> {
+        self.expiry.push_back((record.bucket, fingerprint));
+        self.map.insert(fingerprint, record)
+    }
+
+    pub(crate) fn remove(&mut self, fingerprint: u128) -> Option<StoredRecord> {
+        self.map.remove(&fingerprint)
+    }
+
+    /// Removes up to `budget` records whose bucket has left the window.
+    pub(crate) fn expire(&mut self, budget: usize, window: Window, current: u64) {
+        for _ in 0..budget {
+            let Some(&(bucket, fingerprint)) = self.expiry.front() else {
+                return;
+            };
+            if window.is_live(bucket, current) {
+                return;
+            }
+            self.expiry.pop_front();
+            // The key may have been released and reserved again in a later bucket.
+            if self
+                .map
+                .get(&fingerprint)
+                .is_some_and(|r| r.bucket == bucket)
+            {
+                self.map.remove(&fingerprint);
+            }
+        }
+    }
+
+    /// Records held in memory, live or expired but not yet removed.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Approximate heap bytes held.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        let per_entry = size_of::<(u128, StoredRecord)>() + 1;
+        let payload: usize = self
+            .map
+            .values()
+            .map(|r| {
+                r.scoped_key.len()
+                    + match &r.state {
+                        State::Completed { response, .. } | State::Failed { response, .. } => {
+                            response.len()
+                        }
+                        State::InFlight { .. } => 0,
+                    }
+            })
+            .sum();
+        self.map.capacity() * per_entry + self.expiry.capacity() * 24 + payload
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(bucket: u64, key: &[u8]) -> StoredRecord {
+        StoredRecord {
+            scoped_key: key.into(),
+            request_hash: 1,
+            bucket,
+            created_ms: bucket,
+            state: State::InFlight { lease_id: 1 },
+        }
+    }
+
+    #[test]
+    fn expired_records_are_absent_and_drained() {
+        let window = Window::new(2, 1);
+        let mut map = RecordMap::default();
+        map.insert(1, record(0, b"a"));
+        map.insert(2, record(1, b"b"));
+        assert!(map.live_mut(1, Some(b"a"), window, 2).unwrap().is_some());
+        map.expire(10, window, 3);
+        assert_eq!(map.len(), 1);
+        assert!(map.live_mut(1, Some(b"a"), window, 3).unwrap().is_none());
+        assert!(map.live_mut(2, Some(b"b"), window, 3).unwrap().is_some());
+        assert!(map.live_mut(2, Some(b"b"), window, 4).unwrap().is_none());
+        assert_eq!(map.len(), 0);
+    }
+
+    #[test]
+    fn reinserted_key_survives_old_expiry_entry() {
+        let window = Window::new(2, 1);
+        let mut map = RecordMap::default();
+        map.insert(1, record(0, b"a"));
+        map.remove(1);
+        map.insert(1, record(5, b"a"));
+        map.expire(10, window, 5);
+        assert!(map.live_mut(1, Some(b"a"), window, 5).unwrap().is_some());
+    }
+
+    #[test]
+    fn different_key_same_fingerprint_is_refused() {
+        let window = Window::new(2, 1);
+        let mut map = RecordMap::default();
+        map.insert(1, record(0, b"a"));
+        assert!(matches!(
+            map.live_mut(1, Some(b"z"), window, 0),
+            Err(Error::FingerprintCollision)
+        ));
+    }
+}

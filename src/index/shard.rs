@@ -1,0 +1,361 @@
+//! One shard: a dedup table, a record map, and per-bucket live counts, behind one lock.
+
+use super::records::{RecordMap, State, StoredRecord};
+use super::table::{DedupTable, Inserted};
+use super::window::Window;
+use crate::error::{Error, Result};
+use crate::fingerprint::Fingerprint;
+use crate::record::{Finish, Record};
+use crate::stats::Counters;
+
+/// Table slots swept per write while a sweep pass is under way.
+pub(crate) const SWEEP_SLOTS_PER_WRITE: usize = 8;
+/// Expired records removed per write.
+const EXPIRE_RECORDS_PER_WRITE: usize = 4;
+/// A shard whose oldest possible entry is this many buckets old is swept at once, so
+/// that 32-bit bucket numbers in slots never become ambiguous (they wrap at 2^32).
+const MAX_UNSWEPT_AGE_BUCKETS: u64 = 1 << 30;
+
+/// What `reserve` found, before the caller turns it into a public `Reservation`.
+#[derive(Debug)]
+pub(crate) enum Reserved {
+    Acquired,
+    InFlight { since_ms: u64 },
+    Completed(Record),
+    Failed(Record),
+    Mismatch,
+}
+
+/// Live entries of one bucket: dedup keys and records.
+#[derive(Debug, Clone, Copy, Default)]
+struct BucketCount {
+    keys: u32,
+    records: u32,
+}
+
+#[derive(Debug)]
+pub(crate) struct Shard {
+    window: Window,
+    /// Highest bucket this shard has seen; entries are stamped with it.
+    current: u64,
+    table: DedupTable,
+    records: RecordMap,
+    /// Live counts per bucket, at `bucket % live_buckets`.
+    ring: Box<[BucketCount]>,
+    live_keys: u64,
+    live_records: u64,
+    /// No table entry is older than this bucket.
+    oldest_bucket: u64,
+    /// `current` when the running sweep pass started.
+    sweep_started: u64,
+    pub(crate) counters: Counters,
+}
+
+impl Shard {
+    pub(crate) fn new(window: Window, expected_keys: usize, current: u64) -> Self {
+        Shard {
+            window,
+            current,
+            table: DedupTable::with_keys(expected_keys),
+            records: RecordMap::default(),
+            ring: vec![BucketCount::default(); window.live_buckets() as usize].into_boxed_slice(),
+            live_keys: 0,
+            live_records: 0,
+            oldest_bucket: current,
+            sweep_started: current,
+            counters: Counters::default(),
+        }
+    }
+
+    fn ring_index(&self, bucket: u64) -> usize {
+        (bucket % self.window.live_buckets()) as usize
+    }
+
+    /// Moves the shard to bucket `now` (never backwards): buckets that left the window
+    /// stop counting at once, and their table slots are queued for the sweep.
+    pub(crate) fn advance(&mut self, now: u64) {
+        if now <= self.current {
+            return;
+        }
+        let span = self.window.span;
+        let first_leaving = self.current.saturating_sub(span);
+        let end_leaving = now.saturating_sub(span);
+        let leaving = end_leaving.saturating_sub(first_leaving);
+        if leaving >= self.window.live_buckets() {
+            self.ring.fill(BucketCount::default());
+            self.live_keys = 0;
+            self.live_records = 0;
+        } else {
+            for bucket in first_leaving..end_leaving {
+                let index = self.ring_index(bucket);
+                let count = std::mem::take(&mut self.ring[index]);
+                self.live_keys -= u64::from(count.keys);
+                self.live_records -= u64::from(count.records);
+            }
+        }
+        self.current = now;
+        self.schedule_sweep();
+    }
+
+    fn schedule_sweep(&mut self) {
+        let garbage = self.table.used() as u64 > self.live_keys;
+        if self.live_keys == 0 && garbage {
+            // Everything expired: drop the table whole instead of sweeping it.
+            self.table.clear();
+            self.oldest_bucket = self.current;
+        } else if self.current - self.oldest_bucket >= MAX_UNSWEPT_AGE_BUCKETS {
+            self.table
+                .rebuild(self.live_keys as usize, self.window.liveness(self.current));
+            self.oldest_bucket = self.current.saturating_sub(self.window.span);
+        } else if garbage && !self.table.sweeping() {
+            self.table.start_sweep();
+            self.sweep_started = self.current;
+        }
+    }
+
+    /// Background work each write pays for: a step of the sweep, a few record expiries.
+    fn maintain(&mut self, writes: usize) {
+        if self.table.sweeping() {
+            let live = self.window.liveness(self.current);
+            let (_, done) = self.table.sweep(SWEEP_SLOTS_PER_WRITE * writes, live);
+            if done {
+                self.oldest_bucket = self
+                    .oldest_bucket
+                    .max(self.sweep_started.saturating_sub(self.window.span));
+                self.schedule_sweep();
+            }
+        }
+        let (window, current) = (self.window, self.current);
+        self.records
+            .expire(EXPIRE_RECORDS_PER_WRITE * writes, window, current);
+    }
+
+    /// Pre-loads the home slot of `fingerprint` (batch prefetch).
+    #[inline]
+    pub(crate) fn touch(&self, fingerprint: Fingerprint) -> u32 {
+        self.table.touch(fingerprint.tag())
+    }
+
+    /// Admits a dedup key; false if it is live already.
+    pub(crate) fn insert_key(&mut self, fingerprint: Fingerprint) -> bool {
+        if self.table.needs_growth() {
+            self.table
+                .rebuild(self.live_keys as usize, self.window.liveness(self.current));
+            self.oldest_bucket = self.current.saturating_sub(self.window.span);
+        }
+        let admitted = self
+            .table
+            .insert(fingerprint.tag(), self.window.liveness(self.current))
+            == Inserted::New;
+        if admitted {
+            let index = self.ring_index(self.current);
+            self.ring[index].keys += 1;
+            self.live_keys += 1;
+            self.counters.admitted += 1;
+        } else {
+            self.counters.duplicates += 1;
+        }
+        admitted
+    }
+
+    /// Re-admits a key during recovery in the bucket it was logged in.
+    pub(crate) fn restore_key(&mut self, fingerprint: Fingerprint) {
+        if self.table.needs_growth() {
+            self.table
+                .rebuild(self.live_keys as usize, self.window.liveness(self.current));
+        }
+        if self
+            .table
+            .insert(fingerprint.tag(), self.window.liveness(self.current))
+            == Inserted::New
+        {
+            let index = self.ring_index(self.current);
+            self.ring[index].keys += 1;
+            self.live_keys += 1;
+        }
+    }
+
+    /// Ends a batch of `writes` writes with their share of maintenance.
+    pub(crate) fn after_writes(&mut self, writes: usize) {
+        self.maintain(writes);
+    }
+
+    pub(crate) fn contains_key(&mut self, fingerprint: Fingerprint) -> bool {
+        self.table
+            .contains(fingerprint.tag(), self.window.liveness(self.current))
+    }
+
+    /// Atomically looks up or creates the record of `scoped_key`.
+    pub(crate) fn reserve(
+        &mut self,
+        fingerprint: Fingerprint,
+        scoped_key: &[u8],
+        request_hash: u128,
+        lease_id: u64,
+        now_ms: u64,
+    ) -> Result<Reserved> {
+        let (window, current) = (self.window, self.current);
+        let outcome =
+            match self
+                .records
+                .live_mut(fingerprint.0, Some(scoped_key), window, current)?
+            {
+                Some(record) if record.request_hash != request_hash => Reserved::Mismatch,
+                Some(record) => match &record.state {
+                    State::InFlight { .. } => Reserved::InFlight {
+                        since_ms: record.created_ms,
+                    },
+                    State::Completed { .. } => Reserved::Completed(record.snapshot()),
+                    State::Failed { .. } => Reserved::Failed(record.snapshot()),
+                },
+                None => {
+                    self.store_record(
+                        fingerprint,
+                        scoped_key.into(),
+                        request_hash,
+                        lease_id,
+                        now_ms,
+                    );
+                    Reserved::Acquired
+                }
+            };
+        self.count_reservation(&outcome);
+        self.maintain(1);
+        Ok(outcome)
+    }
+
+    fn count_reservation(&mut self, outcome: &Reserved) {
+        let counters = &mut self.counters;
+        match outcome {
+            Reserved::Acquired => counters.acquired += 1,
+            Reserved::InFlight { .. } => counters.in_flight_hits += 1,
+            Reserved::Completed(_) | Reserved::Failed(_) => counters.replays += 1,
+            Reserved::Mismatch => counters.mismatches += 1,
+        }
+    }
+
+    /// Stores a new in-flight record in the current bucket, replacing any older one.
+    pub(crate) fn store_record(
+        &mut self,
+        fingerprint: Fingerprint,
+        scoped_key: Box<[u8]>,
+        request_hash: u128,
+        lease_id: u64,
+        created_ms: u64,
+    ) {
+        let record = StoredRecord {
+            scoped_key,
+            request_hash,
+            bucket: self.current,
+            created_ms,
+            state: State::InFlight { lease_id },
+        };
+        if let Some(old) = self.records.insert(fingerprint.0, record) {
+            self.uncount_record(old.bucket);
+        }
+        let index = self.ring_index(self.current);
+        self.ring[index].records += 1;
+        self.live_records += 1;
+    }
+
+    fn uncount_record(&mut self, bucket: u64) {
+        if self.window.is_live(bucket, self.current) {
+            let index = self.ring_index(bucket);
+            self.ring[index].records -= 1;
+            self.live_records -= 1;
+        }
+    }
+
+    /// Ends the lease `lease_id` on the record of `fingerprint`.
+    pub(crate) fn finish(
+        &mut self,
+        fingerprint: Fingerprint,
+        lease_id: u64,
+        finish: &Finish,
+        now_ms: u64,
+    ) -> Result<()> {
+        let (window, current) = (self.window, self.current);
+        let record = self
+            .records
+            .live_mut(fingerprint.0, None, window, current)?;
+        let Some(record) = record.filter(|r| r.lease_id() == Some(lease_id)) else {
+            self.counters.leases_lost += 1;
+            return Err(Error::LeaseLost);
+        };
+        match finish {
+            Finish::Complete(response) => {
+                record.state = State::Completed {
+                    response: response.clone(),
+                    at_ms: now_ms,
+                };
+                self.counters.completed += 1;
+            }
+            Finish::Fail(response) => {
+                record.state = State::Failed {
+                    response: response.clone(),
+                    at_ms: now_ms,
+                };
+                self.counters.failed += 1;
+            }
+            Finish::Release => {
+                let removed = self.records.remove(fingerprint.0).expect("found above");
+                self.uncount_record(removed.bucket);
+                self.counters.released += 1;
+            }
+        }
+        self.maintain(1);
+        Ok(())
+    }
+
+    /// Applies a logged lease ending during recovery; a record that is gone is skipped.
+    pub(crate) fn restore_finish(
+        &mut self,
+        fingerprint: Fingerprint,
+        lease_id: u64,
+        finish: &Finish,
+        at_ms: u64,
+    ) {
+        let before = self.counters;
+        let _ = self.finish(fingerprint, lease_id, finish, at_ms);
+        self.counters = before;
+    }
+
+    pub(crate) fn get(
+        &mut self,
+        fingerprint: Fingerprint,
+        scoped_key: &[u8],
+    ) -> Result<Option<Record>> {
+        let (window, current) = (self.window, self.current);
+        let record = self
+            .records
+            .live_mut(fingerprint.0, Some(scoped_key), window, current)?;
+        Ok(record.map(|r| r.snapshot()))
+    }
+
+    pub(crate) fn live_keys(&self) -> u64 {
+        self.live_keys
+    }
+
+    pub(crate) fn live_records(&self) -> u64 {
+        self.live_records
+    }
+
+    /// Marks `live[i]` for every ring position holding a live entry.
+    pub(crate) fn mark_live_buckets(&self, live: &mut [bool]) {
+        for (mark, count) in live.iter_mut().zip(self.ring.iter()) {
+            *mark |= count.keys > 0 || count.records > 0;
+        }
+    }
+
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.table.heap_bytes() + self.records.heap_bytes() + self.ring.len() * 8
+    }
+
+    pub(crate) fn table_probes(&self) -> u64 {
+        self.table.probes()
+    }
+
+    pub(crate) fn table_slots_used(&self) -> usize {
+        self.table.used()
+    }
+}

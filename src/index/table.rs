@@ -1,0 +1,372 @@
+//! The dedup table of one shard: open addressing with linear probing over 12-byte slots.
+//!
+//! A slot holds a 64-bit tag (0 = empty) and the 32-bit bucket of the key's admission.
+//! The home slot is derived from the tag alone (`tag * capacity >> 64`), so entries can be
+//! moved and rehashed without the original key. Expired entries stay in place until the
+//! incremental sweep removes them with backward-shift deletion: there are no tombstones,
+//! and an insert may reuse an expired slot it passes.
+
+use super::window::Liveness;
+
+/// Smallest table allocated.
+const MIN_CAPACITY: usize = 16;
+
+/// One slot: tag low word, tag high word, bucket. A plain `[u32; 3]` so that a new table
+/// is a zeroed allocation (the kernel hands out zero pages lazily).
+type Slot = [u32; 3];
+
+const EMPTY: Slot = [0; 3];
+
+const _: () = assert!(size_of::<Slot>() == 12);
+
+#[inline]
+fn slot_tag(slot: Slot) -> u64 {
+    (u64::from(slot[1]) << 32) | u64::from(slot[0])
+}
+
+#[inline]
+fn slot_new(tag: u64, bucket: u32) -> Slot {
+    [tag as u32, (tag >> 32) as u32, bucket]
+}
+
+#[inline]
+fn slot_is_empty(slot: Slot) -> bool {
+    slot[0] | slot[1] == 0
+}
+
+#[inline]
+fn slot_bucket(slot: Slot) -> u32 {
+    slot[2]
+}
+
+/// What an insert found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Inserted {
+    /// The tag was live already: a duplicate.
+    Present,
+    /// A new entry was written.
+    New,
+}
+
+/// The table. `used` counts non-empty slots, live or expired.
+#[derive(Debug)]
+pub(crate) struct DedupTable {
+    slots: Vec<Slot>,
+    used: usize,
+    sweep_cursor: Option<usize>,
+    probes: u64,
+}
+
+impl DedupTable {
+    /// A table that holds `keys` live keys without growing.
+    pub(crate) fn with_keys(keys: usize) -> Self {
+        DedupTable {
+            slots: vec![EMPTY; capacity_for(keys)],
+            used: 0,
+            sweep_cursor: None,
+            probes: 0,
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn capacity(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub(crate) fn used(&self) -> usize {
+        self.used
+    }
+
+    /// Slots inspected by all lookups so far (a measure of probe length).
+    pub(crate) fn probes(&self) -> u64 {
+        self.probes
+    }
+
+    /// Bytes of memory held by the slot array.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.slots.capacity() * size_of::<Slot>()
+    }
+
+    #[inline]
+    fn home(&self, tag: u64) -> usize {
+        ((u128::from(tag) * self.slots.len() as u128) >> 64) as usize
+    }
+
+    #[inline]
+    fn next(&self, index: usize) -> usize {
+        let next = index + 1;
+        if next == self.slots.len() { 0 } else { next }
+    }
+
+    /// Reads the home slot of `tag` so that its cache line is on its way before the probe.
+    #[inline]
+    pub(crate) fn touch(&self, tag: u64) -> u32 {
+        self.slots[self.home(tag)][0]
+    }
+
+    /// Whether `tag` is present and live.
+    pub(crate) fn contains(&mut self, tag: u64, live: Liveness) -> bool {
+        let mut index = self.home(tag);
+        loop {
+            self.probes += 1;
+            let slot = self.slots[index];
+            if slot_is_empty(slot) {
+                return false;
+            }
+            if slot_tag(slot) == tag && live.is_live(slot_bucket(slot)) {
+                return true;
+            }
+            index = self.next(index);
+        }
+    }
+
+    /// Inserts `tag` admitted in the current bucket of `live` unless a live copy exists.
+    /// The caller keeps the load below the limit with [`DedupTable::needs_growth`].
+    pub(crate) fn insert(&mut self, tag: u64, live: Liveness) -> Inserted {
+        let mut index = self.home(tag);
+        let mut reusable = None;
+        loop {
+            self.probes += 1;
+            let slot = self.slots[index];
+            if slot_is_empty(slot) {
+                break;
+            }
+            if live.is_live(slot_bucket(slot)) {
+                if slot_tag(slot) == tag {
+                    return Inserted::Present;
+                }
+            } else if reusable.is_none() {
+                reusable = Some(index);
+            }
+            index = self.next(index);
+        }
+        let target = match reusable {
+            Some(expired) => expired,
+            None => {
+                self.used += 1;
+                index
+            }
+        };
+        self.slots[target] = slot_new(tag, live.current());
+        Inserted::New
+    }
+
+    /// Whether one more insert would push the load above 7/8.
+    pub(crate) fn needs_growth(&self) -> bool {
+        (self.used + 1) * 8 > self.slots.len() * 7
+    }
+
+    /// Rebuilds the table for `live_keys + 1` keys at a load of 7/12, dropping expired
+    /// entries on the way. Ends any sweep pass: the new table holds no expired entry.
+    pub(crate) fn rebuild(&mut self, live_keys: usize, live: Liveness) {
+        let old = std::mem::replace(&mut self.slots, vec![EMPTY; capacity_for(live_keys + 1)]);
+        self.used = 0;
+        self.sweep_cursor = None;
+        for slot in old {
+            if !slot_is_empty(slot) && live.is_live(slot_bucket(slot)) {
+                self.place(slot);
+            }
+        }
+    }
+
+    /// Drops every entry at once (all of them expired), keeping the allocation size.
+    pub(crate) fn clear(&mut self) {
+        self.slots = vec![EMPTY; self.slots.len()];
+        self.used = 0;
+        self.sweep_cursor = None;
+    }
+
+    fn place(&mut self, slot: Slot) {
+        let mut index = self.home(slot_tag(slot));
+        while !slot_is_empty(self.slots[index]) {
+            index = self.next(index);
+        }
+        self.slots[index] = slot;
+        self.used += 1;
+    }
+
+    /// Whether a sweep pass is under way.
+    pub(crate) fn sweeping(&self) -> bool {
+        self.sweep_cursor.is_some()
+    }
+
+    /// Starts a sweep pass from slot 0 unless one is under way.
+    pub(crate) fn start_sweep(&mut self) {
+        if self.sweep_cursor.is_none() {
+            self.sweep_cursor = Some(0);
+        }
+    }
+
+    /// Advances the sweep pass by up to `budget` slots, removing expired entries.
+    /// Returns the number removed and whether the pass has reached the end of the table.
+    pub(crate) fn sweep(&mut self, budget: usize, live: Liveness) -> (usize, bool) {
+        let Some(mut cursor) = self.sweep_cursor else {
+            return (0, true);
+        };
+        let end = (cursor + budget).min(self.slots.len());
+        let mut removed = 0;
+        while cursor < end {
+            let slot = self.slots[cursor];
+            if !slot_is_empty(slot) && !live.is_live(slot_bucket(slot)) {
+                self.remove_at(cursor);
+                removed += 1;
+                // The shift may have moved another expired entry into `cursor`.
+                continue;
+            }
+            cursor += 1;
+        }
+        let done = cursor == self.slots.len();
+        self.sweep_cursor = if done { None } else { Some(cursor) };
+        (removed, done)
+    }
+
+    /// Backward-shift deletion: pulls each following entry of the cluster one step back
+    /// while that brings it no earlier than its home, then empties the last hole.
+    fn remove_at(&mut self, mut hole: usize) {
+        let mut index = self.next(hole);
+        loop {
+            let slot = self.slots[index];
+            if slot_is_empty(slot) {
+                break;
+            }
+            let home = self.home(slot_tag(slot));
+            if self.may_move(home, hole, index) {
+                self.slots[hole] = slot;
+                hole = index;
+            }
+            index = self.next(index);
+        }
+        self.slots[hole] = EMPTY;
+        self.used -= 1;
+    }
+
+    /// Whether an entry at `index` with home `home` may move back to `hole`, that is,
+    /// `home` does not lie cyclically in `(hole, index]`.
+    #[inline]
+    fn may_move(&self, home: usize, hole: usize, index: usize) -> bool {
+        if hole <= index {
+            !(hole < home && home <= index)
+        } else {
+            !(home <= index || hole < home)
+        }
+    }
+}
+
+/// Capacity for `keys` keys at a load of 7/12, the load right after a 1.5x growth.
+fn capacity_for(keys: usize) -> usize {
+    (keys.saturating_mul(12) / 7 + 1).max(MIN_CAPACITY)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::index::window::Window;
+
+    fn window() -> Window {
+        Window::new(4, 1)
+    }
+
+    /// `count` distinct tags whose home is slot `home`.
+    fn tags_with_home(table: &DedupTable, home: usize, count: u64) -> Vec<u64> {
+        let first = ((home as u128) << 64).div_ceil(table.slots.len() as u128) as u64;
+        let tags: Vec<u64> = (0..count).map(|i| first + 1 + i).collect();
+        assert!(tags.iter().all(|&tag| table.home(tag) == home));
+        tags
+    }
+
+    #[test]
+    fn insert_then_duplicate() {
+        let mut table = DedupTable::with_keys(10);
+        let live = window().liveness(0);
+        assert_eq!(table.insert(42, live), Inserted::New);
+        assert_eq!(table.insert(42, live), Inserted::Present);
+        assert!(table.contains(42, live));
+        assert!(!table.contains(43, live));
+    }
+
+    #[test]
+    fn expired_entries_are_absent_and_reused() {
+        let mut table = DedupTable::with_keys(10);
+        assert_eq!(table.insert(42, window().liveness(0)), Inserted::New);
+        let later = window().liveness(5);
+        assert!(!table.contains(42, later));
+        assert_eq!(table.insert(42, later), Inserted::New);
+        assert_eq!(table.used(), 1, "the expired slot was reused");
+    }
+
+    #[test]
+    fn sweep_removes_expired_and_keeps_live_reachable() {
+        let mut table = DedupTable::with_keys(64);
+        let tags = tags_with_home(&table, 3, 12);
+        // Old entries (even) first, then new ones (odd) in one cluster; bucket 0 is still
+        // live at bucket 3, so no insert reuses an old slot.
+        for parity in [0, 1] {
+            for (i, &tag) in tags.iter().enumerate().filter(|(i, _)| i % 2 == parity) {
+                let bucket = if i % 2 == 0 { 0 } else { 3 };
+                assert_eq!(table.insert(tag, window().liveness(bucket)), Inserted::New);
+            }
+        }
+        let now = window().liveness(7);
+        table.start_sweep();
+        let (removed, done) = table.sweep(usize::MAX, now);
+        assert!(done);
+        assert_eq!(removed, 6);
+        assert_eq!(table.used(), 6);
+        for (i, &tag) in tags.iter().enumerate() {
+            assert_eq!(table.contains(tag, now), i % 2 == 1, "tag {i}");
+        }
+    }
+
+    #[test]
+    fn sweep_handles_clusters_that_wrap() {
+        let mut table = DedupTable::with_keys(8);
+        let last = table.capacity() - 1;
+        let tags = tags_with_home(&table, last, 5);
+        for (i, &tag) in tags.iter().enumerate() {
+            let bucket = if i < 2 { 0 } else { 3 };
+            table.insert(tag, window().liveness(bucket));
+        }
+        let now = window().liveness(7);
+        table.start_sweep();
+        while table.sweeping() {
+            table.sweep(3, now);
+        }
+        assert_eq!(table.used(), 3);
+        for &tag in &tags[2..] {
+            assert!(table.contains(tag, now));
+        }
+    }
+
+    #[test]
+    fn rebuild_keeps_live_entries_only() {
+        let mut table = DedupTable::with_keys(4);
+        for tag in 1..=10u64 {
+            let bucket = if tag <= 5 { 0 } else { 9 };
+            table.insert(
+                tag.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+                window().liveness(bucket),
+            );
+        }
+        let now = window().liveness(9);
+        table.rebuild(5, now);
+        assert_eq!(table.used(), 5);
+        for tag in 6..=10u64 {
+            assert!(table.contains(tag.wrapping_mul(0x9e37_79b9_7f4a_7c15), now));
+        }
+    }
+
+    #[test]
+    fn may_move_respects_cyclic_order() {
+        let table = DedupTable::with_keys(10);
+        // No wrap: hole 2, entry at 5.
+        assert!(table.may_move(1, 2, 5));
+        assert!(table.may_move(2, 2, 5));
+        assert!(!table.may_move(3, 2, 5));
+        assert!(!table.may_move(5, 2, 5));
+        // Wrap: hole at 14, entry at 1 of a 16-slot table.
+        assert!(table.may_move(13, 14, 1));
+        assert!(table.may_move(14, 14, 1));
+        assert!(!table.may_move(15, 14, 1));
+        assert!(!table.may_move(0, 14, 1));
+    }
+}

@@ -1,0 +1,269 @@
+//! An in-memory [`Storage`] that models what survives a power loss.
+//!
+//! Each file keeps its bytes as last synced; each directory keeps its entries as last
+//! synced. [`MemStorage::power_loss`] rolls everything back to that synced state: unsynced
+//! appends vanish, files created or renamed without a directory sync disappear, and files
+//! removed without one come back.
+
+use std::any::Any;
+use std::collections::{BTreeMap, BTreeSet};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::{Storage, StorageFile};
+
+#[derive(Debug, Clone, Default)]
+struct FileData {
+    /// Bytes as the running process sees them.
+    current: Vec<u8>,
+    /// Bytes as of the last sync.
+    synced: Vec<u8>,
+}
+
+/// A file identity: renames move the identity between names.
+type FileId = u64;
+
+#[derive(Debug, Default)]
+struct Disk {
+    files: BTreeMap<FileId, FileData>,
+    /// Names as the running process sees them.
+    names: BTreeMap<PathBuf, FileId>,
+    /// Names as of the last directory sync of their directory.
+    synced_names: BTreeMap<PathBuf, FileId>,
+    dirs: BTreeSet<PathBuf>,
+    locks: BTreeSet<PathBuf>,
+    next_id: FileId,
+}
+
+impl Disk {
+    fn file_mut(&mut self, path: &Path) -> io::Result<&mut FileData> {
+        let id = *self.names.get(path).ok_or(io::ErrorKind::NotFound)?;
+        Ok(self.files.get_mut(&id).expect("named files exist"))
+    }
+}
+
+/// A simulated disk. Clones share it.
+#[derive(Debug, Clone, Default)]
+pub struct MemStorage {
+    disk: Arc<Mutex<Disk>>,
+}
+
+impl MemStorage {
+    /// An empty disk.
+    pub fn new() -> Self {
+        MemStorage::default()
+    }
+
+    /// Simulates a power loss: every file and directory returns to its last synced
+    /// state. Locks are released (the process died).
+    pub fn power_loss(&self) {
+        let mut disk = self.disk.lock();
+        disk.names = disk.synced_names.clone();
+        let live: BTreeSet<FileId> = disk.names.values().copied().collect();
+        disk.files.retain(|id, _| live.contains(id));
+        for file in disk.files.values_mut() {
+            file.current = file.synced.clone();
+        }
+        disk.locks.clear();
+    }
+
+    /// Simulates a process crash: all writes survive (the page cache is the kernel's),
+    /// only the locks are released.
+    pub fn process_crash(&self) {
+        self.disk.lock().locks.clear();
+    }
+
+    /// The current bytes of `path`, for tests that damage files.
+    pub fn contents(&self, path: &Path) -> Option<Vec<u8>> {
+        let disk = self.disk.lock();
+        let id = disk.names.get(path)?;
+        Some(disk.files[id].current.clone())
+    }
+
+    /// Replaces the bytes of `path` as if written and synced.
+    pub fn set_contents(&self, path: &Path, bytes: Vec<u8>) {
+        let mut disk = self.disk.lock();
+        if let Ok(file) = disk.file_mut(path) {
+            file.current = bytes.clone();
+            file.synced = bytes;
+        }
+    }
+}
+
+struct MemFile {
+    disk: Arc<Mutex<Disk>>,
+    id: FileId,
+}
+
+impl MemFile {
+    fn with<T>(&self, f: impl FnOnce(&mut FileData) -> T) -> io::Result<T> {
+        let mut disk = self.disk.lock();
+        let file = disk
+            .files
+            .get_mut(&self.id)
+            .ok_or(io::ErrorKind::NotFound)?;
+        Ok(f(file))
+    }
+}
+
+impl StorageFile for MemFile {
+    fn append(&mut self, data: &[u8]) -> io::Result<()> {
+        self.with(|file| file.current.extend_from_slice(data))
+    }
+
+    fn sync(&mut self) -> io::Result<()> {
+        self.with(|file| file.synced = file.current.clone())
+    }
+
+    fn len(&self) -> io::Result<u64> {
+        self.with(|file| file.current.len() as u64)
+    }
+
+    fn truncate(&mut self, len: u64) -> io::Result<()> {
+        self.with(|file| file.current.truncate(len as usize))
+    }
+}
+
+fn parent(path: &Path) -> &Path {
+    path.parent().unwrap_or(Path::new(""))
+}
+
+impl Storage for MemStorage {
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+        self.disk.lock().dirs.insert(dir.to_path_buf());
+        Ok(())
+    }
+
+    fn list(&self, dir: &Path) -> io::Result<Vec<PathBuf>> {
+        let disk = self.disk.lock();
+        if !disk.dirs.contains(dir) {
+            return Err(io::ErrorKind::NotFound.into());
+        }
+        Ok(disk
+            .names
+            .keys()
+            .filter(|path| parent(path) == dir)
+            .cloned()
+            .collect())
+    }
+
+    fn open_append(&self, path: &Path, create: bool) -> io::Result<Box<dyn StorageFile>> {
+        let mut disk = self.disk.lock();
+        let id = match disk.names.get(path) {
+            Some(&id) => id,
+            None if create => {
+                if !disk.dirs.contains(parent(path)) {
+                    return Err(io::ErrorKind::NotFound.into());
+                }
+                disk.next_id += 1;
+                let id = disk.next_id;
+                disk.files.insert(id, FileData::default());
+                disk.names.insert(path.to_path_buf(), id);
+                id
+            }
+            None => return Err(io::ErrorKind::NotFound.into()),
+        };
+        Ok(Box::new(MemFile {
+            disk: Arc::clone(&self.disk),
+            id,
+        }))
+    }
+
+    fn read(&self, path: &Path, max_bytes: u64) -> io::Result<Vec<u8>> {
+        let mut disk = self.disk.lock();
+        let file = disk.file_mut(path)?;
+        if file.current.len() as u64 > max_bytes {
+            return Err(io::ErrorKind::InvalidData.into());
+        }
+        Ok(file.current.clone())
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let mut disk = self.disk.lock();
+        let id = disk.names.remove(from).ok_or(io::ErrorKind::NotFound)?;
+        disk.names.insert(to.to_path_buf(), id);
+        Ok(())
+    }
+
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        let mut disk = self.disk.lock();
+        disk.names.remove(path).ok_or(io::ErrorKind::NotFound)?;
+        Ok(())
+    }
+
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        let mut disk = self.disk.lock();
+        let disk = &mut *disk;
+        disk.synced_names.retain(|path, _| parent(path) != dir);
+        for (path, &id) in &disk.names {
+            if parent(path) == dir {
+                disk.synced_names.insert(path.clone(), id);
+            }
+        }
+        Ok(())
+    }
+
+    fn lock(&self, path: &Path) -> io::Result<Box<dyn Any + Send + Sync>> {
+        let mut disk = self.disk.lock();
+        if !disk.locks.insert(path.to_path_buf()) {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        Ok(Box::new(MemLock {
+            disk: Arc::clone(&self.disk),
+            path: path.to_path_buf(),
+        }))
+    }
+}
+
+struct MemLock {
+    disk: Arc<Mutex<Disk>>,
+    path: PathBuf,
+}
+
+impl Drop for MemLock {
+    fn drop(&mut self) {
+        self.disk.lock().locks.remove(&self.path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn power_loss_keeps_only_synced_state() {
+        let storage = MemStorage::new();
+        let dir = Path::new("/db");
+        storage.create_dir_all(dir).unwrap();
+        let a = dir.join("a");
+        let mut file = storage.open_append(&a, true).unwrap();
+        file.append(b"synced").unwrap();
+        file.sync().unwrap();
+        storage.sync_dir(dir).unwrap();
+        file.append(b"-lost").unwrap();
+        let b = dir.join("b");
+        storage.open_append(&b, true).unwrap().sync().unwrap();
+        storage.power_loss();
+        assert_eq!(storage.contents(&a).unwrap(), b"synced");
+        assert!(
+            storage.contents(&b).is_none(),
+            "b's directory entry was never synced"
+        );
+    }
+
+    #[test]
+    fn unsynced_remove_is_undone() {
+        let storage = MemStorage::new();
+        let dir = Path::new("/db");
+        storage.create_dir_all(dir).unwrap();
+        let a = dir.join("a");
+        storage.open_append(&a, true).unwrap().sync().unwrap();
+        storage.sync_dir(dir).unwrap();
+        storage.remove(&a).unwrap();
+        storage.power_loss();
+        assert!(storage.contents(&a).is_some());
+    }
+}

@@ -1,0 +1,48 @@
+//! The file-system layer. Every byte a durable store reads or writes goes through the
+//! [`Storage`] trait, so tests can fail any single call ([`FaultyStorage`]) or simulate a
+//! power loss that drops unsynced writes ([`MemStorage`]).
+
+mod faulty;
+mod mem;
+mod std_fs;
+
+use std::any::Any;
+use std::io;
+use std::path::{Path, PathBuf};
+
+pub use faulty::{FaultKind, FaultyStorage};
+pub use mem::MemStorage;
+pub use std_fs::StdStorage;
+
+/// A file opened for appending.
+pub trait StorageFile: Send + Sync {
+    /// Appends all of `data` at the end of the file.
+    fn append(&mut self, data: &[u8]) -> io::Result<()>;
+    /// Makes everything appended so far durable (`fdatasync`).
+    fn sync(&mut self) -> io::Result<()>;
+    /// Current length in bytes.
+    fn len(&self) -> io::Result<u64>;
+    /// Cuts the file to `len` bytes.
+    fn truncate(&mut self, len: u64) -> io::Result<()>;
+}
+
+/// The operations oncedb performs on a directory and its files.
+pub trait Storage: Send + Sync + 'static {
+    /// Creates `dir` and its parents if missing.
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()>;
+    /// Paths of the regular files directly inside `dir`.
+    fn list(&self, dir: &Path) -> io::Result<Vec<PathBuf>>;
+    /// Opens `path` for appending, creating it (empty) if `create` is set.
+    fn open_append(&self, path: &Path, create: bool) -> io::Result<Box<dyn StorageFile>>;
+    /// Reads the whole file; fails with `InvalidData` if it is longer than `max_bytes`.
+    fn read(&self, path: &Path, max_bytes: u64) -> io::Result<Vec<u8>>;
+    /// Atomically replaces `to` with `from`.
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    /// Deletes a file.
+    fn remove(&self, path: &Path) -> io::Result<()>;
+    /// Makes creations, renames and deletions inside `dir` durable.
+    fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+    /// Takes an exclusive lock on `path` (created if missing), held until the returned
+    /// guard drops; fails with `WouldBlock` if another holder has it.
+    fn lock(&self, path: &Path) -> io::Result<Box<dyn Any + Send + Sync>>;
+}

@@ -1,0 +1,95 @@
+//! [`Storage`] on the real file system.
+
+use std::any::Any;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+
+use super::{Storage, StorageFile};
+
+/// The operating system's file system.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StdStorage;
+
+struct StdFile(File);
+
+impl StorageFile for StdFile {
+    fn append(&mut self, data: &[u8]) -> io::Result<()> {
+        self.0.write_all(data)
+    }
+
+    fn sync(&mut self) -> io::Result<()> {
+        self.0.sync_data()
+    }
+
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.0.metadata()?.len())
+    }
+
+    fn truncate(&mut self, len: u64) -> io::Result<()> {
+        self.0.set_len(len)
+    }
+}
+
+impl Storage for StdStorage {
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+        fs::create_dir_all(dir)
+    }
+
+    fn list(&self, dir: &Path) -> io::Result<Vec<PathBuf>> {
+        let mut files = Vec::new();
+        for entry in fs::read_dir(dir)? {
+            let entry = entry?;
+            if entry.file_type()?.is_file() {
+                files.push(entry.path());
+            }
+        }
+        files.sort();
+        Ok(files)
+    }
+
+    fn open_append(&self, path: &Path, create: bool) -> io::Result<Box<dyn StorageFile>> {
+        let file = OpenOptions::new().append(true).create(create).open(path)?;
+        Ok(Box::new(StdFile(file)))
+    }
+
+    fn read(&self, path: &Path, max_bytes: u64) -> io::Result<Vec<u8>> {
+        let file = File::open(path)?;
+        let len = file.metadata()?.len();
+        if len > max_bytes {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("file is {len} bytes, more than the {max_bytes} allowed"),
+            ));
+        }
+        let mut data = Vec::with_capacity(len as usize);
+        file.take(max_bytes).read_to_end(&mut data)?;
+        Ok(data)
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        fs::rename(from, to)
+    }
+
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        fs::remove_file(path)
+    }
+
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        File::open(dir)?.sync_all()
+    }
+
+    fn lock(&self, path: &Path) -> io::Result<Box<dyn Any + Send + Sync>> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)?;
+        match file.try_lock() {
+            Ok(()) => Ok(Box::new(file)),
+            Err(fs::TryLockError::WouldBlock) => Err(io::ErrorKind::WouldBlock.into()),
+            Err(fs::TryLockError::Error(err)) => Err(err),
+        }
+    }
+}

@@ -1,0 +1,42 @@
+//! On-disk format: the manifest, segment files and the log entries inside them.
+
+pub(crate) mod entry;
+pub(crate) mod format;
+pub(crate) mod manifest;
+
+use std::path::{Path, PathBuf};
+
+/// File name of segment `seq` of `bucket`: the bucket is readable in the name, and names
+/// sort in replay order.
+pub(crate) fn segment_file_name(bucket: u64, seq: u32) -> String {
+    format!("seg-{bucket:020}-{seq:06}.log")
+}
+
+/// The bucket and sequence number in a segment file name, or `None` for other files.
+pub(crate) fn parse_segment_name(path: &Path) -> Option<(u64, u32)> {
+    let name = path.file_name()?.to_str()?;
+    let rest = name.strip_prefix("seg-")?.strip_suffix(".log")?;
+    let (bucket, seq) = rest.split_once('-')?;
+    if bucket.len() != 20 || seq.len() != 6 {
+        return None;
+    }
+    Some((bucket.parse().ok()?, seq.parse().ok()?))
+}
+
+/// Path of a segment inside `dir`.
+pub(crate) fn segment_path(dir: &Path, bucket: u64, seq: u32) -> PathBuf {
+    dir.join(segment_file_name(bucket, seq))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        let path = segment_path(Path::new("/db"), 1_966_432, 7);
+        assert_eq!(parse_segment_name(&path), Some((1_966_432, 7)));
+        assert_eq!(parse_segment_name(Path::new("/db/MANIFEST")), None);
+        assert_eq!(parse_segment_name(Path::new("/db/seg-1-2.log")), None);
+    }
+}
