@@ -1,0 +1,149 @@
+//! Idempotency records: scoping, request binding, lifecycle and replay.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{manual_clock, memory_db};
+use oncedb::{Lease, RecordStatus, Reservation, Scope};
+
+fn acquire(db: &oncedb::Db, scope: &Scope, key: &[u8], request: &[u8]) -> Lease {
+    match db.reserve(scope, key, request).unwrap() {
+        Reservation::Acquired(lease) => lease,
+        other => panic!("expected Acquired, got {other:?}"),
+    }
+}
+
+#[test]
+fn completed_response_is_replayed_byte_for_byte() {
+    let clock = manual_clock();
+    let db = memory_db(&clock);
+    let scope = Scope::new("org_123", "create_payment");
+    let response: Vec<u8> = (0..=255u8).collect();
+    acquire(&db, &scope, b"key", b"request").complete(&response).unwrap();
+    for _ in 0..3 {
+        match db.reserve(&scope, b"key", b"request").unwrap() {
+            Reservation::Completed(record) => {
+                assert_eq!(record.response(), Some(&response[..]));
+                assert_eq!(record.status(), RecordStatus::Completed);
+                assert!(record.finished_at().is_some());
+            }
+            other => panic!("expected Completed, got {other:?}"),
+        }
+    }
+    let stats = db.stats();
+    assert_eq!((stats.acquired, stats.completed, stats.replays), (1, 1, 3));
+}
+
+#[test]
+fn failure_is_stored_and_replayed() {
+    let clock = manual_clock();
+    let db = memory_db(&clock);
+    let scope = Scope::new("org", "charge");
+    acquire(&db, &scope, b"key", b"req").fail(b"card_declined").unwrap();
+    match db.reserve(&scope, b"key", b"req").unwrap() {
+        Reservation::Failed(record) => {
+            assert_eq!(record.response(), Some(&b"card_declined"[..]));
+            assert_eq!(record.status(), RecordStatus::Failed);
+        }
+        other => panic!("expected Failed, got {other:?}"),
+    }
+    assert_eq!(db.stats().failed, 1);
+}
+
+#[test]
+fn in_flight_is_reported_with_its_start() {
+    let clock = manual_clock();
+    let db = memory_db(&clock);
+    let scope = Scope::new("org", "op");
+    let started = clock.now();
+    let lease = acquire(&db, &scope, b"key", b"req");
+    clock.advance(Duration::from_secs(5));
+    match db.reserve(&scope, b"key", b"req").unwrap() {
+        Reservation::InFlight { since } => assert_eq!(since, started),
+        other => panic!("expected InFlight, got {other:?}"),
+    }
+    assert_eq!(lease.since(), started);
+    assert_eq!(db.get(&scope, b"key").unwrap().unwrap().status(), RecordStatus::InFlight);
+    assert_eq!(db.stats().in_flight_hits, 1);
+}
+
+#[test]
+fn a_different_request_is_a_mismatch_never_a_replay() {
+    let clock = manual_clock();
+    let db = memory_db(&clock);
+    let scope = Scope::new("org", "op");
+    let lease = acquire(&db, &scope, b"key", b"amount=10");
+    assert!(matches!(db.reserve(&scope, b"key", b"amount=99").unwrap(), Reservation::Mismatch));
+    lease.complete(b"secret response").unwrap();
+    assert!(matches!(db.reserve(&scope, b"key", b"amount=99").unwrap(), Reservation::Mismatch));
+    assert_eq!(db.stats().mismatches, 2);
+}
+
+#[test]
+fn a_dropped_lease_leaves_the_record_in_flight() {
+    let clock = manual_clock();
+    let db = memory_db(&clock);
+    let scope = Scope::new("org", "op");
+    drop(acquire(&db, &scope, b"key", b"req"));
+    assert!(matches!(db.reserve(&scope, b"key", b"req").unwrap(), Reservation::InFlight { .. }));
+    assert_eq!(db.stats().live_records, 1);
+}
+
+#[test]
+fn release_lets_a_retry_run() {
+    let clock = manual_clock();
+    let db = memory_db(&clock);
+    let scope = Scope::new("org", "op");
+    acquire(&db, &scope, b"key", b"req").release().unwrap();
+    assert!(db.get(&scope, b"key").unwrap().is_none());
+    assert_eq!(db.stats().live_records, 0);
+    acquire(&db, &scope, b"key", b"req").complete(b"done").unwrap();
+    assert_eq!(db.stats().released, 1);
+}
+
+#[test]
+fn scopes_are_independent() {
+    let clock = manual_clock();
+    let db = memory_db(&clock);
+    let a = Scope::new("org_a", "create_payment");
+    let b = Scope::new("org_b", "create_payment");
+    let c = Scope::new("org_a", "refund");
+    // Length prefixes keep ("ab", "c") and ("a", "bc") apart.
+    let d = Scope::new("org_ab", "c");
+    let e = Scope::new("org_a", "bc");
+    for scope in [&a, &b, &c, &d, &e] {
+        acquire(&db, scope, b"same-key", b"req").complete(scope.tenant()).unwrap();
+    }
+    for scope in [&a, &b, &c, &d, &e] {
+        let record = db.get(scope, b"same-key").unwrap().unwrap();
+        assert_eq!(record.response(), Some(scope.tenant()));
+    }
+    // Dedup keys live apart from records.
+    assert!(db.insert_if_absent(b"same-key").unwrap());
+}
+
+#[test]
+fn released_then_reacquired_record_completes_and_replays() {
+    let clock = manual_clock();
+    let db = memory_db(&clock);
+    let scope = Scope::new("org", "op");
+    acquire(&db, &scope, b"key", b"req").release().unwrap();
+    let second = acquire(&db, &scope, b"key", b"req");
+    second.complete(b"ok").unwrap();
+    // A new reservation after completion replays; no second lease exists.
+    assert!(matches!(db.reserve(&scope, b"key", b"req").unwrap(), Reservation::Completed(_)));
+}
+
+#[test]
+fn leases_cross_threads() {
+    let clock = manual_clock();
+    let db = memory_db(&clock);
+    let scope = Scope::new("org", "op");
+    let lease = acquire(&db, &scope, b"key", b"req");
+    std::thread::spawn(move || lease.complete(b"from another thread").unwrap())
+        .join()
+        .unwrap();
+    let record = db.get(&scope, b"key").unwrap().unwrap();
+    assert_eq!(record.response(), Some(&b"from another thread"[..]));
+}
