@@ -19,7 +19,11 @@ fn segment_files(dir: &std::path::Path) -> Vec<String> {
 
 #[test]
 fn keys_and_records_survive_reopen_in_every_mode() {
-    for durability in [Durability::Sync, Durability::Buffered, Durability::Interval(Duration::from_millis(5))] {
+    for durability in [
+        Durability::Sync,
+        Durability::Buffered,
+        Durability::Interval(Duration::from_millis(5)),
+    ] {
         let dir = tempfile::tempdir().unwrap();
         let clock = manual_clock();
         let scope = Scope::new("org", "pay");
@@ -27,27 +31,53 @@ fn keys_and_records_survive_reopen_in_every_mode() {
             let db = Db::open(durable_options(dir.path(), &clock).durability(durability)).unwrap();
             assert!(db.insert_if_absent(b"single").unwrap());
             db.insert_many(&[b"a", b"b", b"c"]).unwrap();
-            let Reservation::Acquired(done) = db.reserve(&scope, b"done", b"req").unwrap() else { panic!() };
+            let Reservation::Acquired(done) = db.reserve(&scope, b"done", b"req").unwrap() else {
+                panic!()
+            };
             done.complete(b"response").unwrap();
-            let Reservation::Acquired(failed) = db.reserve(&scope, b"failed", b"req").unwrap() else { panic!() };
+            let Reservation::Acquired(failed) = db.reserve(&scope, b"failed", b"req").unwrap()
+            else {
+                panic!()
+            };
             failed.fail(b"declined").unwrap();
-            let Reservation::Acquired(released) = db.reserve(&scope, b"released", b"req").unwrap() else { panic!() };
+            let Reservation::Acquired(released) = db.reserve(&scope, b"released", b"req").unwrap()
+            else {
+                panic!()
+            };
             released.release().unwrap();
-            let Reservation::Acquired(pending) = db.reserve(&scope, b"pending", b"req").unwrap() else { panic!() };
+            let Reservation::Acquired(pending) = db.reserve(&scope, b"pending", b"req").unwrap()
+            else {
+                panic!()
+            };
             drop(pending);
             db.flush().unwrap();
         }
         let db = Db::open(durable_options(dir.path(), &clock).durability(durability)).unwrap();
         for key in [&b"single"[..], b"a", b"b", b"c"] {
-            assert!(!db.insert_if_absent(key).unwrap(), "{durability:?}: {key:?} lost");
+            assert!(
+                !db.insert_if_absent(key).unwrap(),
+                "{durability:?}: {key:?} lost"
+            );
         }
         let record = db.get(&scope, b"done").unwrap().unwrap();
-        assert_eq!((record.status(), record.response()), (RecordStatus::Completed, Some(&b"response"[..])));
+        assert_eq!(
+            (record.status(), record.response()),
+            (RecordStatus::Completed, Some(&b"response"[..]))
+        );
         let record = db.get(&scope, b"failed").unwrap().unwrap();
-        assert_eq!((record.status(), record.response()), (RecordStatus::Failed, Some(&b"declined"[..])));
+        assert_eq!(
+            (record.status(), record.response()),
+            (RecordStatus::Failed, Some(&b"declined"[..]))
+        );
         assert!(db.get(&scope, b"released").unwrap().is_none());
-        assert!(matches!(db.reserve(&scope, b"pending", b"req").unwrap(), Reservation::InFlight { .. }));
-        assert!(matches!(db.reserve(&scope, b"done", b"other").unwrap(), Reservation::Mismatch));
+        assert!(matches!(
+            db.reserve(&scope, b"pending", b"req").unwrap(),
+            Reservation::InFlight { .. }
+        ));
+        assert!(matches!(
+            db.reserve(&scope, b"done", b"other").unwrap(),
+            Reservation::Mismatch
+        ));
         assert!(db.stats().recovered_records >= 8);
     }
 }
@@ -59,17 +89,27 @@ fn leases_after_reopen_do_not_reuse_ids() {
     let scope = Scope::new("org", "pay");
     {
         let db = Db::open(durable_options(dir.path(), &clock)).unwrap();
-        let Reservation::Acquired(lease) = db.reserve(&scope, b"old", b"req").unwrap() else { panic!() };
+        let Reservation::Acquired(lease) = db.reserve(&scope, b"old", b"req").unwrap() else {
+            panic!()
+        };
         drop(lease);
     }
     let db = Db::open(durable_options(dir.path(), &clock)).unwrap();
-    let Reservation::Acquired(lease) = db.reserve(&scope, b"new", b"req").unwrap() else { panic!() };
+    let Reservation::Acquired(lease) = db.reserve(&scope, b"new", b"req").unwrap() else {
+        panic!()
+    };
     lease.complete(b"ok").unwrap();
     drop(db);
     // Replay must apply the completion to "new" only; "old" stays in flight.
     let db = Db::open(durable_options(dir.path(), &clock)).unwrap();
-    assert_eq!(db.get(&scope, b"old").unwrap().unwrap().status(), RecordStatus::InFlight);
-    assert_eq!(db.get(&scope, b"new").unwrap().unwrap().status(), RecordStatus::Completed);
+    assert_eq!(
+        db.get(&scope, b"old").unwrap().unwrap().status(),
+        RecordStatus::InFlight
+    );
+    assert_eq!(
+        db.get(&scope, b"new").unwrap().unwrap().status(),
+        RecordStatus::Completed
+    );
 }
 
 #[test]
@@ -92,7 +132,10 @@ fn reopening_with_another_window_is_refused() {
     let clock = manual_clock();
     drop(Db::open(durable_options(dir.path(), &clock)).unwrap());
     let other = durable_options(dir.path(), &clock).window(WINDOW * 2);
-    assert!(matches!(Db::open(other), Err(Error::IncompatibleOptions(_))));
+    assert!(matches!(
+        Db::open(other),
+        Err(Error::IncompatibleOptions(_))
+    ));
 }
 
 #[test]
@@ -107,7 +150,10 @@ fn keys_remember_their_bucket_across_reopen() {
     }
     clock.advance(WINDOW / 2 + BUCKET);
     let db = Db::open(durable_options(dir.path(), &clock)).unwrap();
-    assert!(!db.contains(b"early").unwrap(), "replay must not extend a key's window");
+    assert!(
+        !db.contains(b"early").unwrap(),
+        "replay must not extend a key's window"
+    );
     assert!(db.contains(b"late").unwrap());
 }
 
@@ -123,7 +169,12 @@ fn expired_segments_are_deleted_whole() {
     assert_eq!(segment_files(dir.path()).len(), 5);
     clock.advance(WINDOW);
     db.insert_if_absent(b"now").unwrap();
-    assert_eq!(segment_files(dir.path()).len(), 1, "{:?}", segment_files(dir.path()));
+    assert_eq!(
+        segment_files(dir.path()).len(),
+        1,
+        "{:?}",
+        segment_files(dir.path())
+    );
     assert_eq!(db.stats().segments_deleted, 5);
     drop(db);
     let db = Db::open(durable_options(dir.path(), &clock)).unwrap();
@@ -158,7 +209,11 @@ fn segments_roll_over_at_the_size_limit() {
             db.insert_if_absent(&i.to_le_bytes()).unwrap();
         }
     }
-    assert!(segment_files(dir.path()).len() >= 8, "{:?}", segment_files(dir.path()));
+    assert!(
+        segment_files(dir.path()).len() >= 8,
+        "{:?}",
+        segment_files(dir.path())
+    );
     let db = Db::open(options).unwrap();
     for i in 0..1_000u32 {
         assert!(db.contains(&i.to_le_bytes()).unwrap());

@@ -12,9 +12,18 @@ fn invalid_options_are_refused_with_a_reason() {
     let secs = Duration::from_secs;
     let cases = [
         (Options::in_memory().window(Duration::ZERO), "window"),
-        (Options::in_memory().bucket_width(Duration::ZERO), "bucket_width"),
-        (Options::in_memory().window(secs(60)).bucket_width(secs(61)), "larger"),
-        (Options::in_memory().window(secs(90)).bucket_width(secs(60)), "multiple"),
+        (
+            Options::in_memory().bucket_width(Duration::ZERO),
+            "bucket_width",
+        ),
+        (
+            Options::in_memory().window(secs(60)).bucket_width(secs(61)),
+            "larger",
+        ),
+        (
+            Options::in_memory().window(secs(90)).bucket_width(secs(60)),
+            "multiple",
+        ),
         (Options::in_memory().shards(6), "power of two"),
     ];
     for (options, needle) in cases {
@@ -31,17 +40,21 @@ fn invalid_options_are_refused_with_a_reason() {
 #[test]
 fn oversized_and_empty_keys_are_refused() {
     let clock = manual_clock();
-    let db = Db::open(
-        Options::in_memory()
-            .clock(clock.clone())
-            .max_key_bytes(8),
-    )
-    .unwrap();
-    assert!(matches!(db.insert_if_absent(&[1; 9]), Err(Error::KeyTooLong { len: 9, max: 8 })));
+    let db = Db::open(Options::in_memory().clock(clock.clone()).max_key_bytes(8)).unwrap();
+    assert!(matches!(
+        db.insert_if_absent(&[1; 9]),
+        Err(Error::KeyTooLong { len: 9, max: 8 })
+    ));
     assert!(matches!(db.insert_if_absent(b""), Err(Error::EmptyKey)));
-    assert!(matches!(db.contains(&[1; 9]), Err(Error::KeyTooLong { .. })));
+    assert!(matches!(
+        db.contains(&[1; 9]),
+        Err(Error::KeyTooLong { .. })
+    ));
     let scope = Scope::new("t", "o");
-    assert!(matches!(db.reserve(&scope, &[1; 9], b"r"), Err(Error::KeyTooLong { .. })));
+    assert!(matches!(
+        db.reserve(&scope, &[1; 9], b"r"),
+        Err(Error::KeyTooLong { .. })
+    ));
     assert_eq!(db.stats().admitted, 0);
 }
 
@@ -51,15 +64,23 @@ fn a_bad_key_in_a_batch_inserts_nothing() {
     let db = memory_db(&clock);
     let keys: Vec<&[u8]> = vec![b"a", b"b", b""];
     assert!(matches!(db.insert_many(&keys), Err(Error::EmptyKey)));
-    assert!(db.insert_if_absent(b"a").unwrap(), "the batch left nothing behind");
+    assert!(
+        db.insert_if_absent(b"a").unwrap(),
+        "the batch left nothing behind"
+    );
 }
 
 #[test]
 fn oversized_batches_are_refused() {
     let clock = manual_clock();
     let db = memory_db(&clock);
-    let keys: Vec<[u8; 4]> = (0..oncedb::MAX_BATCH_KEYS as u32 + 1).map(u32::to_le_bytes).collect();
-    assert!(matches!(db.insert_many(&keys), Err(Error::BatchTooLarge { .. })));
+    let keys: Vec<[u8; 4]> = (0..oncedb::MAX_BATCH_KEYS as u32 + 1)
+        .map(u32::to_le_bytes)
+        .collect();
+    assert!(matches!(
+        db.insert_many(&keys),
+        Err(Error::BatchTooLarge { .. })
+    ));
     assert_eq!(db.stats().live_keys, 0);
 }
 
@@ -80,7 +101,10 @@ fn oversized_responses_are_refused_and_the_lease_survives_the_record() {
     assert!(matches!(err, Error::ResponseTooLarge { len: 17, max: 16 }));
     assert!(err.to_string().contains("17 bytes"));
     // The record is still in flight: nothing was lost or silently completed.
-    assert!(matches!(db.reserve(&scope, b"k", b"r").unwrap(), Reservation::InFlight { .. }));
+    assert!(matches!(
+        db.reserve(&scope, b"k", b"r").unwrap(),
+        Reservation::InFlight { .. }
+    ));
 }
 
 #[test]
@@ -88,7 +112,10 @@ fn oversized_scopes_are_refused() {
     let clock = manual_clock();
     let db = memory_db(&clock);
     let scope = Scope::new(vec![b'x'; oncedb::MAX_SCOPE_PART_BYTES + 1], "op");
-    assert!(matches!(db.reserve(&scope, b"k", b"r"), Err(Error::ScopeTooLong { .. })));
+    assert!(matches!(
+        db.reserve(&scope, b"k", b"r"),
+        Err(Error::ScopeTooLong { .. })
+    ));
 }
 
 #[test]
@@ -98,7 +125,10 @@ fn errors_display_readably() {
         offset: 42,
         reason: "frame checksum mismatch".into(),
     };
-    assert_eq!(err.to_string(), "/db/seg is corrupted at byte 42: frame checksum mismatch");
+    assert_eq!(
+        err.to_string(),
+        "/db/seg is corrupted at byte 42: frame checksum mismatch"
+    );
     let source: &dyn std::error::Error = &Error::Io(std::io::Error::other("disk"));
     assert!(source.source().is_some());
 }

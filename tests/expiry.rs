@@ -55,7 +55,10 @@ fn memory_is_reclaimed_when_the_window_passes() {
     clock.advance(WINDOW + BUCKET);
     let after = db.stats();
     assert_eq!(after.live_keys, 0);
-    assert_eq!(after.table_slots_used, 0, "expired tables are dropped whole");
+    assert_eq!(
+        after.table_slots_used, 0,
+        "expired tables are dropped whole"
+    );
     assert_eq!(after.buckets_live, 0);
     assert!(after.buckets_dropped >= 61);
 }
@@ -84,10 +87,16 @@ fn sweep_reclaims_slots_while_other_buckets_stay() {
         "every expired slot was reused or swept"
     );
     for i in 5_000..10_000u32 {
-        assert!(db.contains(&i.to_le_bytes()).unwrap(), "live key {i} lost by the sweep");
+        assert!(
+            db.contains(&i.to_le_bytes()).unwrap(),
+            "live key {i} lost by the sweep"
+        );
     }
     for i in 0..5_000u32 {
-        assert!(!db.contains(&i.to_le_bytes()).unwrap(), "expired key {i} still present");
+        assert!(
+            !db.contains(&i.to_le_bytes()).unwrap(),
+            "expired key {i} still present"
+        );
     }
 }
 
@@ -98,7 +107,10 @@ fn clock_going_backwards_never_expires_early() {
     let t = clock.now();
     assert!(db.insert_if_absent(b"msg").unwrap());
     clock.set(t - Duration::from_secs(30 * 24 * 3600));
-    assert!(!db.insert_if_absent(b"msg").unwrap(), "step back admitted a live key");
+    assert!(
+        !db.insert_if_absent(b"msg").unwrap(),
+        "step back admitted a live key"
+    );
     // New keys admitted while the clock is behind are stamped at the high-water time.
     assert!(db.insert_if_absent(b"late").unwrap());
     clock.set(t + WINDOW - MS);
@@ -152,6 +164,9 @@ fn a_lease_outliving_its_record_is_told_so() {
         panic!("first reserve acquires");
     };
     clock.advance(WINDOW + BUCKET);
-    assert!(matches!(lease.complete(b"late"), Err(oncedb::Error::LeaseLost)));
+    assert!(matches!(
+        lease.complete(b"late"),
+        Err(oncedb::Error::LeaseLost)
+    ));
     assert_eq!(db.stats().leases_lost, 1);
 }

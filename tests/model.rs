@@ -94,7 +94,11 @@ struct Harness {
 }
 
 fn scope(which: bool) -> Scope {
-    if which { Scope::new("tenant-a", "op") } else { Scope::new("tenant-b", "op") }
+    if which {
+        Scope::new("tenant-a", "op")
+    } else {
+        Scope::new("tenant-b", "op")
+    }
 }
 
 impl Harness {
@@ -123,7 +127,8 @@ impl Harness {
 
     fn set_time(&mut self, ms: u64) {
         self.now_ms = ms;
-        self.clock.set(SystemTime::UNIX_EPOCH + Duration::from_millis(ms));
+        self.clock
+            .set(SystemTime::UNIX_EPOCH + Duration::from_millis(ms));
         self.model.bucket = self.model.bucket.max(ms / BUCKET_MS);
     }
 
@@ -138,7 +143,11 @@ impl Harness {
     fn run(&mut self, op: Op) {
         match op {
             Op::Insert(key) => {
-                assert_eq!(self.db.insert_if_absent(&[key]).unwrap(), self.model.insert(key), "insert {key}");
+                assert_eq!(
+                    self.db.insert_if_absent(&[key]).unwrap(),
+                    self.model.insert(key),
+                    "insert {key}"
+                );
             }
             Op::InsertMany(keys) => {
                 let batch: Vec<[u8; 1]> = keys.iter().map(|&k| [k]).collect();
@@ -146,10 +155,18 @@ impl Harness {
                 assert_eq!(self.db.insert_many(&batch).unwrap(), expected);
             }
             Op::Contains(key) => {
-                let expected = self.model.keys.get(&key).is_some_and(|&b| self.model.live(b));
+                let expected = self
+                    .model
+                    .keys
+                    .get(&key)
+                    .is_some_and(|&b| self.model.live(b));
                 assert_eq!(self.db.contains(&[key]).unwrap(), expected);
             }
-            Op::Reserve { key, request, scope: which } => self.reserve(key, request, which),
+            Op::Reserve {
+                key,
+                request,
+                scope: which,
+            } => self.reserve(key, request, which),
             Op::Complete { lease, response } => self.finish(lease, Some((true, response))),
             Op::Fail { lease, response } => self.finish(lease, Some((false, response))),
             Op::Release { lease } => self.finish(lease, None),
@@ -199,11 +216,17 @@ impl Harness {
             }
             (Reservation::Completed(record), Some(model)) => {
                 assert_eq!(model.request, request);
-                assert_eq!(ModelState::Completed(record.response().unwrap().to_vec()), model.state);
+                assert_eq!(
+                    ModelState::Completed(record.response().unwrap().to_vec()),
+                    model.state
+                );
             }
             (Reservation::Failed(record), Some(model)) => {
                 assert_eq!(model.request, request);
-                assert_eq!(ModelState::Failed(record.response().unwrap().to_vec()), model.state);
+                assert_eq!(
+                    ModelState::Failed(record.response().unwrap().to_vec()),
+                    model.state
+                );
             }
             (got, expected) => panic!("reserve {id:?}: {got:?} vs model {expected:?}"),
         }
@@ -223,13 +246,17 @@ impl Harness {
             None => lease.release(),
         };
         if !owns {
-            assert!(matches!(result, Err(oncedb::Error::LeaseLost)), "{result:?}");
+            assert!(
+                matches!(result, Err(oncedb::Error::LeaseLost)),
+                "{result:?}"
+            );
             return;
         }
         result.unwrap();
         match outcome {
             Some((true, response)) => {
-                self.model.records.get_mut(&id).unwrap().state = ModelState::Completed(vec![response]);
+                self.model.records.get_mut(&id).unwrap().state =
+                    ModelState::Completed(vec![response]);
             }
             Some((false, response)) => {
                 self.model.records.get_mut(&id).unwrap().state = ModelState::Failed(vec![response]);
@@ -242,8 +269,18 @@ impl Harness {
 
     fn check_stats(&self) {
         let stats = self.db.stats();
-        let live_keys = self.model.keys.values().filter(|&&b| self.model.live(b)).count();
-        let live_records = self.model.records.values().filter(|r| self.model.live(r.bucket)).count();
+        let live_keys = self
+            .model
+            .keys
+            .values()
+            .filter(|&&b| self.model.live(b))
+            .count();
+        let live_records = self
+            .model
+            .records
+            .values()
+            .filter(|r| self.model.live(r.bucket))
+            .count();
         assert_eq!(stats.live_keys, live_keys as u64);
         assert_eq!(stats.live_records, live_records as u64);
     }

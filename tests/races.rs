@@ -66,7 +66,8 @@ fn insert_many_admits_each_key_once() {
                     let admitted = db.insert_many(batch).unwrap();
                     for (key, yes) in batch.iter().zip(admitted) {
                         if yes {
-                            winners[u32::from_le_bytes(*key) as usize].fetch_add(1, Ordering::Relaxed);
+                            winners[u32::from_le_bytes(*key) as usize]
+                                .fetch_add(1, Ordering::Relaxed);
                         }
                     }
                 }
@@ -122,11 +123,13 @@ fn release_races_grant_at_most_one_live_lease() {
     let barrier = Barrier::new(THREADS);
     std::thread::scope(|s| {
         for _ in 0..THREADS {
-            let (db, scope, holders, acquired, barrier) = (&db, &scope, &holders, &acquired, &barrier);
+            let (db, scope, holders, acquired, barrier) =
+                (&db, &scope, &holders, &acquired, &barrier);
             s.spawn(move || {
                 barrier.wait();
                 for _ in 0..2_000 {
-                    if let Reservation::Acquired(lease) = db.reserve(scope, b"hot", b"req").unwrap() {
+                    if let Reservation::Acquired(lease) = db.reserve(scope, b"hot", b"req").unwrap()
+                    {
                         assert_eq!(holders.fetch_add(1, Ordering::SeqCst), 0, "two live leases");
                         acquired.fetch_add(1, Ordering::Relaxed);
                         holders.fetch_sub(1, Ordering::SeqCst);
@@ -137,5 +140,8 @@ fn release_races_grant_at_most_one_live_lease() {
         }
     });
     assert!(acquired.load(Ordering::Relaxed) >= 1);
-    assert_eq!(db.stats().released, u64::from(acquired.load(Ordering::Relaxed)));
+    assert_eq!(
+        db.stats().released,
+        u64::from(acquired.load(Ordering::Relaxed))
+    );
 }

@@ -20,7 +20,9 @@ fn completed_response_is_replayed_byte_for_byte() {
     let db = memory_db(&clock);
     let scope = Scope::new("org_123", "create_payment");
     let response: Vec<u8> = (0..=255u8).collect();
-    acquire(&db, &scope, b"key", b"request").complete(&response).unwrap();
+    acquire(&db, &scope, b"key", b"request")
+        .complete(&response)
+        .unwrap();
     for _ in 0..3 {
         match db.reserve(&scope, b"key", b"request").unwrap() {
             Reservation::Completed(record) => {
@@ -40,7 +42,9 @@ fn failure_is_stored_and_replayed() {
     let clock = manual_clock();
     let db = memory_db(&clock);
     let scope = Scope::new("org", "charge");
-    acquire(&db, &scope, b"key", b"req").fail(b"card_declined").unwrap();
+    acquire(&db, &scope, b"key", b"req")
+        .fail(b"card_declined")
+        .unwrap();
     match db.reserve(&scope, b"key", b"req").unwrap() {
         Reservation::Failed(record) => {
             assert_eq!(record.response(), Some(&b"card_declined"[..]));
@@ -64,7 +68,10 @@ fn in_flight_is_reported_with_its_start() {
         other => panic!("expected InFlight, got {other:?}"),
     }
     assert_eq!(lease.since(), started);
-    assert_eq!(db.get(&scope, b"key").unwrap().unwrap().status(), RecordStatus::InFlight);
+    assert_eq!(
+        db.get(&scope, b"key").unwrap().unwrap().status(),
+        RecordStatus::InFlight
+    );
     assert_eq!(db.stats().in_flight_hits, 1);
 }
 
@@ -74,9 +81,15 @@ fn a_different_request_is_a_mismatch_never_a_replay() {
     let db = memory_db(&clock);
     let scope = Scope::new("org", "op");
     let lease = acquire(&db, &scope, b"key", b"amount=10");
-    assert!(matches!(db.reserve(&scope, b"key", b"amount=99").unwrap(), Reservation::Mismatch));
+    assert!(matches!(
+        db.reserve(&scope, b"key", b"amount=99").unwrap(),
+        Reservation::Mismatch
+    ));
     lease.complete(b"secret response").unwrap();
-    assert!(matches!(db.reserve(&scope, b"key", b"amount=99").unwrap(), Reservation::Mismatch));
+    assert!(matches!(
+        db.reserve(&scope, b"key", b"amount=99").unwrap(),
+        Reservation::Mismatch
+    ));
     assert_eq!(db.stats().mismatches, 2);
 }
 
@@ -86,7 +99,10 @@ fn a_dropped_lease_leaves_the_record_in_flight() {
     let db = memory_db(&clock);
     let scope = Scope::new("org", "op");
     drop(acquire(&db, &scope, b"key", b"req"));
-    assert!(matches!(db.reserve(&scope, b"key", b"req").unwrap(), Reservation::InFlight { .. }));
+    assert!(matches!(
+        db.reserve(&scope, b"key", b"req").unwrap(),
+        Reservation::InFlight { .. }
+    ));
     assert_eq!(db.stats().live_records, 1);
 }
 
@@ -98,7 +114,9 @@ fn release_lets_a_retry_run() {
     acquire(&db, &scope, b"key", b"req").release().unwrap();
     assert!(db.get(&scope, b"key").unwrap().is_none());
     assert_eq!(db.stats().live_records, 0);
-    acquire(&db, &scope, b"key", b"req").complete(b"done").unwrap();
+    acquire(&db, &scope, b"key", b"req")
+        .complete(b"done")
+        .unwrap();
     assert_eq!(db.stats().released, 1);
 }
 
@@ -113,7 +131,9 @@ fn scopes_are_independent() {
     let d = Scope::new("org_ab", "c");
     let e = Scope::new("org_a", "bc");
     for scope in [&a, &b, &c, &d, &e] {
-        acquire(&db, scope, b"same-key", b"req").complete(scope.tenant()).unwrap();
+        acquire(&db, scope, b"same-key", b"req")
+            .complete(scope.tenant())
+            .unwrap();
     }
     for scope in [&a, &b, &c, &d, &e] {
         let record = db.get(scope, b"same-key").unwrap().unwrap();
@@ -132,7 +152,10 @@ fn released_then_reacquired_record_completes_and_replays() {
     let second = acquire(&db, &scope, b"key", b"req");
     second.complete(b"ok").unwrap();
     // A new reservation after completion replays; no second lease exists.
-    assert!(matches!(db.reserve(&scope, b"key", b"req").unwrap(), Reservation::Completed(_)));
+    assert!(matches!(
+        db.reserve(&scope, b"key", b"req").unwrap(),
+        Reservation::Completed(_)
+    ));
 }
 
 #[test]

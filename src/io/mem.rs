@@ -83,13 +83,27 @@ impl MemStorage {
         Some(disk.files[id].current.clone())
     }
 
-    /// Replaces the bytes of `path` as if written and synced.
+    /// Replaces the bytes of `path` (creating it if missing) as if written and synced,
+    /// directory entry included.
     pub fn set_contents(&self, path: &Path, bytes: Vec<u8>) {
         let mut disk = self.disk.lock();
-        if let Ok(file) = disk.file_mut(path) {
-            file.current = bytes.clone();
-            file.synced = bytes;
-        }
+        let id = match disk.names.get(path) {
+            Some(&id) => id,
+            None => {
+                disk.next_id += 1;
+                let id = disk.next_id;
+                disk.names.insert(path.to_path_buf(), id);
+                id
+            }
+        };
+        disk.synced_names.insert(path.to_path_buf(), id);
+        disk.files.insert(
+            id,
+            FileData {
+                current: bytes.clone(),
+                synced: bytes,
+            },
+        );
     }
 }
 

@@ -1,0 +1,188 @@
+//! Fault injection: fail the N-th state-changing I/O call, for every N of a scripted
+//! workload, once and persistently. The store must report the failure (and refuse later
+//! writes), and a reopen must hold every write acknowledged before it.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{BUCKET, WINDOW, manual_clock};
+use oncedb::io::{FaultyStorage, MemStorage, Storage};
+use oncedb::{Db, Durability, Error, ManualClock, Options, RecordStatus, Reservation, Scope};
+
+fn options(storage: Arc<dyn Storage>, clock: &ManualClock) -> Options {
+    Options::new("/db")
+        .window(WINDOW)
+        .bucket_width(BUCKET)
+        .clock(clock.clone())
+        .durability(Durability::Sync)
+        .segment_max_bytes(4096)
+        .storage(storage)
+}
+
+#[derive(Default, Debug)]
+struct Acked {
+    keys: Vec<u32>,
+    records: Vec<u32>,
+}
+
+/// The scripted workload: single inserts, batches, records, bucket rollovers, segment
+/// rollovers and expiry. Stops at the first error and returns what was acknowledged.
+fn workload(db: &Db, clock: &ManualClock, acked: &mut Acked) -> Result<(), Error> {
+    let scope = Scope::new("org", "op");
+    for round in 0..6u32 {
+        for i in 0..40u32 {
+            let n = round * 1_000 + i;
+            db.insert_if_absent(&n.to_le_bytes())?;
+            acked.keys.push(n);
+        }
+        let batch: Vec<[u8; 4]> = (500..520)
+            .map(|i: u32| (round * 1_000 + i).to_le_bytes())
+            .collect();
+        db.insert_many(&batch)?;
+        acked.keys.extend((500..520).map(|i| round * 1_000 + i));
+        let Reservation::Acquired(lease) = db.reserve(&scope, &round.to_le_bytes(), b"req")? else {
+            panic!("fresh record must be acquired");
+        };
+        lease.complete(&round.to_le_bytes())?;
+        acked.records.push(round);
+        // Move to the next bucket; the last rounds push early buckets out of the window.
+        clock.advance(if round == 3 {
+            WINDOW - 3 * BUCKET
+        } else {
+            BUCKET
+        });
+    }
+    db.flush()
+}
+
+fn verify(storage: Arc<dyn Storage>, clock: &ManualClock, acked: &Acked) {
+    let db = Db::open(options(storage, clock)).expect("reopen after a fault must succeed");
+    let scope = Scope::new("org", "op");
+    for &n in &acked.keys {
+        // Keys of rounds 0..=1 may have expired legitimately by the end of the workload.
+        if n / 1_000 >= 2 {
+            assert!(
+                db.contains(&n.to_le_bytes()).unwrap(),
+                "acknowledged key {n} lost"
+            );
+        }
+    }
+    for &round in &acked.records {
+        if round >= 2 {
+            let record = db.get(&scope, &round.to_le_bytes()).unwrap();
+            let record = record.unwrap_or_else(|| panic!("acknowledged record {round} lost"));
+            assert_eq!(record.status(), RecordStatus::Completed);
+        }
+    }
+}
+
+/// Counts the workload's state-changing calls in a run without faults.
+fn clean_run_calls() -> u64 {
+    let storage = FaultyStorage::new(Arc::new(MemStorage::new()));
+    let clock = manual_clock();
+    let db = Db::open(options(Arc::new(storage.clone()), &clock)).unwrap();
+    workload(&db, &clock, &mut Acked::default()).unwrap();
+    drop(db);
+    storage.calls()
+}
+
+fn run_with_fault(call: u64, persistent: bool, power_loss: bool) {
+    let disk = MemStorage::new();
+    let faulty = FaultyStorage::new(Arc::new(disk.clone()));
+    faulty.fail_at(call, persistent);
+    let clock = manual_clock();
+    let mut acked = Acked::default();
+    match Db::open(options(Arc::new(faulty.clone()), &clock)) {
+        Ok(db) => {
+            let result = workload(&db, &clock, &mut acked);
+            if faulty.failures() > 0 {
+                assert!(
+                    result.is_err(),
+                    "call {call}: a failed I/O call was reported as success"
+                );
+                // Fail closed: once poisoned, every write is refused.
+                assert!(matches!(
+                    db.insert_if_absent(b"after-fault"),
+                    Err(Error::Poisoned)
+                ));
+                assert!(matches!(db.flush(), Err(Error::Poisoned)));
+            }
+            drop(db);
+        }
+        Err(_) => assert!(faulty.failures() > 0, "open failed without a fault"),
+    }
+    if power_loss {
+        disk.power_loss();
+    } else {
+        disk.process_crash();
+    }
+    verify(Arc::new(disk), &clock, &acked);
+}
+
+#[test]
+fn every_single_fault_is_reported_and_recovered() {
+    let calls = clean_run_calls();
+    assert!(
+        calls > 50,
+        "the workload should make many I/O calls, made {calls}"
+    );
+    for call in 1..=calls + 1 {
+        run_with_fault(call, false, false);
+        run_with_fault(call, false, true);
+    }
+}
+
+#[test]
+fn every_persistent_fault_is_reported_and_recovered() {
+    let calls = clean_run_calls();
+    for call in 1..=calls + 1 {
+        run_with_fault(call, true, false);
+        run_with_fault(call, true, true);
+    }
+}
+
+#[test]
+fn power_loss_keeps_every_synced_write() {
+    let disk = MemStorage::new();
+    let clock = manual_clock();
+    let mut acked = Acked::default();
+    {
+        let db = Db::open(options(Arc::new(disk.clone()), &clock)).unwrap();
+        workload(&db, &clock, &mut acked).unwrap();
+        db.insert_if_absent(b"tail").unwrap();
+        // The process dies without dropping the handle's buffers.
+        std::mem::forget(db);
+    }
+    disk.power_loss();
+    verify(Arc::new(disk.clone()), &clock, &acked);
+    let db = Db::open(options(Arc::new(disk), &clock)).unwrap();
+    assert!(
+        db.contains(b"tail").unwrap(),
+        "a Sync write was acknowledged, so it is durable"
+    );
+}
+
+#[test]
+fn interval_mode_loses_at_most_unflushed_writes_on_power_loss() {
+    let disk = MemStorage::new();
+    let clock = manual_clock();
+    let options = |disk: &MemStorage| {
+        options(Arc::new(disk.clone()), &clock)
+            .durability(Durability::Interval(std::time::Duration::from_secs(3600)))
+    };
+    {
+        let db = Db::open(options(&disk)).unwrap();
+        db.insert_if_absent(b"flushed").unwrap();
+        db.flush().unwrap();
+        db.insert_if_absent(b"unflushed").unwrap();
+        std::mem::forget(db);
+    }
+    disk.power_loss();
+    let db = Db::open(options(&disk)).unwrap();
+    assert!(db.contains(b"flushed").unwrap());
+    assert!(
+        !db.contains(b"unflushed").unwrap(),
+        "nothing synced it within the interval"
+    );
+}
