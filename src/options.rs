@@ -189,7 +189,7 @@ impl Options {
                 self.bucket_width_ms, self.window_ms
             ));
         }
-        if self.window_ms % self.bucket_width_ms != 0 {
+        if !self.window_ms.is_multiple_of(self.bucket_width_ms) {
             return invalid(format!(
                 "window ({} ms) is not a whole multiple of bucket_width ({} ms)",
                 self.window_ms, self.bucket_width_ms

@@ -56,7 +56,7 @@ fn crash_writer_child() {
 
 fn write_one(db: &Db, n: u64) {
     let key = n.to_le_bytes();
-    let line = if n % 8 == 0 {
+    let line = if n.is_multiple_of(8) {
         let Reservation::Acquired(lease) = db.reserve(&scope(), &key, &key).unwrap() else {
             panic!("fresh record {n} must be acquired");
         };

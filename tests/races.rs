@@ -96,7 +96,7 @@ fn reserve_grants_one_lease_per_key() {
                         Reservation::Acquired(lease) => {
                             winners[key as usize].fetch_add(1, Ordering::Relaxed);
                             // Finish half the leases while others still race.
-                            if key % 2 == 0 {
+                            if key.is_multiple_of(2) {
                                 lease.complete(b"done").unwrap();
                             } else {
                                 leases.lock().unwrap().push(lease);

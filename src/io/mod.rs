@@ -15,6 +15,10 @@ pub use mem::MemStorage;
 pub use std_fs::StdStorage;
 
 /// A file opened for appending.
+#[expect(
+    clippy::len_without_is_empty,
+    reason = "a file's emptiness is never asked on its own"
+)]
 pub trait StorageFile: Send + Sync {
     /// Appends all of `data` at the end of the file.
     fn append(&mut self, data: &[u8]) -> io::Result<()>;
