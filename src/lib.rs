@@ -59,3 +59,8 @@ pub use options::{
 };
 pub use record::{Lease, Record, RecordStatus, Reservation, Scope};
 pub use stats::Stats;
+
+/// Compiles and runs the README's examples as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
