@@ -39,6 +39,8 @@ pub(crate) struct Inner {
     next_lease: AtomicU64,
     max_key_bytes: usize,
     max_response_bytes: usize,
+    /// A key limit is set: batches check room in every shard first.
+    bounded: bool,
     pub(crate) journal: Option<Journal>,
 }
 
@@ -69,7 +71,7 @@ impl Db {
         let fingerprint = inner.hasher.key(key);
         let admitted = {
             let mut shard = inner.lock_shard(fingerprint, bucket);
-            let admitted = shard.insert_key(fingerprint);
+            let admitted = shard.insert_key(fingerprint)?;
             shard.after_writes(1);
             admitted
         };
@@ -113,22 +115,29 @@ impl Db {
             keys.iter().map(|k| inner.hasher.key(k.as_ref())).collect();
         let bucket = inner.current_bucket();
         let order = inner.group_by_shard(&fingerprints);
-        for group in order.chunk_by(|&a, &b| {
-            fingerprints[a as usize].shard(inner.shard_bits)
-                == fingerprints[b as usize].shard(inner.shard_bits)
-        }) {
-            let first = fingerprints[group[0] as usize];
-            let mut shard = inner.lock_shard(first, bucket);
-            // Start every slot load of the group before probing any of them.
-            let mut touched = 0u32;
-            for &index in group {
-                touched = touched.wrapping_add(shard.touch(fingerprints[index as usize]));
+        let groups: Vec<&[u32]> = order
+            .chunk_by(|&a, &b| {
+                fingerprints[a as usize].shard(inner.shard_bits)
+                    == fingerprints[b as usize].shard(inner.shard_bits)
+            })
+            .collect();
+        let lock_group = |group: &[u32]| inner.lock_shard(fingerprints[group[0] as usize], bucket);
+        if inner.bounded {
+            // Hold every shard of the batch (in ascending order, so batches cannot
+            // deadlock) until all have room: a full store admits none of the batch.
+            let mut shards = Vec::with_capacity(groups.len());
+            for group in &groups {
+                let mut shard = lock_group(group);
+                shard.reserve_room(group.iter().map(|&i| fingerprints[i as usize]))?;
+                shards.push(shard);
             }
-            std::hint::black_box(touched);
-            for &index in group {
-                admitted[index as usize] = shard.insert_key(fingerprints[index as usize]);
+            for (group, mut shard) in groups.iter().zip(shards) {
+                insert_group(&mut shard, group, &fingerprints, admitted);
             }
-            shard.after_writes(group.len());
+        } else {
+            for group in &groups {
+                insert_group(&mut lock_group(group), group, &fingerprints, admitted);
+            }
         }
         if inner.journal.is_some() {
             let new: Vec<Fingerprint> = fingerprints
@@ -249,6 +258,9 @@ impl Db {
         stats.failed = counters.failed;
         stats.released = counters.released;
         stats.leases_lost = counters.leases_lost;
+        stats.full_rejections = counters.full_rejections;
+        stats.buckets_evicted = counters.buckets_evicted;
+        stats.keys_evicted = counters.keys_evicted;
         stats.buckets_live = live_buckets.iter().filter(|&&live| live).count() as u64;
         stats.buckets_dropped = bucket - inner.opened_bucket;
         if let Some(journal) = &inner.journal {
@@ -256,6 +268,25 @@ impl Db {
         }
         stats
     }
+}
+
+/// Admits the keys of one shard's group, in order, after loading their home slots.
+fn insert_group(
+    shard: &mut Shard,
+    group: &[u32],
+    fingerprints: &[Fingerprint],
+    admitted: &mut [bool],
+) {
+    // Start every slot load of the group before probing any of them.
+    let mut touched = 0u32;
+    for &index in group {
+        touched = touched.wrapping_add(shard.touch(fingerprints[index as usize]));
+    }
+    std::hint::black_box(touched);
+    for &index in group {
+        admitted[index as usize] = shard.insert_key_unchecked(fingerprints[index as usize]);
+    }
+    shard.after_writes(group.len());
 }
 
 impl Inner {
@@ -270,7 +301,15 @@ impl Inner {
         let bucket = start_bucket.unwrap_or_else(|| window.bucket_of(options.clock.now_ms()));
         let per_shard = options.expected_keys.div_ceil(options.shards as u64) as usize;
         let shards = (0..options.shards)
-            .map(|_| Padded(Mutex::new(Shard::new(window, per_shard, bucket))))
+            .map(|_| {
+                Padded(Mutex::new(Shard::new(
+                    window,
+                    per_shard,
+                    bucket,
+                    options.shard_capacity(),
+                    options.full_policy,
+                )))
+            })
             .collect();
         Inner {
             shards,
@@ -283,6 +322,7 @@ impl Inner {
             next_lease: AtomicU64::new(1),
             max_key_bytes: options.max_key_bytes,
             max_response_bytes: options.max_response_bytes,
+            bounded: options.max_keys.is_some(),
             journal,
         }
     }

@@ -51,11 +51,9 @@ pub enum Error {
     /// rather than mixing their records. With a seeded 128-bit hash this is not expected
     /// to happen in the lifetime of any deployment.
     FingerprintCollision,
-    /// The store is full and its [`FullPolicy`](crate::FullPolicy) is to reject new keys.
-    Full {
-        /// The configured key limit.
-        max_keys: u64,
-    },
+    /// The store holds `Options::max_keys` live keys and its
+    /// [`FullPolicy`](crate::FullPolicy) could not make room: nothing was admitted.
+    Full,
     /// An earlier I/O failure poisoned the store; it refuses writes until reopened.
     Poisoned,
     /// Another process (or another `Db` in this process) holds the directory's lock file.
@@ -101,7 +99,7 @@ impl fmt::Display for Error {
             Error::FingerprintCollision => {
                 write!(f, "two different keys share a 128-bit fingerprint")
             }
-            Error::Full { max_keys } => write!(f, "store is full ({max_keys} keys)"),
+            Error::Full => write!(f, "store is full: max_keys live keys are held"),
             Error::Poisoned => write!(
                 f,
                 "store is poisoned by an earlier I/O failure; reopen it to recover"

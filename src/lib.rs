@@ -54,7 +54,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use db::Db;
 pub use error::{Error, Result};
 pub use options::{
-    Durability, MAX_BATCH_KEYS, MAX_BUCKETS_PER_WINDOW, MAX_KEY_BYTES_LIMIT,
+    Durability, FullPolicy, MAX_BATCH_KEYS, MAX_BUCKETS_PER_WINDOW, MAX_KEY_BYTES_LIMIT,
     MAX_RESPONSE_BYTES_LIMIT, MAX_SCOPE_PART_BYTES, MAX_SEGMENT_BYTES_LIMIT, MAX_SHARDS, Options,
 };
 pub use record::{Lease, Record, RecordStatus, Reservation, Scope};

@@ -48,6 +48,21 @@ pub enum Durability {
     Sync,
 }
 
+/// What a store at its key limit ([`Options::max_keys`]) does with a new key: the
+/// fail-closed or fail-open choice for a full deduplication store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FullPolicy {
+    /// Fail closed: the write returns [`Error::Full`]; nothing is admitted and nothing
+    /// already stored is lost. For payments, payouts, inventory.
+    #[default]
+    Reject,
+    /// Fail open: the oldest bucket of the full shard is dropped early (counted in
+    /// [`Stats::buckets_evicted`](crate::Stats) and logged at `warn`), so duplicates older
+    /// than the remaining window may be admitted again. If the current bucket alone fills
+    /// the shard, the write returns [`Error::Full`].
+    EvictOldest,
+}
+
 /// Settings for [`Db::open`](crate::Db::open), built with chained calls.
 #[derive(Clone)]
 pub struct Options {
@@ -62,6 +77,8 @@ pub struct Options {
     pub(crate) max_response_bytes: usize,
     pub(crate) segment_max_bytes: u64,
     pub(crate) storage: Arc<dyn Storage>,
+    pub(crate) max_keys: Option<u64>,
+    pub(crate) full_policy: FullPolicy,
 }
 
 impl fmt::Debug for Options {
@@ -76,6 +93,8 @@ impl fmt::Debug for Options {
             .field("max_key_bytes", &self.max_key_bytes)
             .field("max_response_bytes", &self.max_response_bytes)
             .field("segment_max_bytes", &self.segment_max_bytes)
+            .field("max_keys", &self.max_keys)
+            .field("full_policy", &self.full_policy)
             .finish_non_exhaustive()
     }
 }
@@ -103,6 +122,8 @@ impl Options {
             max_response_bytes: 1024 * 1024,
             segment_max_bytes: 64 * 1024 * 1024,
             storage: Arc::new(StdStorage),
+            max_keys: None,
+            full_policy: FullPolicy::Reject,
         }
     }
 
@@ -174,6 +195,25 @@ impl Options {
         self
     }
 
+    /// Bounds memory: at most about this many live dedup keys and records together
+    /// (enforced per shard, `ceil(max_keys / shards)` each). Default: unbounded.
+    pub fn max_keys(mut self, keys: u64) -> Self {
+        self.max_keys = Some(keys);
+        self
+    }
+
+    /// What happens to a new key when the store is full. Default [`FullPolicy::Reject`].
+    pub fn full_policy(mut self, policy: FullPolicy) -> Self {
+        self.full_policy = policy;
+        self
+    }
+
+    /// The per-shard share of `max_keys`.
+    pub(crate) fn shard_capacity(&self) -> Option<u64> {
+        self.max_keys
+            .map(|keys| keys.div_ceil(self.shards as u64).max(1))
+    }
+
     /// Checks every setting; the error names the first one out of range.
     pub(crate) fn validate(&self) -> Result<()> {
         let invalid = |why: String| Err(Error::InvalidOptions(why));
@@ -218,6 +258,9 @@ impl Options {
                 "max_response_bytes ({}) exceeds {MAX_RESPONSE_BYTES_LIMIT}",
                 self.max_response_bytes
             ));
+        }
+        if self.max_keys == Some(0) {
+            return invalid("max_keys must be at least 1".into());
         }
         if let Durability::Interval(interval) = self.durability
             && interval.is_zero()

@@ -13,6 +13,9 @@ pub(crate) struct Counters {
     pub(crate) failed: u64,
     pub(crate) released: u64,
     pub(crate) leases_lost: u64,
+    pub(crate) full_rejections: u64,
+    pub(crate) buckets_evicted: u64,
+    pub(crate) keys_evicted: u64,
 }
 
 impl Counters {
@@ -27,6 +30,9 @@ impl Counters {
         self.failed += other.failed;
         self.released += other.released;
         self.leases_lost += other.leases_lost;
+        self.full_rejections += other.full_rejections;
+        self.buckets_evicted += other.buckets_evicted;
+        self.keys_evicted += other.keys_evicted;
     }
 }
 
@@ -59,6 +65,12 @@ pub struct Stats {
     pub released: u64,
     /// Lease endings refused because the record had expired.
     pub leases_lost: u64,
+    /// Writes refused with `Error::Full`.
+    pub full_rejections: u64,
+    /// Buckets dropped early (per shard) by `FullPolicy::EvictOldest`.
+    pub buckets_evicted: u64,
+    /// Keys and records dropped early by `FullPolicy::EvictOldest`.
+    pub keys_evicted: u64,
     /// Buckets currently holding at least one live key or record.
     pub buckets_live: u64,
     /// Buckets that have left the window since open (dropped whole).

@@ -5,6 +5,7 @@ use super::table::{DedupTable, Inserted};
 use super::window::Window;
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
+use crate::options::FullPolicy;
 use crate::record::{Finish, Record};
 use crate::stats::Counters;
 
@@ -48,11 +49,22 @@ pub(crate) struct Shard {
     oldest_bucket: u64,
     /// `current` when the running sweep pass started.
     sweep_started: u64,
+    /// Buckets below this were evicted early by `FullPolicy::EvictOldest`.
+    evicted_below: u64,
+    /// Most live keys plus records this shard holds (`None`: unbounded).
+    capacity: Option<u64>,
+    policy: FullPolicy,
     pub(crate) counters: Counters,
 }
 
 impl Shard {
-    pub(crate) fn new(window: Window, expected_keys: usize, current: u64) -> Self {
+    pub(crate) fn new(
+        window: Window,
+        expected_keys: usize,
+        current: u64,
+        capacity: Option<u64>,
+        policy: FullPolicy,
+    ) -> Self {
         Shard {
             window,
             current,
@@ -63,8 +75,63 @@ impl Shard {
             live_records: 0,
             oldest_bucket: current,
             sweep_started: current,
+            evicted_below: 0,
+            capacity,
+            policy,
             counters: Counters::default(),
         }
+    }
+
+    /// The window as this shard applies it: shortened while early-evicted buckets would
+    /// otherwise still be inside it.
+    fn view(&self) -> Window {
+        let mut view = self.window;
+        view.span = view
+            .span
+            .min(self.current.saturating_sub(self.evicted_below));
+        view
+    }
+
+    /// Makes room for `new_entries` more live entries, or says the shard is full.
+    fn make_room(&mut self, new_entries: u64) -> Result<()> {
+        let Some(capacity) = self.capacity else {
+            return Ok(());
+        };
+        while self.live_keys + self.live_records + new_entries > capacity {
+            if self.policy == FullPolicy::Reject || !self.evict_oldest_bucket() {
+                self.counters.full_rejections += 1;
+                return Err(Error::Full);
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops the oldest bucket holding entries, unless that is the current bucket.
+    fn evict_oldest_bucket(&mut self) -> bool {
+        let first = self
+            .current
+            .saturating_sub(self.window.span)
+            .max(self.evicted_below);
+        let Some(oldest) = (first..self.current).find(|&b| {
+            let count = self.ring[self.ring_index(b)];
+            count.keys > 0 || count.records > 0
+        }) else {
+            return false;
+        };
+        let mut evicted = 0;
+        for bucket in first..=oldest {
+            let index = self.ring_index(bucket);
+            let count = std::mem::take(&mut self.ring[index]);
+            self.live_keys -= u64::from(count.keys);
+            self.live_records -= u64::from(count.records);
+            evicted += u64::from(count.keys) + u64::from(count.records);
+        }
+        self.evicted_below = oldest + 1;
+        self.counters.buckets_evicted += 1;
+        self.counters.keys_evicted += evicted;
+        log::warn!("oncedb: shard full, evicted bucket {oldest} early ({evicted} entries)");
+        self.schedule_sweep();
+        true
     }
 
     fn ring_index(&self, bucket: u64) -> usize {
@@ -105,7 +172,7 @@ impl Shard {
             self.oldest_bucket = self.current;
         } else if self.current - self.oldest_bucket >= MAX_UNSWEPT_AGE_BUCKETS {
             self.table
-                .rebuild(self.live_keys as usize, self.window.liveness(self.current));
+                .rebuild(self.live_keys as usize, self.view().liveness(self.current));
             self.oldest_bucket = self.current.saturating_sub(self.window.span);
         } else if garbage && !self.table.sweeping() {
             self.table.start_sweep();
@@ -116,7 +183,7 @@ impl Shard {
     /// Background work each write pays for: a step of the sweep, a few record expiries.
     fn maintain(&mut self, writes: usize) {
         if self.table.sweeping() {
-            let live = self.window.liveness(self.current);
+            let live = self.view().liveness(self.current);
             let (_, done) = self.table.sweep(SWEEP_SLOTS_PER_WRITE * writes, live);
             if done {
                 self.oldest_bucket = self
@@ -125,7 +192,7 @@ impl Shard {
                 self.schedule_sweep();
             }
         }
-        let (window, current) = (self.window, self.current);
+        let (window, current) = (self.view(), self.current);
         self.records
             .expire(EXPIRE_RECORDS_PER_WRITE * writes, window, current);
     }
@@ -137,15 +204,41 @@ impl Shard {
     }
 
     /// Admits a dedup key; false if it is live already.
-    pub(crate) fn insert_key(&mut self, fingerprint: Fingerprint) -> bool {
+    pub(crate) fn insert_key(&mut self, fingerprint: Fingerprint) -> Result<bool> {
+        if self.capacity.is_some() && !self.contains_key(fingerprint) {
+            self.make_room(1)?;
+        }
+        Ok(self.insert_key_unchecked(fingerprint))
+    }
+
+    /// Counts the distinct keys of `fingerprints` that are not live yet and makes room
+    /// for them, so that a batch is admitted whole or not at all.
+    pub(crate) fn reserve_room(
+        &mut self,
+        fingerprints: impl Iterator<Item = Fingerprint>,
+    ) -> Result<()> {
+        if self.capacity.is_none() {
+            return Ok(());
+        }
+        let mut new: Vec<u64> = fingerprints
+            .filter(|&fp| !self.contains_key(fp))
+            .map(Fingerprint::tag)
+            .collect();
+        new.sort_unstable();
+        new.dedup();
+        self.make_room(new.len() as u64)
+    }
+
+    /// Admits a dedup key without the capacity check (done by the caller).
+    pub(crate) fn insert_key_unchecked(&mut self, fingerprint: Fingerprint) -> bool {
         if self.table.needs_growth() {
             self.table
-                .rebuild(self.live_keys as usize, self.window.liveness(self.current));
+                .rebuild(self.live_keys as usize, self.view().liveness(self.current));
             self.oldest_bucket = self.current.saturating_sub(self.window.span);
         }
         let admitted = self
             .table
-            .insert(fingerprint.tag(), self.window.liveness(self.current))
+            .insert(fingerprint.tag(), self.view().liveness(self.current))
             == Inserted::New;
         if admitted {
             let index = self.ring_index(self.current);
@@ -162,11 +255,11 @@ impl Shard {
     pub(crate) fn restore_key(&mut self, fingerprint: Fingerprint) {
         if self.table.needs_growth() {
             self.table
-                .rebuild(self.live_keys as usize, self.window.liveness(self.current));
+                .rebuild(self.live_keys as usize, self.view().liveness(self.current));
         }
         if self
             .table
-            .insert(fingerprint.tag(), self.window.liveness(self.current))
+            .insert(fingerprint.tag(), self.view().liveness(self.current))
             == Inserted::New
         {
             let index = self.ring_index(self.current);
@@ -182,7 +275,7 @@ impl Shard {
 
     pub(crate) fn contains_key(&mut self, fingerprint: Fingerprint) -> bool {
         self.table
-            .contains(fingerprint.tag(), self.window.liveness(self.current))
+            .contains(fingerprint.tag(), self.view().liveness(self.current))
     }
 
     /// Atomically looks up or creates the record of `scoped_key`.
@@ -194,7 +287,7 @@ impl Shard {
         lease_id: u64,
         now_ms: u64,
     ) -> Result<Reserved> {
-        let (window, current) = (self.window, self.current);
+        let (window, current) = (self.view(), self.current);
         let outcome =
             match self
                 .records
@@ -209,6 +302,7 @@ impl Shard {
                     State::Failed { .. } => Reserved::Failed(record.snapshot()),
                 },
                 None => {
+                    self.make_room(1)?;
                     self.store_record(
                         fingerprint,
                         scoped_key.into(),
@@ -259,7 +353,7 @@ impl Shard {
     }
 
     fn uncount_record(&mut self, bucket: u64) {
-        if self.window.is_live(bucket, self.current) {
+        if self.view().is_live(bucket, self.current) {
             let index = self.ring_index(bucket);
             self.ring[index].records -= 1;
             self.live_records -= 1;
@@ -274,7 +368,7 @@ impl Shard {
         finish: &Finish,
         now_ms: u64,
     ) -> Result<()> {
-        let (window, current) = (self.window, self.current);
+        let (window, current) = (self.view(), self.current);
         let record = self
             .records
             .live_mut(fingerprint.0, None, window, current)?;
@@ -325,7 +419,7 @@ impl Shard {
         fingerprint: Fingerprint,
         scoped_key: &[u8],
     ) -> Result<Option<Record>> {
-        let (window, current) = (self.window, self.current);
+        let (window, current) = (self.view(), self.current);
         let record = self
             .records
             .live_mut(fingerprint.0, Some(scoped_key), window, current)?;
