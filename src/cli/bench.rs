@@ -1,0 +1,401 @@
+//! `oncedb bench`: one configurable workload, or with no workload flags a default suite
+//! that covers the in-memory and durable paths in under a minute.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::{Args, ValueEnum};
+use hdrhistogram::Histogram;
+use indicatif::{ProgressBar, ProgressStyle};
+use oncedb::{Db, Durability, Options, Reservation, Scope, Stats};
+
+use super::workload::{id_stream, idempotency_keys, response_body, rss_bytes};
+
+/// Flags of `oncedb bench`.
+#[derive(Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// Operations to run (keys in the stream, duplicates included).
+    #[arg(long)]
+    keys: Option<usize>,
+    /// Fraction of operations that repeat an earlier key.
+    #[arg(long, default_value_t = 0.2)]
+    dup_rate: f64,
+    /// Writer threads; the stream is split between them.
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Keys per `insert_many` call (1 = `insert_if_absent`).
+    #[arg(long)]
+    batch: Option<usize>,
+    /// memory, buffered, sync, or interval:<ms>.
+    #[arg(long)]
+    durability: Option<String>,
+    /// ids (16-byte message ids, insert_if_absent) or records (60-byte idempotency keys,
+    /// reserve + complete with a 256-byte response).
+    #[arg(long, value_enum)]
+    workload: Option<Workload>,
+    /// Window length in seconds.
+    #[arg(long, default_value_t = 86_400)]
+    window: u64,
+    /// Bucket width in seconds.
+    #[arg(long, default_value_t = 900)]
+    bucket: u64,
+    /// Parent directory for durable stores (default: the system temp directory).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// After a durable run, close and reopen the store and time the recovery.
+    #[arg(long)]
+    reopen: bool,
+}
+
+/// The operation mix.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Workload {
+    /// 16-byte ids through insert_if_absent / insert_many.
+    Ids,
+    /// Idempotency keys through reserve + complete.
+    Records,
+}
+
+#[derive(Debug, Clone)]
+struct Scenario {
+    name: String,
+    keys: usize,
+    dup_rate: f64,
+    threads: usize,
+    batch: usize,
+    durability: Option<Durability>,
+    workload: Workload,
+    reopen: bool,
+}
+
+/// One row of the summary.
+struct Outcome {
+    scenario: Scenario,
+    elapsed: Duration,
+    latency: Histogram<u64>,
+    stats: Stats,
+    rss_growth: u64,
+    reopen: Option<Duration>,
+}
+
+pub fn run(args: &BenchArgs) -> Result<(), String> {
+    let scenarios = if args.keys.is_none()
+        && args.threads.is_none()
+        && args.batch.is_none()
+        && args.durability.is_none()
+        && args.workload.is_none()
+    {
+        default_suite(args)
+    } else {
+        vec![scenario_from(args)?]
+    };
+    println!(
+        "oncedb bench: window {} s, bucket {} s, dup rate {:.0}%",
+        args.window,
+        args.bucket,
+        args.dup_rate * 100.0
+    );
+    let mut outcomes = Vec::new();
+    for scenario in scenarios {
+        outcomes.push(run_scenario(args, scenario)?);
+    }
+    print_table(&outcomes);
+    Ok(())
+}
+
+fn default_suite(args: &BenchArgs) -> Vec<Scenario> {
+    let base = Scenario {
+        name: String::new(),
+        keys: 10_000_000,
+        dup_rate: args.dup_rate,
+        threads: 1,
+        batch: 1024,
+        durability: None,
+        workload: Workload::Ids,
+        reopen: false,
+    };
+    vec![
+        Scenario {
+            name: "memory, insert_many x1024".into(),
+            ..base.clone()
+        },
+        Scenario {
+            name: "memory, insert_if_absent".into(),
+            batch: 1,
+            keys: 5_000_000,
+            ..base.clone()
+        },
+        Scenario {
+            name: "memory, insert_many, 2 threads".into(),
+            threads: 2,
+            ..base.clone()
+        },
+        Scenario {
+            name: "disk Interval(10ms), insert_many x1024".into(),
+            keys: 5_000_000,
+            durability: Some(Durability::Interval(Duration::from_millis(10))),
+            reopen: true,
+            ..base.clone()
+        },
+        Scenario {
+            name: "disk Sync, insert_if_absent, 64 threads".into(),
+            keys: 200_000,
+            batch: 1,
+            threads: 64,
+            durability: Some(Durability::Sync),
+            ..base.clone()
+        },
+        Scenario {
+            name: "memory, records reserve+complete".into(),
+            keys: 1_000_000,
+            batch: 1,
+            workload: Workload::Records,
+            ..base
+        },
+    ]
+}
+
+fn parse_durability(text: &str) -> Result<Option<Durability>, String> {
+    match text {
+        "memory" => Ok(None),
+        "buffered" => Ok(Some(Durability::Buffered)),
+        "sync" => Ok(Some(Durability::Sync)),
+        _ => {
+            let ms = text
+                .strip_prefix("interval:")
+                .and_then(|ms| ms.parse::<u64>().ok())
+                .ok_or_else(|| {
+                    format!("unknown durability {text:?}: memory, buffered, sync or interval:<ms>")
+                })?;
+            Ok(Some(Durability::Interval(Duration::from_millis(ms))))
+        }
+    }
+}
+
+fn scenario_from(args: &BenchArgs) -> Result<Scenario, String> {
+    let durability = parse_durability(args.durability.as_deref().unwrap_or("memory"))?;
+    let batch = args.batch.unwrap_or(1024);
+    if batch == 0 || batch > oncedb::MAX_BATCH_KEYS {
+        return Err(format!(
+            "--batch must be between 1 and {}",
+            oncedb::MAX_BATCH_KEYS
+        ));
+    }
+    let threads = args.threads.unwrap_or(1).max(1);
+    Ok(Scenario {
+        name: format!(
+            "{}, batch {batch}, {threads} thread(s)",
+            args.durability.as_deref().unwrap_or("memory")
+        ),
+        keys: args.keys.unwrap_or(2_000_000),
+        dup_rate: args.dup_rate,
+        threads,
+        batch,
+        durability,
+        workload: args.workload.unwrap_or(Workload::Ids),
+        reopen: args.reopen,
+    })
+}
+
+fn options(args: &BenchArgs, scenario: &Scenario, dir: Option<&PathBuf>) -> Options {
+    let base = match dir {
+        Some(dir) => Options::new(dir).durability(scenario.durability.unwrap_or(Durability::Sync)),
+        None => Options::in_memory(),
+    };
+    base.window(Duration::from_secs(args.window))
+        .bucket_width(Duration::from_secs(args.bucket))
+}
+
+fn new_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 600_000_000_000, 3).expect("valid histogram bounds")
+}
+
+fn run_scenario(args: &BenchArgs, scenario: Scenario) -> Result<Outcome, String> {
+    eprintln!("== {}: generating {} keys", scenario.name, scenario.keys);
+    let dir = scenario.durability.map(|_| {
+        args.dir
+            .clone()
+            .unwrap_or_else(std::env::temp_dir)
+            .join(format!(
+                "oncedb-bench-{}-{}",
+                std::process::id(),
+                scenario.name.len()
+            ))
+    });
+    if let Some(dir) = &dir {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    let ids = Arc::new(match scenario.workload {
+        Workload::Ids => id_stream(scenario.keys, scenario.dup_rate, 42)
+            .into_iter()
+            .map(|id| id.to_vec())
+            .collect::<Vec<_>>(),
+        Workload::Records => idempotency_keys(scenario.keys, scenario.dup_rate, 42)
+            .into_iter()
+            .map(String::into_bytes)
+            .collect(),
+    });
+    let rss_before = rss_bytes();
+    let db = Db::open(options(args, &scenario, dir.as_ref()).expected_keys(0))
+        .map_err(|e| e.to_string())?;
+    let progress = ProgressBar::new(scenario.keys as u64);
+    progress.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} ops {per_sec} eta {eta}")
+            .expect("valid progress template"),
+    );
+    let started = Instant::now();
+    let latency = run_threads(&db, &ids, &scenario, &progress)?;
+    let elapsed = started.elapsed();
+    progress.finish_and_clear();
+    let stats = db.stats();
+    let rss_growth = rss_bytes().saturating_sub(rss_before);
+    let reopen = if scenario.reopen && dir.is_some() {
+        drop(db);
+        let started = Instant::now();
+        let db = Db::open(options(args, &scenario, dir.as_ref())).map_err(|e| e.to_string())?;
+        let took = started.elapsed();
+        eprintln!(
+            "   reopen: {} keys rebuilt from {} log records in {:.3} s ({:.2} M keys/s)",
+            db.stats().live_keys,
+            db.stats().recovered_records,
+            took.as_secs_f64(),
+            db.stats().live_keys as f64 / took.as_secs_f64() / 1e6
+        );
+        Some(took)
+    } else {
+        drop(db);
+        None
+    };
+    if let Some(dir) = &dir {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    Ok(Outcome {
+        scenario,
+        elapsed,
+        latency,
+        stats,
+        rss_growth,
+        reopen,
+    })
+}
+
+fn run_threads(
+    db: &Db,
+    ids: &Arc<Vec<Vec<u8>>>,
+    scenario: &Scenario,
+    progress: &ProgressBar,
+) -> Result<Histogram<u64>, String> {
+    let per_thread = ids.len().div_ceil(scenario.threads);
+    let results: Vec<Result<Histogram<u64>, String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = ids
+            .chunks(per_thread.max(1))
+            .map(|chunk| s.spawn(move || run_chunk(db, chunk, scenario, progress)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("bench thread panicked"))
+            .collect()
+    });
+    let mut merged = new_histogram();
+    for result in results {
+        merged.add(result?).map_err(|e| e.to_string())?;
+    }
+    Ok(merged)
+}
+
+fn run_chunk(
+    db: &Db,
+    chunk: &[Vec<u8>],
+    scenario: &Scenario,
+    progress: &ProgressBar,
+) -> Result<Histogram<u64>, String> {
+    let mut latency = new_histogram();
+    let mut answers = Vec::with_capacity(scenario.batch);
+    let scope = Scope::new("bench", "create_payment");
+    let response = response_body(7);
+    let step = scenario.batch.max(1);
+    let mut since_report = 0;
+    for batch in chunk.chunks(step) {
+        let started = Instant::now();
+        match (scenario.workload, step) {
+            (Workload::Records, _) => {
+                for key in batch {
+                    if let Reservation::Acquired(lease) =
+                        db.reserve(&scope, key, key).map_err(|e| e.to_string())?
+                    {
+                        lease.complete(&response).map_err(|e| e.to_string())?;
+                    }
+                }
+            }
+            (Workload::Ids, 1) => {
+                db.insert_if_absent(&batch[0]).map_err(|e| e.to_string())?;
+            }
+            (Workload::Ids, _) => db
+                .insert_many_into(batch, &mut answers)
+                .map_err(|e| e.to_string())?,
+        }
+        latency.saturating_record(started.elapsed().as_nanos() as u64);
+        since_report += batch.len();
+        if since_report >= 65_536 {
+            progress.inc(since_report as u64);
+            since_report = 0;
+        }
+    }
+    progress.inc(since_report as u64);
+    Ok(latency)
+}
+
+fn micros(ns: u64) -> String {
+    format!("{:.1}", ns as f64 / 1_000.0)
+}
+
+fn print_table(outcomes: &[Outcome]) {
+    println!(
+        "{:<42} {:>10} {:>9} {:>9} {:>9} {:>10} {:>8} {:>8} {:>9} {:>9}",
+        "scenario",
+        "Mops/s",
+        "p50 us",
+        "p99 us",
+        "p99.9 us",
+        "max us",
+        "B/key",
+        "fsyncs",
+        "ops/fsync",
+        "reopen s"
+    );
+    for outcome in outcomes {
+        let scenario = &outcome.scenario;
+        let ops_per_sec = scenario.keys as f64 / outcome.elapsed.as_secs_f64();
+        let latency = &outcome.latency;
+        let live = outcome.stats.live_keys + outcome.stats.live_records;
+        let bytes_per_key = if live > 0 && scenario.durability.is_none() {
+            format!("{:.1}", outcome.rss_growth as f64 / live as f64)
+        } else {
+            "-".into()
+        };
+        let (fsyncs, per_fsync) = match outcome.stats.fsyncs {
+            0 => ("-".to_string(), "-".to_string()),
+            n => (
+                n.to_string(),
+                format!("{:.1}", scenario.keys as f64 / n as f64),
+            ),
+        };
+        println!(
+            "{:<42} {:>10.3} {:>9} {:>9} {:>9} {:>10} {:>8} {:>8} {:>9} {:>9}",
+            scenario.name,
+            ops_per_sec / 1e6,
+            micros(latency.value_at_quantile(0.5)),
+            micros(latency.value_at_quantile(0.99)),
+            micros(latency.value_at_quantile(0.999)),
+            micros(latency.max()),
+            bytes_per_key,
+            fsyncs,
+            per_fsync,
+            outcome
+                .reopen
+                .map_or("-".into(), |d| format!("{:.2}", d.as_secs_f64())),
+        );
+    }
+    println!("latency is per call: one key, one batch, or one reserve + complete");
+}

@@ -1,0 +1,4 @@
+//! The `oncedb` command line: `oncedb bench`.
+
+pub mod bench;
+pub mod workload;
