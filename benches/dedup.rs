@@ -1,0 +1,285 @@
+//! Side-by-side throughput of reserve-if-absent on one key stream: oncedb (in memory,
+//! `Interval`, `Sync`) against dashmap, moka, redb, fjall and a bare open-addressing table.
+//! Every system sees the same 16-byte ids with 20% duplicates.
+//!
+//! `cargo bench --bench dedup` (all groups) or `cargo bench --bench dedup -- memory`.
+
+#[path = "../src/cli/workload.rs"]
+#[allow(dead_code)]
+mod workload;
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
+use dashmap::DashMap;
+use redb::ReadableTable;
+use oncedb::{Db, Durability, ManualClock, Options, Reservation, Scope};
+use workload::{id_stream, idempotency_keys, response_body};
+
+/// Operations in the large in-memory stream: 12.5 M ops with 20% duplicates leave 10 M
+/// live keys.
+const LARGE_OPS: usize = 12_500_000;
+/// Operations for the slower (durable, TTL-cache) systems.
+const SMALL_OPS: usize = 1_000_000;
+const BATCH: usize = 1024;
+const DUP_RATE: f64 = 0.2;
+
+fn memory_db() -> Db {
+    Db::open(Options::in_memory()).unwrap()
+}
+
+fn run_oncedb_batches(db: &Db, ids: &[[u8; 16]]) -> u64 {
+    let mut admitted = Vec::with_capacity(BATCH);
+    let mut count = 0;
+    for batch in ids.chunks(BATCH) {
+        db.insert_many_into(batch, &mut admitted).unwrap();
+        count += admitted.iter().filter(|&&a| a).count() as u64;
+    }
+    count
+}
+
+fn run_oncedb_single(db: &Db, ids: &[[u8; 16]]) -> u64 {
+    ids.iter().filter(|id| db.insert_if_absent(&id[..]).unwrap()).count() as u64
+}
+
+fn run_dashmap(ids: &[[u8; 16]]) -> u64 {
+    let map: DashMap<[u8; 16], ()> = DashMap::new();
+    let mut count = 0;
+    for id in ids {
+        if let dashmap::Entry::Vacant(slot) = map.entry(*id) {
+            slot.insert(());
+            count += 1;
+        }
+    }
+    count
+}
+
+/// The ceiling: one bare linear-probing table of 64-bit hashes, sized for the stream up
+/// front, no locks, no expiry, no prefetch.
+fn run_bare_probe(ids: &[[u8; 16]]) -> u64 {
+    let capacity = (ids.len() * 8 / 7).next_power_of_two();
+    let mut slots = vec![0u64; capacity];
+    let mask = capacity - 1;
+    let mut count = 0;
+    for id in ids {
+        let hash = xxhash_rust::xxh3::xxh3_64(id).max(1);
+        let mut index = hash as usize & mask;
+        loop {
+            let slot = slots[index];
+            if slot == 0 {
+                slots[index] = hash;
+                count += 1;
+                break;
+            }
+            if slot == hash {
+                break;
+            }
+            index = (index + 1) & mask;
+        }
+    }
+    count
+}
+
+fn run_moka(ids: &[[u8; 16]]) -> u64 {
+    let cache: moka::sync::Cache<[u8; 16], ()> = moka::sync::Cache::builder()
+        .time_to_live(Duration::from_secs(24 * 3600))
+        .build();
+    ids.iter().filter(|id| cache.entry(**id).or_insert(()).is_fresh()).count() as u64
+}
+
+fn run_redb(ids: &[[u8; 16]], durability: redb::Durability) -> u64 {
+    const TABLE: redb::TableDefinition<&[u8], ()> = redb::TableDefinition::new("ids");
+    let dir = tempfile::tempdir().unwrap();
+    let db = redb::Database::create(dir.path().join("redb")).unwrap();
+    let mut count = 0;
+    for batch in ids.chunks(BATCH) {
+        let mut txn = db.begin_write().unwrap();
+        txn.set_durability(durability).unwrap();
+        {
+            let mut table = txn.open_table(TABLE).unwrap();
+            for id in batch {
+                if table.get(&id[..]).unwrap().is_none() {
+                    table.insert(&id[..], ()).unwrap();
+                    count += 1;
+                }
+            }
+        }
+        txn.commit().unwrap();
+    }
+    count
+}
+
+fn run_fjall(ids: &[[u8; 16]], persist: Option<fjall::PersistMode>) -> u64 {
+    let dir = tempfile::tempdir().unwrap();
+    let db = fjall::Database::builder(dir.path()).open().unwrap();
+    let keyspace = db.keyspace("ids", fjall::KeyspaceCreateOptions::default).unwrap();
+    let mut count = 0;
+    for batch in ids.chunks(BATCH) {
+        for id in batch {
+            if !keyspace.contains_key(id).unwrap() {
+                keyspace.insert(id, []).unwrap();
+                count += 1;
+            }
+        }
+        if let Some(mode) = persist {
+            db.persist(mode).unwrap();
+        }
+    }
+    count
+}
+
+fn durable_db(dir: &std::path::Path, durability: Durability) -> Db {
+    Db::open(Options::new(dir).durability(durability)).unwrap()
+}
+
+/// Times `routine` once per iteration on a fresh structure.
+fn timed(iters: u64, mut routine: impl FnMut() -> u64) -> Duration {
+    let mut total = Duration::ZERO;
+    for _ in 0..iters {
+        let started = Instant::now();
+        black_box(routine());
+        total += started.elapsed();
+    }
+    total
+}
+
+fn memory(c: &mut Criterion) {
+    let ids = id_stream(LARGE_OPS, DUP_RATE, 42);
+    let mut group = c.benchmark_group("memory_10M_live");
+    group.sampling_mode(SamplingMode::Flat).sample_size(10);
+    group.throughput(Throughput::Elements(ids.len() as u64));
+    group.bench_function("oncedb_insert_many_1024", |b| {
+        b.iter_custom(|iters| timed(iters, || run_oncedb_batches(&memory_db(), &ids)))
+    });
+    group.bench_function("oncedb_insert_if_absent", |b| {
+        b.iter_custom(|iters| timed(iters, || run_oncedb_single(&memory_db(), &ids)))
+    });
+    group.bench_function("dashmap_entry", |b| b.iter_custom(|iters| timed(iters, || run_dashmap(&ids))));
+    group.bench_function("bare_open_addressing", |b| {
+        b.iter_custom(|iters| timed(iters, || run_bare_probe(&ids)))
+    });
+    group.finish();
+}
+
+fn small_memory(c: &mut Criterion) {
+    let ids = id_stream(SMALL_OPS, DUP_RATE, 42);
+    let mut group = c.benchmark_group("memory_1M");
+    group.sampling_mode(SamplingMode::Flat).sample_size(10);
+    group.throughput(Throughput::Elements(ids.len() as u64));
+    group.bench_function("oncedb_insert_many_1024", |b| {
+        b.iter_custom(|iters| timed(iters, || run_oncedb_batches(&memory_db(), &ids)))
+    });
+    group.bench_function("oncedb_insert_if_absent", |b| {
+        b.iter_custom(|iters| timed(iters, || run_oncedb_single(&memory_db(), &ids)))
+    });
+    group.bench_function("dashmap_entry", |b| b.iter_custom(|iters| timed(iters, || run_dashmap(&ids))));
+    group.bench_function("moka_ttl", |b| b.iter_custom(|iters| timed(iters, || run_moka(&ids))));
+    group.finish();
+}
+
+fn durable(c: &mut Criterion) {
+    let ids = id_stream(SMALL_OPS, DUP_RATE, 42);
+    let mut group = c.benchmark_group("durable_1M_batch_1024");
+    group.sampling_mode(SamplingMode::Flat).sample_size(10);
+    group.throughput(Throughput::Elements(ids.len() as u64));
+    let oncedb = |durability: Durability| {
+        let dir = tempfile::tempdir().unwrap();
+        let db = durable_db(dir.path(), durability);
+        let admitted = run_oncedb_batches(&db, &ids);
+        db.flush().unwrap();
+        admitted
+    };
+    group.bench_function("oncedb_interval_10ms", |b| {
+        b.iter_custom(|iters| timed(iters, || oncedb(Durability::Interval(Duration::from_millis(10)))))
+    });
+    group.bench_function("oncedb_sync_fsync_per_batch", |b| {
+        b.iter_custom(|iters| timed(iters, || oncedb(Durability::Sync)))
+    });
+    group.bench_function("redb_fsync_per_batch", |b| {
+        b.iter_custom(|iters| timed(iters, || run_redb(&ids, redb::Durability::Immediate)))
+    });
+    group.bench_function("redb_no_fsync", |b| {
+        b.iter_custom(|iters| timed(iters, || run_redb(&ids, redb::Durability::None)))
+    });
+    group.bench_function("fjall_fsync_per_batch", |b| {
+        b.iter_custom(|iters| timed(iters, || run_fjall(&ids, Some(fjall::PersistMode::SyncAll))))
+    });
+    group.bench_function("fjall_no_fsync", |b| b.iter_custom(|iters| timed(iters, || run_fjall(&ids, None))));
+    group.finish();
+}
+
+fn records(c: &mut Criterion) {
+    let keys = idempotency_keys(SMALL_OPS, DUP_RATE, 42);
+    let response = response_body(7);
+    let scope = Scope::new("bench", "create_payment");
+    let mut group = c.benchmark_group("records_1M_reserve_complete");
+    group.sampling_mode(SamplingMode::Flat).sample_size(10);
+    group.throughput(Throughput::Elements(keys.len() as u64));
+    group.bench_function("oncedb_memory", |b| {
+        b.iter_custom(|iters| {
+            timed(iters, || {
+                let db = memory_db();
+                let mut acquired = 0;
+                for key in &keys {
+                    if let Reservation::Acquired(lease) = db.reserve(&scope, key.as_bytes(), key.as_bytes()).unwrap() {
+                        lease.complete(&response).unwrap();
+                        acquired += 1;
+                    }
+                }
+                acquired
+            })
+        })
+    });
+    group.bench_function("dashmap_string_to_response", |b| {
+        b.iter_custom(|iters| {
+            timed(iters, || {
+                let map: DashMap<String, Vec<u8>> = DashMap::new();
+                let mut acquired = 0;
+                for key in &keys {
+                    if let dashmap::Entry::Vacant(slot) = map.entry(key.clone()) {
+                        slot.insert(response.clone());
+                        acquired += 1;
+                    }
+                }
+                acquired
+            })
+        })
+    });
+    group.finish();
+}
+
+/// The same stream admitted into 1 live bucket or spread over 16.
+fn buckets(c: &mut Criterion) {
+    let ids = id_stream(LARGE_OPS / 2, DUP_RATE, 42);
+    let mut group = c.benchmark_group("live_buckets");
+    group.sampling_mode(SamplingMode::Flat).sample_size(10);
+    group.throughput(Throughput::Elements(ids.len() as u64));
+    for live_buckets in [1u32, 16] {
+        group.bench_with_input(BenchmarkId::from_parameter(live_buckets), &live_buckets, |b, &live| {
+            b.iter_custom(|iters| {
+                timed(iters, || {
+                    let clock = ManualClock::new(std::time::SystemTime::now());
+                    let db = Db::open(
+                        Options::in_memory()
+                            .window(Duration::from_secs(16 * 60))
+                            .bucket_width(Duration::from_secs(60))
+                            .clock(clock.clone()),
+                    )
+                    .unwrap();
+                    let per_bucket = ids.len().div_ceil(live as usize);
+                    let mut admitted = 0;
+                    for part in ids.chunks(per_bucket) {
+                        admitted += run_oncedb_batches(&db, part);
+                        clock.advance(Duration::from_secs(60));
+                    }
+                    admitted
+                })
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, memory, small_memory, durable, records, buckets);
+criterion_main!(benches);
