@@ -11,10 +11,12 @@ mod workload;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
+use criterion::{
+    BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group, criterion_main,
+};
 use dashmap::DashMap;
-use redb::ReadableTable;
 use oncedb::{Db, Durability, ManualClock, Options, Reservation, Scope};
+use redb::ReadableTable;
 use workload::{id_stream, idempotency_keys, response_body};
 
 /// Operations in the large in-memory stream: 12.5 M ops with 20% duplicates leave 10 M
@@ -40,7 +42,9 @@ fn run_oncedb_batches(db: &Db, ids: &[[u8; 16]]) -> u64 {
 }
 
 fn run_oncedb_single(db: &Db, ids: &[[u8; 16]]) -> u64 {
-    ids.iter().filter(|id| db.insert_if_absent(&id[..]).unwrap()).count() as u64
+    ids.iter()
+        .filter(|id| db.insert_if_absent(&id[..]).unwrap())
+        .count() as u64
 }
 
 fn run_dashmap(ids: &[[u8; 16]]) -> u64 {
@@ -85,7 +89,9 @@ fn run_moka(ids: &[[u8; 16]]) -> u64 {
     let cache: moka::sync::Cache<[u8; 16], ()> = moka::sync::Cache::builder()
         .time_to_live(Duration::from_secs(24 * 3600))
         .build();
-    ids.iter().filter(|id| cache.entry(**id).or_insert(()).is_fresh()).count() as u64
+    ids.iter()
+        .filter(|id| cache.entry(**id).or_insert(()).is_fresh())
+        .count() as u64
 }
 
 fn run_redb(ids: &[[u8; 16]], durability: redb::Durability) -> u64 {
@@ -113,7 +119,9 @@ fn run_redb(ids: &[[u8; 16]], durability: redb::Durability) -> u64 {
 fn run_fjall(ids: &[[u8; 16]], persist: Option<fjall::PersistMode>) -> u64 {
     let dir = tempfile::tempdir().unwrap();
     let db = fjall::Database::builder(dir.path()).open().unwrap();
-    let keyspace = db.keyspace("ids", fjall::KeyspaceCreateOptions::default).unwrap();
+    let keyspace = db
+        .keyspace("ids", fjall::KeyspaceCreateOptions::default)
+        .unwrap();
     let mut count = 0;
     for batch in ids.chunks(BATCH) {
         for id in batch {
@@ -155,7 +163,9 @@ fn memory(c: &mut Criterion) {
     group.bench_function("oncedb_insert_if_absent", |b| {
         b.iter_custom(|iters| timed(iters, || run_oncedb_single(&memory_db(), &ids)))
     });
-    group.bench_function("dashmap_entry", |b| b.iter_custom(|iters| timed(iters, || run_dashmap(&ids))));
+    group.bench_function("dashmap_entry", |b| {
+        b.iter_custom(|iters| timed(iters, || run_dashmap(&ids)))
+    });
     group.bench_function("bare_open_addressing", |b| {
         b.iter_custom(|iters| timed(iters, || run_bare_probe(&ids)))
     });
@@ -173,8 +183,12 @@ fn small_memory(c: &mut Criterion) {
     group.bench_function("oncedb_insert_if_absent", |b| {
         b.iter_custom(|iters| timed(iters, || run_oncedb_single(&memory_db(), &ids)))
     });
-    group.bench_function("dashmap_entry", |b| b.iter_custom(|iters| timed(iters, || run_dashmap(&ids))));
-    group.bench_function("moka_ttl", |b| b.iter_custom(|iters| timed(iters, || run_moka(&ids))));
+    group.bench_function("dashmap_entry", |b| {
+        b.iter_custom(|iters| timed(iters, || run_dashmap(&ids)))
+    });
+    group.bench_function("moka_ttl", |b| {
+        b.iter_custom(|iters| timed(iters, || run_moka(&ids)))
+    });
     group.finish();
 }
 
@@ -191,7 +205,11 @@ fn durable(c: &mut Criterion) {
         admitted
     };
     group.bench_function("oncedb_interval_10ms", |b| {
-        b.iter_custom(|iters| timed(iters, || oncedb(Durability::Interval(Duration::from_millis(10)))))
+        b.iter_custom(|iters| {
+            timed(iters, || {
+                oncedb(Durability::Interval(Duration::from_millis(10)))
+            })
+        })
     });
     group.bench_function("oncedb_sync_fsync_per_batch", |b| {
         b.iter_custom(|iters| timed(iters, || oncedb(Durability::Sync)))
@@ -205,7 +223,9 @@ fn durable(c: &mut Criterion) {
     group.bench_function("fjall_fsync_per_batch", |b| {
         b.iter_custom(|iters| timed(iters, || run_fjall(&ids, Some(fjall::PersistMode::SyncAll))))
     });
-    group.bench_function("fjall_no_fsync", |b| b.iter_custom(|iters| timed(iters, || run_fjall(&ids, None))));
+    group.bench_function("fjall_no_fsync", |b| {
+        b.iter_custom(|iters| timed(iters, || run_fjall(&ids, None)))
+    });
     group.finish();
 }
 
@@ -222,7 +242,9 @@ fn records(c: &mut Criterion) {
                 let db = memory_db();
                 let mut acquired = 0;
                 for key in &keys {
-                    if let Reservation::Acquired(lease) = db.reserve(&scope, key.as_bytes(), key.as_bytes()).unwrap() {
+                    if let Reservation::Acquired(lease) =
+                        db.reserve(&scope, key.as_bytes(), key.as_bytes()).unwrap()
+                    {
                         lease.complete(&response).unwrap();
                         acquired += 1;
                     }
@@ -256,27 +278,31 @@ fn buckets(c: &mut Criterion) {
     group.sampling_mode(SamplingMode::Flat).sample_size(10);
     group.throughput(Throughput::Elements(ids.len() as u64));
     for live_buckets in [1u32, 16] {
-        group.bench_with_input(BenchmarkId::from_parameter(live_buckets), &live_buckets, |b, &live| {
-            b.iter_custom(|iters| {
-                timed(iters, || {
-                    let clock = ManualClock::new(std::time::SystemTime::now());
-                    let db = Db::open(
-                        Options::in_memory()
-                            .window(Duration::from_secs(16 * 60))
-                            .bucket_width(Duration::from_secs(60))
-                            .clock(clock.clone()),
-                    )
-                    .unwrap();
-                    let per_bucket = ids.len().div_ceil(live as usize);
-                    let mut admitted = 0;
-                    for part in ids.chunks(per_bucket) {
-                        admitted += run_oncedb_batches(&db, part);
-                        clock.advance(Duration::from_secs(60));
-                    }
-                    admitted
+        group.bench_with_input(
+            BenchmarkId::from_parameter(live_buckets),
+            &live_buckets,
+            |b, &live| {
+                b.iter_custom(|iters| {
+                    timed(iters, || {
+                        let clock = ManualClock::new(std::time::SystemTime::now());
+                        let db = Db::open(
+                            Options::in_memory()
+                                .window(Duration::from_secs(16 * 60))
+                                .bucket_width(Duration::from_secs(60))
+                                .clock(clock.clone()),
+                        )
+                        .unwrap();
+                        let per_bucket = ids.len().div_ceil(live as usize);
+                        let mut admitted = 0;
+                        for part in ids.chunks(per_bucket) {
+                            admitted += run_oncedb_batches(&db, part);
+                            clock.advance(Duration::from_secs(60));
+                        }
+                        admitted
+                    })
                 })
-            })
-        });
+            },
+        );
     }
     group.finish();
 }

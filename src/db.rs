@@ -134,8 +134,11 @@ impl Db {
             for (group, mut shard) in groups.iter().zip(shards) {
                 insert_group(&mut shard, group, &fingerprints, admitted);
             }
-        } else {
-            for group in &groups {
+        } else if !groups.is_empty() {
+            // Start at a shard that depends on the batch, so that concurrent batches do
+            // not walk the shards in lockstep and queue behind each other.
+            let start = (fingerprints[0].tag() % groups.len() as u64) as usize;
+            for group in groups[start..].iter().chain(&groups[..start]) {
                 insert_group(&mut lock_group(group), group, &fingerprints, admitted);
             }
         }

@@ -46,6 +46,9 @@ pub struct BenchArgs {
     /// After a durable run, close and reopen the store and time the recovery.
     #[arg(long)]
     reopen: bool,
+    /// Size the tables for this many live keys up front (0: grow as needed).
+    #[arg(long, default_value_t = 0)]
+    expected_keys: u64,
 }
 
 /// The operation mix.
@@ -237,7 +240,7 @@ fn run_scenario(args: &BenchArgs, scenario: Scenario) -> Result<Outcome, String>
             .collect(),
     });
     let rss_before = rss_bytes();
-    let db = Db::open(options(args, &scenario, dir.as_ref()).expected_keys(0))
+    let db = Db::open(options(args, &scenario, dir.as_ref()).expected_keys(args.expected_keys))
         .map_err(|e| e.to_string())?;
     let progress = ProgressBar::new(scenario.keys as u64);
     progress.set_style(
@@ -382,7 +385,7 @@ fn print_table(outcomes: &[Outcome]) {
             ),
         };
         println!(
-            "{:<42} {:>10.3} {:>9} {:>9} {:>9} {:>10} {:>8} {:>8} {:>9} {:>9}",
+            "{:<42} {:>10.3} {:>9} {:>9} {:>9} {:>10} {:>8} {:>8} {:>9} {:>9} {:>8.2}",
             scenario.name,
             ops_per_sec / 1e6,
             micros(latency.value_at_quantile(0.5)),
@@ -395,7 +398,10 @@ fn print_table(outcomes: &[Outcome]) {
             outcome
                 .reopen
                 .map_or("-".into(), |d| format!("{:.2}", d.as_secs_f64())),
+            outcome.stats.table_probes as f64 / scenario.keys as f64,
         );
     }
-    println!("latency is per call: one key, one batch, or one reserve + complete");
+    println!(
+        "latency is per call: one key, one batch, or one reserve + complete; probes: table slots read per op"
+    );
 }

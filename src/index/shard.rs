@@ -43,6 +43,8 @@ pub(crate) struct Shard {
     records: RecordMap,
     /// Live counts per bucket, at `bucket % live_buckets`.
     ring: Box<[BucketCount]>,
+    /// `ring_index(current)`, kept to spare a division per insert.
+    current_ring_index: usize,
     live_keys: u64,
     live_records: u64,
     /// No table entry is older than this bucket.
@@ -71,6 +73,7 @@ impl Shard {
             table: DedupTable::with_keys(expected_keys),
             records: RecordMap::default(),
             ring: vec![BucketCount::default(); window.live_buckets() as usize].into_boxed_slice(),
+            current_ring_index: (current % window.live_buckets()) as usize,
             live_keys: 0,
             live_records: 0,
             oldest_bucket: current,
@@ -161,6 +164,7 @@ impl Shard {
             }
         }
         self.current = now;
+        self.current_ring_index = self.ring_index(now);
         self.schedule_sweep();
     }
 
@@ -241,7 +245,7 @@ impl Shard {
             .insert(fingerprint.tag(), self.view().liveness(self.current))
             == Inserted::New;
         if admitted {
-            let index = self.ring_index(self.current);
+            let index = self.current_ring_index;
             self.ring[index].keys += 1;
             self.live_keys += 1;
             self.counters.admitted += 1;
@@ -262,7 +266,7 @@ impl Shard {
             .insert(fingerprint.tag(), self.view().liveness(self.current))
             == Inserted::New
         {
-            let index = self.ring_index(self.current);
+            let index = self.current_ring_index;
             self.ring[index].keys += 1;
             self.live_keys += 1;
         }
@@ -347,7 +351,7 @@ impl Shard {
         if let Some(old) = self.records.insert(fingerprint.0, record) {
             self.uncount_record(old.bucket);
         }
-        let index = self.ring_index(self.current);
+        let index = self.current_ring_index;
         self.ring[index].records += 1;
         self.live_records += 1;
     }

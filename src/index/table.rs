@@ -8,11 +8,18 @@
 
 use super::window::Liveness;
 
+/// Slots in one 64-byte cache line (rounded up).
+const SLOTS_PER_LINE: usize = 64 / 12 + 1;
+
+/// Highest load before the table grows, as a fraction. Linear probing reads about
+/// `(1 + 1 / (1 - load)^2) / 2` slots for an absent key: 13 at 4/5, 32 at 7/8.
+const MAX_LOAD_NUM: usize = 4;
+const MAX_LOAD_DEN: usize = 5;
+
 /// Smallest table allocated.
 const MIN_CAPACITY: usize = 16;
 
-/// One slot: tag low word, tag high word, bucket. A plain `[u32; 3]` so that a new table
-/// is a zeroed allocation (the kernel hands out zero pages lazily).
+/// One slot: tag low word, tag high word, bucket.
 type Slot = [u32; 3];
 
 const EMPTY: Slot = [0; 3];
@@ -61,7 +68,7 @@ impl DedupTable {
     /// A table that holds `keys` live keys without growing.
     pub(crate) fn with_keys(keys: usize) -> Self {
         DedupTable {
-            slots: vec![EMPTY; capacity_for(keys)],
+            slots: written_slots(capacity_for(keys)),
             used: 0,
             sweep_cursor: None,
             probes: 0,
@@ -98,10 +105,13 @@ impl DedupTable {
         if next == self.slots.len() { 0 } else { next }
     }
 
-    /// Reads the home slot of `tag` so that its cache line is on its way before the probe.
+    /// Reads the home slot of `tag` and the slot one cache line further, so that the
+    /// lines a probe is likely to read are on their way before it starts.
     #[inline]
     pub(crate) fn touch(&self, tag: u64) -> u32 {
-        self.slots[self.home(tag)][0]
+        let home = self.home(tag);
+        let ahead = (home + SLOTS_PER_LINE).min(self.slots.len() - 1);
+        self.slots[home][0] ^ self.slots[ahead][0]
     }
 
     /// Whether `tag` is present and live.
@@ -151,15 +161,15 @@ impl DedupTable {
         Inserted::New
     }
 
-    /// Whether one more insert would push the load above 7/8.
+    /// Whether one more insert would push the load above `MAX_LOAD`.
     pub(crate) fn needs_growth(&self) -> bool {
-        (self.used + 1) * 8 > self.slots.len() * 7
+        (self.used + 1) * MAX_LOAD_DEN > self.slots.len() * MAX_LOAD_NUM
     }
 
-    /// Rebuilds the table for `live_keys + 1` keys at a load of 7/12, dropping expired
+    /// Rebuilds the table for `live_keys + 1` keys at two thirds of `MAX_LOAD`, dropping expired
     /// entries on the way. Ends any sweep pass: the new table holds no expired entry.
     pub(crate) fn rebuild(&mut self, live_keys: usize, live: Liveness) {
-        let old = std::mem::replace(&mut self.slots, vec![EMPTY; capacity_for(live_keys + 1)]);
+        let old = std::mem::replace(&mut self.slots, written_slots(capacity_for(live_keys + 1)));
         self.used = 0;
         self.sweep_cursor = None;
         for slot in old {
@@ -169,7 +179,8 @@ impl DedupTable {
         }
     }
 
-    /// Drops every entry at once (all of them expired), keeping the allocation size.
+    /// Drops every entry at once (all of them expired), keeping the allocation size. The
+    /// new table is a lazily zeroed allocation, so this costs O(1) in the table size.
     pub(crate) fn clear(&mut self) {
         self.slots = vec![EMPTY; self.slots.len()];
         self.used = 0;
@@ -252,9 +263,19 @@ impl DedupTable {
     }
 }
 
-/// Capacity for `keys` keys at a load of 7/12, the load right after a 1.5x growth.
+/// A table of empty slots whose pages are written now. A lazily zeroed allocation would
+/// map the shared zero page on the first read (the batch prefetch reads before it
+/// writes) and take a copy-on-write fault with a cross-CPU TLB flush on the first write.
+fn written_slots(capacity: usize) -> Vec<Slot> {
+    let mut slots = Vec::with_capacity(capacity);
+    slots.resize(capacity, EMPTY);
+    slots
+}
+
+/// Capacity for `keys` keys at two thirds of `MAX_LOAD`, the load right after a 1.5x
+/// growth.
 fn capacity_for(keys: usize) -> usize {
-    (keys.saturating_mul(12) / 7 + 1).max(MIN_CAPACITY)
+    (keys.saturating_mul(3 * MAX_LOAD_DEN) / (2 * MAX_LOAD_NUM) + 1).max(MIN_CAPACITY)
 }
 
 #[cfg(test)]
