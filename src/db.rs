@@ -280,16 +280,21 @@ fn insert_group(
     fingerprints: &[Fingerprint],
     admitted: &mut [bool],
 ) {
-    // Start every slot load of the group before probing any of them.
+    touch_group(shard, group, fingerprints);
+    for &index in group {
+        admitted[index as usize] = shard.insert_key_unchecked(fingerprints[index as usize]);
+    }
+    shard.after_writes(group.len());
+}
+
+/// Starts every slot load of a group before any of them is probed, so that the cache
+/// misses overlap instead of queueing one after another.
+fn touch_group(shard: &Shard, group: &[u32], fingerprints: &[Fingerprint]) {
     let mut touched = 0u32;
     for &index in group {
         touched = touched.wrapping_add(shard.touch(fingerprints[index as usize]));
     }
     std::hint::black_box(touched);
-    for &index in group {
-        admitted[index as usize] = shard.insert_key_unchecked(fingerprints[index as usize]);
-    }
-    shard.after_writes(group.len());
 }
 
 impl Inner {
@@ -436,6 +441,21 @@ impl Inner {
             at_ms: now_ms,
             finish: &finish,
         })
+    }
+
+    /// Recovery: re-admits logged keys in `bucket`, locking each shard once.
+    pub(crate) fn restore_keys(&self, bucket: u64, fingerprints: &[Fingerprint]) {
+        let order = self.group_by_shard(fingerprints);
+        for group in order.chunk_by(|&a, &b| {
+            fingerprints[a as usize].shard(self.shard_bits)
+                == fingerprints[b as usize].shard(self.shard_bits)
+        }) {
+            let mut shard = self.lock_shard(fingerprints[group[0] as usize], bucket);
+            touch_group(&shard, group, fingerprints);
+            for &index in group {
+                shard.restore_key(fingerprints[index as usize]);
+            }
+        }
     }
 
     /// Recovery: the shard of `fingerprint` moved to `bucket`, for replaying a segment.

@@ -3,12 +3,12 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use clap::{Args, ValueEnum};
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
-use oncedb::{Db, Durability, Options, Reservation, Scope, Stats};
+use oncedb::{Db, Durability, ManualClock, Options, Reservation, Scope, Stats};
 
 use super::workload::{id_stream, idempotency_keys, response_body, rss_bytes};
 
@@ -46,6 +46,11 @@ pub struct BenchArgs {
     /// After a durable run, close and reopen the store and time the recovery.
     #[arg(long)]
     reopen: bool,
+    /// Drive the store with a manual clock moved forward one bucket after every N
+    /// operations (0: the system clock). With a short --window this drops a whole bucket
+    /// every N operations; the max latency column shows what a drop costs a writer.
+    #[arg(long, default_value_t = 0)]
+    advance_every: usize,
     /// Size the tables for this many live keys up front (0: grow as needed).
     #[arg(long, default_value_t = 0)]
     expected_keys: u64,
@@ -201,13 +206,23 @@ fn scenario_from(args: &BenchArgs) -> Result<Scenario, String> {
     })
 }
 
-fn options(args: &BenchArgs, scenario: &Scenario, dir: Option<&PathBuf>) -> Options {
+fn options(
+    args: &BenchArgs,
+    scenario: &Scenario,
+    dir: Option<&PathBuf>,
+    clock: Option<&ManualClock>,
+) -> Options {
     let base = match dir {
         Some(dir) => Options::new(dir).durability(scenario.durability.unwrap_or(Durability::Sync)),
         None => Options::in_memory(),
     };
-    base.window(Duration::from_secs(args.window))
-        .bucket_width(Duration::from_secs(args.bucket))
+    let base = base
+        .window(Duration::from_secs(args.window))
+        .bucket_width(Duration::from_secs(args.bucket));
+    match clock {
+        Some(clock) => base.clock(clock.clone()),
+        None => base,
+    }
 }
 
 fn new_histogram() -> Histogram<u64> {
@@ -239,16 +254,26 @@ fn run_scenario(args: &BenchArgs, scenario: Scenario) -> Result<Outcome, String>
             .map(String::into_bytes)
             .collect(),
     });
+    let clock = (args.advance_every > 0).then(|| ManualClock::new(SystemTime::now()));
     let rss_before = rss_bytes();
-    let db = Db::open(options(args, &scenario, dir.as_ref()).expected_keys(args.expected_keys))
-        .map_err(|e| e.to_string())?;
+    let db = Db::open(
+        options(args, &scenario, dir.as_ref(), clock.as_ref()).expected_keys(args.expected_keys),
+    )
+    .map_err(|e| e.to_string())?;
     let progress = ProgressBar::new(scenario.keys as u64);
     progress.set_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} ops {per_sec} eta {eta}")
             .expect("valid progress template"),
     );
     let started = Instant::now();
-    let latency = run_threads(&db, &ids, &scenario, &progress)?;
+    let driver = Driver {
+        scenario: &scenario,
+        progress: &progress,
+        clock: clock
+            .as_ref()
+            .map(|clock| (clock, args.advance_every, Duration::from_secs(args.bucket))),
+    };
+    let latency = run_threads(&db, &ids, &driver)?;
     let elapsed = started.elapsed();
     progress.finish_and_clear();
     let stats = db.stats();
@@ -256,7 +281,8 @@ fn run_scenario(args: &BenchArgs, scenario: Scenario) -> Result<Outcome, String>
     let reopen = if scenario.reopen && dir.is_some() {
         drop(db);
         let started = Instant::now();
-        let db = Db::open(options(args, &scenario, dir.as_ref())).map_err(|e| e.to_string())?;
+        let db = Db::open(options(args, &scenario, dir.as_ref(), clock.as_ref()))
+            .map_err(|e| e.to_string())?;
         let took = started.elapsed();
         eprintln!(
             "   reopen: {} keys rebuilt from {} log records in {:.3} s ({:.2} M keys/s)",
@@ -283,17 +309,24 @@ fn run_scenario(args: &BenchArgs, scenario: Scenario) -> Result<Outcome, String>
     })
 }
 
+/// What every writer thread shares.
+struct Driver<'a> {
+    scenario: &'a Scenario,
+    progress: &'a ProgressBar,
+    /// The manual clock, how many operations between advances, and by how much.
+    clock: Option<(&'a ManualClock, usize, Duration)>,
+}
+
 fn run_threads(
     db: &Db,
     ids: &Arc<Vec<Vec<u8>>>,
-    scenario: &Scenario,
-    progress: &ProgressBar,
+    driver: &Driver<'_>,
 ) -> Result<Histogram<u64>, String> {
-    let per_thread = ids.len().div_ceil(scenario.threads);
+    let per_thread = ids.len().div_ceil(driver.scenario.threads);
     let results: Vec<Result<Histogram<u64>, String>> = std::thread::scope(|s| {
         let handles: Vec<_> = ids
             .chunks(per_thread.max(1))
-            .map(|chunk| s.spawn(move || run_chunk(db, chunk, scenario, progress)))
+            .map(|chunk| s.spawn(move || run_chunk(db, chunk, driver)))
             .collect();
         handles
             .into_iter()
@@ -307,20 +340,20 @@ fn run_threads(
     Ok(merged)
 }
 
-fn run_chunk(
-    db: &Db,
-    chunk: &[Vec<u8>],
-    scenario: &Scenario,
-    progress: &ProgressBar,
-) -> Result<Histogram<u64>, String> {
+fn run_chunk(db: &Db, chunk: &[Vec<u8>], driver: &Driver<'_>) -> Result<Histogram<u64>, String> {
+    let (scenario, progress) = (driver.scenario, driver.progress);
+    let mut since_advance = 0;
     let mut latency = new_histogram();
     let mut answers = Vec::with_capacity(scenario.batch);
     let scope = Scope::new("bench", "create_payment");
     let response = response_body(7);
     let step = scenario.batch.max(1);
     let mut since_report = 0;
-    for batch in chunk.chunks(step) {
-        let started = Instant::now();
+    for (call, batch) in chunk.chunks(step).enumerate() {
+        // Single-key calls are timed one in `SAMPLE_EVERY`: reading the clock twice per
+        // call would cost as much as the call.
+        let timed = step > 1 || call % SAMPLE_EVERY == 0;
+        let started = timed.then(Instant::now);
         match (scenario.workload, step) {
             (Workload::Records, _) => {
                 for key in batch {
@@ -338,8 +371,17 @@ fn run_chunk(
                 .insert_many_into(batch, &mut answers)
                 .map_err(|e| e.to_string())?,
         }
-        latency.saturating_record(started.elapsed().as_nanos() as u64);
+        if let Some(started) = started {
+            latency.saturating_record(started.elapsed().as_nanos() as u64);
+        }
         since_report += batch.len();
+        since_advance += batch.len();
+        if let Some((clock, every, by)) = driver.clock
+            && since_advance >= every
+        {
+            clock.advance(by);
+            since_advance = 0;
+        }
         if since_report >= 65_536 {
             progress.inc(since_report as u64);
             since_report = 0;
@@ -348,6 +390,9 @@ fn run_chunk(
     progress.inc(since_report as u64);
     Ok(latency)
 }
+
+/// One single-key call in this many is timed for the latency histogram.
+const SAMPLE_EVERY: usize = 8;
 
 fn micros(ns: u64) -> String {
     format!("{:.1}", ns as f64 / 1_000.0)
@@ -402,6 +447,6 @@ fn print_table(outcomes: &[Outcome]) {
         );
     }
     println!(
-        "latency is per call: one key, one batch, or one reserve + complete; probes: table slots read per op"
+        "latency is per call (one key, one batch, or one reserve + complete; single-key calls sampled 1 in {SAMPLE_EVERY}); probes: table slots read per op"
     );
 }

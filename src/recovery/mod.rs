@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::db::Inner;
 use crate::error::{Error, Result};
-use crate::fingerprint::random_secret;
+use crate::fingerprint::{Fingerprint, random_secret};
 use crate::index::window::Window;
 use crate::io::Storage;
 use crate::journal::{Journal, JournalConfig};
@@ -23,6 +23,29 @@ pub(crate) const LOCK_NAME: &str = "LOCK";
 /// Largest segment file recovery reads: the size limit plus two maximal records.
 const MAX_SEGMENT_FILE_BYTES: u64 = crate::options::MAX_SEGMENT_BYTES_LIMIT
     + 2 * (crate::segment::format::MAX_PAYLOAD_LEN as u64 + 16);
+
+/// Keys and records the live segments admit, counted from their valid frames, so the
+/// tables can be sized once instead of growing during replay. Damage is left to replay
+/// to report; a file that cannot be read counts as empty here.
+fn count_logged_keys(storage: &dyn Storage, dir: &Path, segments: &[(u64, u32)]) -> u64 {
+    let mut keys = 0;
+    for &(bucket, seq) in segments {
+        let Ok(bytes) = storage.read(&segment_path(dir, bucket, seq), MAX_SEGMENT_FILE_BYTES)
+        else {
+            continue;
+        };
+        let mut offset = SEGMENT_HEADER_LEN;
+        while let Ok(frame) = decode_frame(&bytes, offset) {
+            keys += match decode_entry(frame.kind, frame.payload) {
+                Ok(DecodedEntry::Keys(fingerprints)) => fingerprints.iter().count() as u64,
+                Ok(DecodedEntry::Reserve { .. }) => 1,
+                _ => 0,
+            };
+            offset = frame.end;
+        }
+    }
+    keys
+}
 
 /// What replay found, for stats and the writer.
 #[derive(Debug, Default)]
@@ -58,7 +81,12 @@ pub(crate) fn open(options: &Options) -> Result<Inner> {
     let mut replayed = Replayed::default();
     let live = delete_expired(storage, &dir, &segments, window, high_water, &mut replayed)?;
     let start = live.first().map_or(high_water, |&(bucket, _)| bucket);
-    let mut inner = Inner::new(options, manifest.secret, Some(start), None);
+    let presize = options.clone().expected_keys(
+        options
+            .expected_keys
+            .max(count_logged_keys(storage, &dir, &live)),
+    );
+    let mut inner = Inner::new(&presize, manifest.secret, Some(start), None);
     for (index, &(bucket, seq)) in live.iter().enumerate() {
         let newest = index + 1 == live.len();
         let segment = Segment {
@@ -260,11 +288,8 @@ fn truncate_tail(
 fn apply(inner: &Inner, bucket: u64, entry: DecodedEntry<'_>) {
     match entry {
         DecodedEntry::Keys(fingerprints) => {
-            for fingerprint in fingerprints.iter() {
-                inner
-                    .restore_shard(fingerprint, bucket)
-                    .restore_key(fingerprint);
-            }
+            let fingerprints: Vec<Fingerprint> = fingerprints.iter().collect();
+            inner.restore_keys(bucket, &fingerprints);
         }
         DecodedEntry::Reserve {
             fingerprint,
