@@ -22,6 +22,8 @@ use workload::{id_stream, idempotency_keys, response_body};
 /// Operations in the large in-memory stream: 12.5 M ops with 20% duplicates leave 10 M
 /// live keys.
 const LARGE_OPS: usize = 12_500_000;
+/// Distinct keys in the large stream.
+const LIVE_KEYS: u64 = 10_000_000;
 /// Operations for the slower (durable, TTL-cache) systems.
 const SMALL_OPS: usize = 1_000_000;
 const BATCH: usize = 1024;
@@ -152,51 +154,72 @@ fn timed(iters: u64, mut routine: impl FnMut() -> u64) -> Duration {
     total
 }
 
+type Group<'a> = criterion::BenchmarkGroup<'a, criterion::measurement::WallTime>;
+
+/// A group over `ids` with one sample per fresh structure.
+fn group<'a>(c: &'a mut Criterion, name: &str, elements: usize) -> Group<'a> {
+    let mut group = c.benchmark_group(name);
+    group.sampling_mode(SamplingMode::Flat).sample_size(10);
+    group.throughput(Throughput::Elements(elements as u64));
+    group
+}
+
+/// Benchmarks `run` on a fresh value of `setup` per iteration.
+fn bench<T>(group: &mut Group<'_>, name: &str, setup: impl Fn() -> T, run: impl Fn(&T) -> u64) {
+    group.bench_function(name, |b| {
+        b.iter_custom(|iters| timed(iters, || run(&setup())))
+    });
+}
+
+/// oncedb batched and single-key, growing from empty, against dashmap.
+fn memory_common(group: &mut Group<'_>, ids: &[[u8; 16]]) {
+    bench(group, "oncedb_insert_many_1024", memory_db, |db| {
+        run_oncedb_batches(db, ids)
+    });
+    bench(group, "oncedb_insert_if_absent", memory_db, |db| {
+        run_oncedb_single(db, ids)
+    });
+    bench(group, "dashmap_entry", || (), |()| run_dashmap(ids));
+}
+
 fn memory(c: &mut Criterion) {
     let ids = id_stream(LARGE_OPS, DUP_RATE, 42);
-    let mut group = c.benchmark_group("memory_10M_live");
-    group.sampling_mode(SamplingMode::Flat).sample_size(10);
-    group.throughput(Throughput::Elements(ids.len() as u64));
-    group.bench_function("oncedb_insert_many_1024", |b| {
-        b.iter_custom(|iters| timed(iters, || run_oncedb_batches(&memory_db(), &ids)))
-    });
-    group.bench_function("oncedb_insert_if_absent", |b| {
-        b.iter_custom(|iters| timed(iters, || run_oncedb_single(&memory_db(), &ids)))
-    });
-    group.bench_function("dashmap_entry", |b| {
-        b.iter_custom(|iters| timed(iters, || run_dashmap(&ids)))
-    });
-    group.bench_function("bare_open_addressing", |b| {
-        b.iter_custom(|iters| timed(iters, || run_bare_probe(&ids)))
-    });
+    let mut group = group(c, "memory_10M_live", ids.len());
+    memory_common(&mut group, &ids);
+    // Tables sized for the live keys up front, like the bare table.
+    let presized = || Db::open(Options::in_memory().expected_keys(LIVE_KEYS)).unwrap();
+    bench(
+        &mut group,
+        "oncedb_insert_many_1024_presized",
+        presized,
+        |db| run_oncedb_batches(db, &ids),
+    );
+    bench(
+        &mut group,
+        "oncedb_insert_if_absent_presized",
+        presized,
+        |db| run_oncedb_single(db, &ids),
+    );
+    bench(
+        &mut group,
+        "bare_open_addressing",
+        || (),
+        |()| run_bare_probe(&ids),
+    );
     group.finish();
 }
 
 fn small_memory(c: &mut Criterion) {
     let ids = id_stream(SMALL_OPS, DUP_RATE, 42);
-    let mut group = c.benchmark_group("memory_1M");
-    group.sampling_mode(SamplingMode::Flat).sample_size(10);
-    group.throughput(Throughput::Elements(ids.len() as u64));
-    group.bench_function("oncedb_insert_many_1024", |b| {
-        b.iter_custom(|iters| timed(iters, || run_oncedb_batches(&memory_db(), &ids)))
-    });
-    group.bench_function("oncedb_insert_if_absent", |b| {
-        b.iter_custom(|iters| timed(iters, || run_oncedb_single(&memory_db(), &ids)))
-    });
-    group.bench_function("dashmap_entry", |b| {
-        b.iter_custom(|iters| timed(iters, || run_dashmap(&ids)))
-    });
-    group.bench_function("moka_ttl", |b| {
-        b.iter_custom(|iters| timed(iters, || run_moka(&ids)))
-    });
+    let mut group = group(c, "memory_1M", ids.len());
+    memory_common(&mut group, &ids);
+    bench(&mut group, "moka_ttl", || (), |()| run_moka(&ids));
     group.finish();
 }
 
 fn durable(c: &mut Criterion) {
     let ids = id_stream(SMALL_OPS, DUP_RATE, 42);
-    let mut group = c.benchmark_group("durable_1M_batch_1024");
-    group.sampling_mode(SamplingMode::Flat).sample_size(10);
-    group.throughput(Throughput::Elements(ids.len() as u64));
+    let mut group = group(c, "durable_1M_batch_1024", ids.len());
     let oncedb = |durability: Durability| {
         let dir = tempfile::tempdir().unwrap();
         let db = durable_db(dir.path(), durability);
@@ -233,9 +256,7 @@ fn records(c: &mut Criterion) {
     let keys = idempotency_keys(SMALL_OPS, DUP_RATE, 42);
     let response = response_body(7);
     let scope = Scope::new("bench", "create_payment");
-    let mut group = c.benchmark_group("records_1M_reserve_complete");
-    group.sampling_mode(SamplingMode::Flat).sample_size(10);
-    group.throughput(Throughput::Elements(keys.len() as u64));
+    let mut group = group(c, "records_1M_reserve_complete", keys.len());
     group.bench_function("oncedb_memory", |b| {
         b.iter_custom(|iters| {
             timed(iters, || {
@@ -274,9 +295,7 @@ fn records(c: &mut Criterion) {
 /// The same stream admitted into 1 live bucket or spread over 16.
 fn buckets(c: &mut Criterion) {
     let ids = id_stream(LARGE_OPS / 2, DUP_RATE, 42);
-    let mut group = c.benchmark_group("live_buckets");
-    group.sampling_mode(SamplingMode::Flat).sample_size(10);
-    group.throughput(Throughput::Elements(ids.len() as u64));
+    let mut group = group(c, "live_buckets", ids.len());
     for live_buckets in [1u32, 16] {
         group.bench_with_input(
             BenchmarkId::from_parameter(live_buckets),

@@ -251,19 +251,7 @@ impl Db {
             stats.index_bytes += shard.heap_bytes() as u64;
             shard.mark_live_buckets(&mut live_buckets);
         }
-        stats.admitted = counters.admitted;
-        stats.duplicates = counters.duplicates;
-        stats.acquired = counters.acquired;
-        stats.in_flight_hits = counters.in_flight_hits;
-        stats.replays = counters.replays;
-        stats.mismatches = counters.mismatches;
-        stats.completed = counters.completed;
-        stats.failed = counters.failed;
-        stats.released = counters.released;
-        stats.leases_lost = counters.leases_lost;
-        stats.full_rejections = counters.full_rejections;
-        stats.buckets_evicted = counters.buckets_evicted;
-        stats.keys_evicted = counters.keys_evicted;
+        counters.report(&mut stats);
         stats.buckets_live = live_buckets.iter().filter(|&&live| live).count() as u64;
         stats.buckets_dropped = bucket - inner.opened_bucket;
         if let Some(journal) = &inner.journal {

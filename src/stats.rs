@@ -19,6 +19,23 @@ pub(crate) struct Counters {
 }
 
 impl Counters {
+    /// Copies the event counts into `stats`.
+    pub(crate) fn report(&self, stats: &mut Stats) {
+        stats.admitted = self.admitted;
+        stats.duplicates = self.duplicates;
+        stats.acquired = self.acquired;
+        stats.in_flight_hits = self.in_flight_hits;
+        stats.replays = self.replays;
+        stats.mismatches = self.mismatches;
+        stats.completed = self.completed;
+        stats.failed = self.failed;
+        stats.released = self.released;
+        stats.leases_lost = self.leases_lost;
+        stats.full_rejections = self.full_rejections;
+        stats.buckets_evicted = self.buckets_evicted;
+        stats.keys_evicted = self.keys_evicted;
+    }
+
     pub(crate) fn add(&mut self, other: &Counters) {
         self.admitted += other.admitted;
         self.duplicates += other.duplicates;
