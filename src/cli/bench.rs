@@ -51,6 +51,10 @@ pub struct BenchArgs {
     /// every N operations; the max latency column shows what a drop costs a writer.
     #[arg(long, default_value_t = 0)]
     advance_every: usize,
+    /// Time one single-key call in N for the latency histogram (1: every call; reading the
+    /// clock twice per call costs about as much as the call).
+    #[arg(long, default_value_t = 8)]
+    sample_every: usize,
     /// Size the tables for this many live keys up front (0: grow as needed).
     #[arg(long, default_value_t = 0)]
     expected_keys: u64,
@@ -269,11 +273,21 @@ fn run_scenario(args: &BenchArgs, scenario: Scenario) -> Result<Outcome, String>
     let driver = Driver {
         scenario: &scenario,
         progress: &progress,
+        sample_every: args.sample_every.max(1),
         clock: clock
             .as_ref()
             .map(|clock| (clock, args.advance_every, Duration::from_secs(args.bucket))),
     };
-    let latency = run_threads(&db, &ids, &driver)?;
+    let latencies = run_threads(&db, &ids, &driver)?;
+    if !latencies.after_advance.is_empty() {
+        eprintln!(
+            "   {} calls right after bucket advances: p99 {} us, max {} us",
+            latencies.after_advance.len(),
+            micros(latencies.after_advance.value_at_quantile(0.99)),
+            micros(latencies.after_advance.max())
+        );
+    }
+    let latency = latencies.all;
     let elapsed = started.elapsed();
     progress.finish_and_clear();
     let stats = db.stats();
@@ -315,15 +329,21 @@ struct Driver<'a> {
     progress: &'a ProgressBar,
     /// The manual clock, how many operations between advances, and by how much.
     clock: Option<(&'a ManualClock, usize, Duration)>,
+    sample_every: usize,
 }
 
-fn run_threads(
-    db: &Db,
-    ids: &Arc<Vec<Vec<u8>>>,
-    driver: &Driver<'_>,
-) -> Result<Histogram<u64>, String> {
+/// Latencies of all timed calls, and of the calls right after each clock advance.
+struct Latencies {
+    all: Histogram<u64>,
+    after_advance: Histogram<u64>,
+}
+
+/// Calls after a clock advance that go into `Latencies::after_advance`.
+const CALLS_WATCHED_AFTER_ADVANCE: usize = 1_000;
+
+fn run_threads(db: &Db, ids: &Arc<Vec<Vec<u8>>>, driver: &Driver<'_>) -> Result<Latencies, String> {
     let per_thread = ids.len().div_ceil(driver.scenario.threads);
-    let results: Vec<Result<Histogram<u64>, String>> = std::thread::scope(|s| {
+    let results: Vec<Result<Latencies, String>> = std::thread::scope(|s| {
         let handles: Vec<_> = ids
             .chunks(per_thread.max(1))
             .map(|chunk| s.spawn(move || run_chunk(db, chunk, driver)))
@@ -333,16 +353,26 @@ fn run_threads(
             .map(|h| h.join().expect("bench thread panicked"))
             .collect()
     });
-    let mut merged = new_histogram();
+    let mut merged = Latencies {
+        all: new_histogram(),
+        after_advance: new_histogram(),
+    };
     for result in results {
-        merged.add(result?).map_err(|e| e.to_string())?;
+        let latencies = result?;
+        merged.all.add(latencies.all).map_err(|e| e.to_string())?;
+        merged
+            .after_advance
+            .add(latencies.after_advance)
+            .map_err(|e| e.to_string())?;
     }
     Ok(merged)
 }
 
-fn run_chunk(db: &Db, chunk: &[Vec<u8>], driver: &Driver<'_>) -> Result<Histogram<u64>, String> {
+fn run_chunk(db: &Db, chunk: &[Vec<u8>], driver: &Driver<'_>) -> Result<Latencies, String> {
     let (scenario, progress) = (driver.scenario, driver.progress);
     let mut since_advance = 0;
+    let mut watched = 0;
+    let mut after_advance = new_histogram();
     let mut latency = new_histogram();
     let mut answers = Vec::with_capacity(scenario.batch);
     let scope = Scope::new("bench", "create_payment");
@@ -350,9 +380,7 @@ fn run_chunk(db: &Db, chunk: &[Vec<u8>], driver: &Driver<'_>) -> Result<Histogra
     let step = scenario.batch.max(1);
     let mut since_report = 0;
     for (call, batch) in chunk.chunks(step).enumerate() {
-        // Single-key calls are timed one in `SAMPLE_EVERY`: reading the clock twice per
-        // call would cost as much as the call.
-        let timed = step > 1 || call % SAMPLE_EVERY == 0;
+        let timed = step > 1 || call % driver.sample_every == 0;
         let started = timed.then(Instant::now);
         match (scenario.workload, step) {
             (Workload::Records, _) => {
@@ -372,7 +400,12 @@ fn run_chunk(db: &Db, chunk: &[Vec<u8>], driver: &Driver<'_>) -> Result<Histogra
                 .map_err(|e| e.to_string())?,
         }
         if let Some(started) = started {
-            latency.saturating_record(started.elapsed().as_nanos() as u64);
+            let nanos = started.elapsed().as_nanos() as u64;
+            latency.saturating_record(nanos);
+            if watched > 0 {
+                after_advance.saturating_record(nanos);
+                watched -= 1;
+            }
         }
         since_report += batch.len();
         since_advance += batch.len();
@@ -381,6 +414,7 @@ fn run_chunk(db: &Db, chunk: &[Vec<u8>], driver: &Driver<'_>) -> Result<Histogra
         {
             clock.advance(by);
             since_advance = 0;
+            watched = CALLS_WATCHED_AFTER_ADVANCE;
         }
         if since_report >= 65_536 {
             progress.inc(since_report as u64);
@@ -388,11 +422,11 @@ fn run_chunk(db: &Db, chunk: &[Vec<u8>], driver: &Driver<'_>) -> Result<Histogra
         }
     }
     progress.inc(since_report as u64);
-    Ok(latency)
+    Ok(Latencies {
+        all: latency,
+        after_advance,
+    })
 }
-
-/// One single-key call in this many is timed for the latency histogram.
-const SAMPLE_EVERY: usize = 8;
 
 fn micros(ns: u64) -> String {
     format!("{:.1}", ns as f64 / 1_000.0)
@@ -447,6 +481,6 @@ fn print_table(outcomes: &[Outcome]) {
         );
     }
     println!(
-        "latency is per call (one key, one batch, or one reserve + complete; single-key calls sampled 1 in {SAMPLE_EVERY}); probes: table slots read per op"
+        "latency is per call: one key (sampled per --sample-every), one batch, or one reserve + complete; probes: table slots read per op"
     );
 }

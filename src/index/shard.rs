@@ -10,7 +10,7 @@ use crate::record::{Finish, Record};
 use crate::stats::Counters;
 
 /// Table slots swept per write while a sweep pass is under way.
-pub(crate) const SWEEP_SLOTS_PER_WRITE: usize = 8;
+pub(crate) const SWEEP_SLOTS_PER_WRITE: usize = 16;
 /// Expired records removed per write.
 const EXPIRE_RECORDS_PER_WRITE: usize = 4;
 /// A shard whose oldest possible entry is this many buckets old is swept at once, so
