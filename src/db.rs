@@ -457,7 +457,8 @@ impl Inner {
 
     /// Recovery: lease ids continue after the highest one replayed.
     pub(crate) fn bump_lease_ids(&self, seen: u64) {
-        self.next_lease.fetch_max(seen + 1, Ordering::Relaxed);
+        self.next_lease
+            .fetch_max(seen.saturating_add(1), Ordering::Relaxed);
     }
 
     /// Recovery: buckets dropped are counted from here.

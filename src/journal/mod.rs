@@ -300,7 +300,12 @@ impl Shared {
             .segments
             .range((bucket, 0)..=(bucket, u32::MAX))
             .next_back()
-            .map_or(0, |&(_, seq)| seq + 1);
+            .map_or(Some(0), |&(_, seq)| seq.checked_add(1))
+            .ok_or_else(|| {
+                self.poison(std::io::Error::other(
+                    "segment sequence numbers of this bucket are exhausted",
+                ))
+            })?;
         let file = self
             .create_segment(bucket, seq)
             .map_err(|err| self.poison(err))?;

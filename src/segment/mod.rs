@@ -7,9 +7,10 @@ pub(crate) mod manifest;
 use std::path::{Path, PathBuf};
 
 /// File name of segment `seq` of `bucket`: the bucket is readable in the name, and names
-/// sort in replay order.
+/// sort in replay order. Both fields are padded to the width of their type's maximum
+/// (`u64` buckets fit 20 digits, `u32` sequence numbers 10), so every name has one length.
 pub(crate) fn segment_file_name(bucket: u64, seq: u32) -> String {
-    format!("seg-{bucket:020}-{seq:06}.log")
+    format!("seg-{bucket:020}-{seq:010}.log")
 }
 
 /// The bucket and sequence number in a segment file name, or `None` for other files.
@@ -17,7 +18,7 @@ pub(crate) fn parse_segment_name(path: &Path) -> Option<(u64, u32)> {
     let name = path.file_name()?.to_str()?;
     let rest = name.strip_prefix("seg-")?.strip_suffix(".log")?;
     let (bucket, seq) = rest.split_once('-')?;
-    if bucket.len() != 20 || seq.len() != 6 {
+    if bucket.len() != 20 || seq.len() != 10 {
         return None;
     }
     Some((bucket.parse().ok()?, seq.parse().ok()?))
@@ -38,5 +39,9 @@ mod tests {
         assert_eq!(parse_segment_name(&path), Some((1_966_432, 7)));
         assert_eq!(parse_segment_name(Path::new("/db/MANIFEST")), None);
         assert_eq!(parse_segment_name(Path::new("/db/seg-1-2.log")), None);
+        for (bucket, seq) in [(0, 999_999), (0, 1_000_000), (u64::MAX, u32::MAX)] {
+            let path = segment_path(Path::new("/db"), bucket, seq);
+            assert_eq!(parse_segment_name(&path), Some((bucket, seq)));
+        }
     }
 }
