@@ -1,0 +1,10 @@
+//! Damaged segment and manifest files must open to `Ok` or an error, never a panic.
+//! The harness is shared with the corpus replay test `tests/fuzz_corpus.rs`.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+#[path = "../../tests/fuzzing/segment_decode.rs"]
+mod logic;
+
+fuzz_target!(|data: &[u8]| logic::run(data));
