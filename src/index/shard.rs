@@ -185,7 +185,7 @@ impl Shard {
     }
 
     /// Background work each write pays for: a step of the sweep, a few record expiries.
-    fn maintain(&mut self, writes: usize) {
+    pub(crate) fn after_writes(&mut self, writes: usize) {
         if self.table.sweeping() {
             let live = self.view().liveness(self.current);
             let (_, done) = self.table.sweep(SWEEP_SLOTS_PER_WRITE * writes, live);
@@ -235,6 +235,22 @@ impl Shard {
 
     /// Admits a dedup key without the capacity check (done by the caller).
     pub(crate) fn insert_key_unchecked(&mut self, fingerprint: Fingerprint) -> bool {
+        let admitted = self.admit(fingerprint);
+        if admitted {
+            self.counters.admitted += 1;
+        } else {
+            self.counters.duplicates += 1;
+        }
+        admitted
+    }
+
+    /// Re-admits a key during recovery in the bucket it was logged in.
+    pub(crate) fn restore_key(&mut self, fingerprint: Fingerprint) {
+        self.admit(fingerprint);
+    }
+
+    /// Stores the tag of `fingerprint` in the current bucket unless it is live; counts it.
+    fn admit(&mut self, fingerprint: Fingerprint) -> bool {
         if self.table.needs_growth() {
             self.table
                 .rebuild(self.live_keys as usize, self.view().liveness(self.current));
@@ -245,36 +261,10 @@ impl Shard {
             .insert(fingerprint.tag(), self.view().liveness(self.current))
             == Inserted::New;
         if admitted {
-            let index = self.current_ring_index;
-            self.ring[index].keys += 1;
+            self.ring[self.current_ring_index].keys += 1;
             self.live_keys += 1;
-            self.counters.admitted += 1;
-        } else {
-            self.counters.duplicates += 1;
         }
         admitted
-    }
-
-    /// Re-admits a key during recovery in the bucket it was logged in.
-    pub(crate) fn restore_key(&mut self, fingerprint: Fingerprint) {
-        if self.table.needs_growth() {
-            self.table
-                .rebuild(self.live_keys as usize, self.view().liveness(self.current));
-        }
-        if self
-            .table
-            .insert(fingerprint.tag(), self.view().liveness(self.current))
-            == Inserted::New
-        {
-            let index = self.current_ring_index;
-            self.ring[index].keys += 1;
-            self.live_keys += 1;
-        }
-    }
-
-    /// Ends a batch of `writes` writes with their share of maintenance.
-    pub(crate) fn after_writes(&mut self, writes: usize) {
-        self.maintain(writes);
     }
 
     pub(crate) fn contains_key(&mut self, fingerprint: Fingerprint) -> bool {
@@ -318,7 +308,7 @@ impl Shard {
                 }
             };
         self.count_reservation(&outcome);
-        self.maintain(1);
+        self.after_writes(1);
         Ok(outcome)
     }
 
@@ -401,7 +391,7 @@ impl Shard {
                 self.counters.released += 1;
             }
         }
-        self.maintain(1);
+        self.after_writes(1);
         Ok(())
     }
 
