@@ -17,7 +17,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub enum Error {
     /// The options passed to [`Db::open`](crate::Db::open) are inconsistent or out of range.
     InvalidOptions(String),
-    /// A key is empty or longer than the configured limit.
+    /// A key is longer than the configured limit.
     KeyTooLong {
         /// Length of the rejected key in bytes.
         len: usize,
