@@ -115,12 +115,7 @@ impl Db {
             keys.iter().map(|k| inner.hasher.key(k.as_ref())).collect();
         let bucket = inner.current_bucket();
         let order = inner.group_by_shard(&fingerprints);
-        let groups: Vec<&[u32]> = order
-            .chunk_by(|&a, &b| {
-                fingerprints[a as usize].shard(inner.shard_bits)
-                    == fingerprints[b as usize].shard(inner.shard_bits)
-            })
-            .collect();
+        let groups: Vec<&[u32]> = inner.shard_groups(&fingerprints, &order).collect();
         let lock_group = |group: &[u32]| inner.lock_shard(fingerprints[group[0] as usize], bucket);
         if inner.bounded {
             // Hold every shard of the batch (in ascending order, so batches cannot
@@ -363,6 +358,18 @@ impl Inner {
         order
     }
 
+    /// The runs of `order` (from [`Inner::group_by_shard`]) that share a shard.
+    fn shard_groups<'a>(
+        &self,
+        fingerprints: &'a [Fingerprint],
+        order: &'a [u32],
+    ) -> impl Iterator<Item = &'a [u32]> + 'a {
+        let bits = self.shard_bits;
+        order.chunk_by(move |&a, &b| {
+            fingerprints[a as usize].shard(bits) == fingerprints[b as usize].shard(bits)
+        })
+    }
+
     pub(crate) fn check_key(&self, key: &[u8]) -> Result<()> {
         if key.is_empty() {
             return Err(Error::EmptyKey);
@@ -434,10 +441,7 @@ impl Inner {
     /// Recovery: re-admits logged keys in `bucket`, locking each shard once.
     pub(crate) fn restore_keys(&self, bucket: u64, fingerprints: &[Fingerprint]) {
         let order = self.group_by_shard(fingerprints);
-        for group in order.chunk_by(|&a, &b| {
-            fingerprints[a as usize].shard(self.shard_bits)
-                == fingerprints[b as usize].shard(self.shard_bits)
-        }) {
+        for group in self.shard_groups(fingerprints, &order) {
             let mut shard = self.lock_shard(fingerprints[group[0] as usize], bucket);
             touch_group(&shard, group, fingerprints);
             for &index in group {
