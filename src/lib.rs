@@ -7,7 +7,20 @@
 //!   replayed to retries.
 //! - Keys live in time buckets; a bucket that leaves the window is dropped whole.
 //! - [`Options::new`] stores everything in append-only segment files with the chosen
-//!   [`Durability`]; recovery never loses an acknowledged write.
+//!   [`Durability`]. Recovery keeps every write acknowledged as durable by that mode, or
+//!   fails with [`Error::Corrupted`] naming the file and byte when damage reached one:
+//!   it never drops an acknowledged write silently. The one exception is damage inside
+//!   the last commit group before a crash, which cannot be told apart from a torn write
+//!   and is cut and reported ([`Db::recovery_report`]); see `docs/guarantees.md`.
+//! - [`verify`] checks a store's files without changing them.
+//!
+//! # Layering
+//!
+//! The modules form one-way rooms: `api` (the public types) → `engine` (ordering of
+//! index, log and durability; recovery) → `index` (shards, tables, records) and `log`
+//! (format, journal, scan) → `base` (errors, fingerprints, time, limits, configuration
+//! values) and `io` (the file-system trait). `tests/layering.rs` fails on any reference
+//! that points upwards or sideways.
 //!
 //! ```
 //! use std::time::{Duration, SystemTime};
@@ -34,31 +47,27 @@
 //! assert_eq!(record.response(), Some(&b"{\"id\":\"pay_1\"}"[..]));
 //! # Ok::<(), oncedb::Error>(())
 //! ```
-#![forbid(unsafe_code)]
-#![deny(missing_docs)]
-
-mod clock;
-mod db;
-mod error;
-mod fingerprint;
+mod api;
+mod base;
+mod engine;
 mod index;
 pub mod io;
-mod journal;
-mod options;
-mod record;
-mod recovery;
-mod segment;
-mod stats;
+mod log;
 
-pub use clock::{Clock, ManualClock, SystemClock};
-pub use db::Db;
-pub use error::{Error, Result};
-pub use options::{
-    Durability, FullPolicy, MAX_BATCH_KEYS, MAX_BUCKETS_PER_WINDOW, MAX_KEY_BYTES_LIMIT,
-    MAX_RESPONSE_BYTES_LIMIT, MAX_SCOPE_PART_BYTES, MAX_SEGMENT_BYTES_LIMIT, MAX_SHARDS, Options,
+pub use api::db::{Db, verify, verify_with};
+pub use api::options::Options;
+pub use api::record::{Lease, LeaseError, Record, RecordStatus, Reservation, Scope};
+pub use api::stats::Stats;
+pub use base::config::{Durability, FullPolicy, RecoveryMode};
+pub use base::error::{Error, Result};
+pub use base::limits::{
+    MAX_BATCH_KEYS, MAX_BUCKETS_PER_WINDOW, MAX_EXPECTED_KEYS, MAX_KEY_BYTES_LIMIT,
+    MAX_RESPONSE_BYTES_LIMIT, MAX_SCOPE_PART_BYTES, MAX_SEGMENT_BYTES_LIMIT, MAX_SHARDS,
 };
-pub use record::{Lease, Record, RecordStatus, Reservation, Scope};
-pub use stats::Stats;
+pub use base::time::{Clock, ManualClock, SystemClock};
+pub use log::report::{
+    RecoveryReport, SegmentReport, SegmentState, SkippedRange, TornTail, VerifyReport,
+};
 
 /// Compiles and runs the README's examples as doc tests.
 #[cfg(doctest)]

@@ -98,13 +98,22 @@ fn oversized_responses_are_refused_and_the_lease_survives_the_record() {
         panic!("acquire");
     };
     let err = lease.complete(&[0; 17]).unwrap_err();
-    assert!(matches!(err, Error::ResponseTooLarge { len: 17, max: 16 }));
+    assert!(matches!(err.error(), Error::ResponseTooLarge { len: 17, max: 16 }));
     assert!(err.to_string().contains("17 bytes"));
     // The record is still in flight: nothing was lost or silently completed.
     assert!(matches!(
         db.reserve(&scope, b"k", b"r").unwrap(),
         Reservation::InFlight { .. }
     ));
+    // The refused call handed the lease back, still usable: fail is refused the same
+    // way, and a smaller response then completes the record.
+    let lease = err.into_lease();
+    let lease = lease.fail(&[1; 17]).unwrap_err().into_lease();
+    lease.complete(b"small").unwrap();
+    let Reservation::Completed(record) = db.reserve(&scope, b"k", b"r").unwrap() else {
+        panic!("the record must be completed by the returned lease");
+    };
+    assert_eq!(record.response(), Some(&b"small"[..]));
 }
 
 #[test]

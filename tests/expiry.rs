@@ -165,7 +165,7 @@ fn a_lease_outliving_its_record_is_told_so() {
     };
     clock.advance(WINDOW + BUCKET);
     assert!(matches!(
-        lease.complete(b"late"),
+        lease.complete(b"late").map_err(oncedb::Error::from),
         Err(oncedb::Error::LeaseLost)
     ));
     assert_eq!(db.stats().leases_lost, 1);

@@ -244,7 +244,8 @@ impl Harness {
             Some((true, response)) => lease.complete(&[response]),
             Some((false, response)) => lease.fail(&[response]),
             None => lease.release(),
-        };
+        }
+        .map_err(oncedb::Error::from);
         if !owns {
             assert!(
                 matches!(result, Err(oncedb::Error::LeaseLost)),

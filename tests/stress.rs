@@ -293,7 +293,8 @@ fn finish(world: &World, held: Held, kind: FinishKind, padding: usize, events: &
         FinishKind::Complete => lease.complete(&response),
         FinishKind::Fail => lease.fail(&response),
         FinishKind::Release => lease.release(),
-    });
+    }
+    .map_err(Error::from));
     let lost = match result {
         Ok(()) => false,
         Err(Error::LeaseLost) => true,

@@ -1,6 +1,173 @@
 //! The in-memory index: hash-sharded tables of fingerprints and records, time-bucketed.
+//!
+//! Below the engine, above `base`: it knows fingerprints, buckets and lease endings, and
+//! nothing of the log, the API or the configuration builder.
 
+pub(crate) mod counters;
 pub(crate) mod records;
 pub(crate) mod shard;
 pub(crate) mod table;
-pub(crate) mod window;
+
+use parking_lot::{Mutex, MutexGuard};
+
+use crate::base::config::FullPolicy;
+use crate::base::fingerprint::Fingerprint;
+use crate::base::window::Window;
+use counters::Counters;
+use shard::Shard;
+
+/// Keeps each shard lock on its own cache lines so that shards do not false-share.
+#[repr(align(128))]
+struct Padded<T>(T);
+
+/// How the index is sized and bounded.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct IndexConfig {
+    pub(crate) window: Window,
+    /// A power of two.
+    pub(crate) shards: usize,
+    pub(crate) expected_keys: u64,
+    /// Most live keys plus records per shard (`None`: unbounded).
+    pub(crate) shard_capacity: Option<u64>,
+    pub(crate) full_policy: FullPolicy,
+}
+
+/// Sizes and counters summed over every shard.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct IndexStats {
+    pub(crate) counters: Counters,
+    pub(crate) live_keys: u64,
+    pub(crate) live_records: u64,
+    pub(crate) table_slots_used: u64,
+    pub(crate) table_probes: u64,
+    pub(crate) heap_bytes: u64,
+    pub(crate) buckets_live: u64,
+}
+
+/// The shards. Every method locks one shard at a time, or several in ascending order.
+pub(crate) struct Index {
+    shards: Box<[Padded<Mutex<Shard>>]>,
+    shard_bits: u32,
+    window: Window,
+    bounded: bool,
+}
+
+impl Index {
+    /// An empty index whose shards start at `bucket`. Fails only if the tables for
+    /// `expected_keys` cannot be allocated.
+    pub(crate) fn new(config: IndexConfig, bucket: u64) -> Result<Index, std::collections::TryReserveError> {
+        let per_shard = config.expected_keys.div_ceil(config.shards as u64);
+        let per_shard = usize::try_from(per_shard).unwrap_or(usize::MAX);
+        // Ask for the whole index's memory once, without touching it, so that a size the
+        // system cannot provide fails here instead of after some shards were written.
+        let total = table::bytes_for(per_shard).saturating_mul(config.shards);
+        Vec::<u8>::new().try_reserve_exact(total)?;
+        let mut shards = Vec::with_capacity(config.shards);
+        for _ in 0..config.shards {
+            let shard = Shard::new(
+                config.window,
+                per_shard,
+                bucket,
+                config.shard_capacity,
+                config.full_policy,
+            )?;
+            shards.push(Padded(Mutex::new(shard)));
+        }
+        Ok(Index {
+            shards: shards.into_boxed_slice(),
+            shard_bits: config.shards.trailing_zeros(),
+            window: config.window,
+            bounded: config.shard_capacity.is_some(),
+        })
+    }
+
+    /// Whether shards hold a key limit (batches then check room in every shard first).
+    pub(crate) fn bounded(&self) -> bool {
+        self.bounded
+    }
+
+    /// Locks the shard owning `fingerprint`, moved to `bucket`.
+    pub(crate) fn lock(&self, fingerprint: Fingerprint, bucket: u64) -> MutexGuard<'_, Shard> {
+        let mut shard = self.lock_index(fingerprint.shard(self.shard_bits));
+        shard.advance(bucket);
+        shard
+    }
+
+    fn lock_index(&self, index: usize) -> MutexGuard<'_, Shard> {
+        match self.shards.get(index) {
+            Some(padded) => padded.0.lock(),
+            None => unreachable!("a fingerprint's shard is below the shard count"),
+        }
+    }
+
+    /// Indices of `fingerprints` ordered by shard (counting sort), stable within a shard.
+    pub(crate) fn group_by_shard(&self, fingerprints: &[Fingerprint]) -> Vec<u32> {
+        let mut starts = vec![0u32; self.shards.len() + 1];
+        for fp in fingerprints {
+            starts[fp.shard(self.shard_bits) + 1] += 1;
+        }
+        for i in 1..starts.len() {
+            starts[i] += starts[i - 1];
+        }
+        let mut order = vec![0u32; fingerprints.len()];
+        for (index, fp) in fingerprints.iter().enumerate() {
+            let slot = &mut starts[fp.shard(self.shard_bits)];
+            order[*slot as usize] = index as u32;
+            *slot += 1;
+        }
+        order
+    }
+
+    /// The runs of `order` (from [`Index::group_by_shard`]) that share a shard.
+    pub(crate) fn shard_groups<'a>(
+        &self,
+        fingerprints: &'a [Fingerprint],
+        order: &'a [u32],
+    ) -> impl Iterator<Item = &'a [u32]> + 'a {
+        let bits = self.shard_bits;
+        order.chunk_by(move |&a, &b| {
+            fingerprints[a as usize].shard(bits) == fingerprints[b as usize].shard(bits)
+        })
+    }
+
+    /// Recovery: re-admits logged keys stamped `stamp`, locking each shard once.
+    pub(crate) fn restore_keys(&self, stamp: u64, fingerprints: &[Fingerprint]) {
+        let order = self.group_by_shard(fingerprints);
+        for group in self.shard_groups(fingerprints, &order) {
+            let mut shard = self.lock(fingerprints[group[0] as usize], stamp);
+            touch_group(&shard, group, fingerprints);
+            for &index in group {
+                shard.restore_key(fingerprints[index as usize], stamp);
+            }
+        }
+    }
+
+    /// Sums every shard, each moved to `bucket` first.
+    pub(crate) fn stats(&self, bucket: u64) -> IndexStats {
+        let mut stats = IndexStats::default();
+        let mut live_buckets = vec![false; self.window.live_buckets() as usize];
+        for padded in self.shards.iter() {
+            let mut shard = padded.0.lock();
+            shard.advance(bucket);
+            stats.counters.add(&shard.counters);
+            stats.live_keys += shard.live_keys();
+            stats.live_records += shard.live_records();
+            stats.table_slots_used += shard.table_slots_used() as u64;
+            stats.table_probes += shard.table_probes();
+            stats.heap_bytes += shard.heap_bytes() as u64;
+            shard.mark_live_buckets(&mut live_buckets);
+        }
+        stats.buckets_live = live_buckets.iter().filter(|&&live| live).count() as u64;
+        stats
+    }
+}
+
+/// Starts every slot load of a group before any of them is probed, so that the cache
+/// misses overlap instead of queueing one after another.
+pub(crate) fn touch_group(shard: &Shard, group: &[u32], fingerprints: &[Fingerprint]) {
+    let mut touched = 0u32;
+    for &index in group {
+        touched = touched.wrapping_add(shard.touch(fingerprints[index as usize]));
+    }
+    std::hint::black_box(touched);
+}

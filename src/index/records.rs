@@ -4,14 +4,13 @@ use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
-use super::window::Window;
-use crate::error::{Error, Result};
-use crate::record::{Record, RecordStatus};
+use crate::base::error::{Error, Result};
+use crate::base::window::Window;
 
 /// Where a stored record stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum State {
-    InFlight { lease_id: u64 },
+    InFlight,
     Completed { response: Arc<[u8]>, at_ms: u64 },
     Failed { response: Arc<[u8]>, at_ms: u64 },
 }
@@ -23,23 +22,41 @@ pub(crate) struct StoredRecord {
     pub(crate) request_hash: u128,
     pub(crate) bucket: u64,
     pub(crate) created_ms: u64,
+    /// The lease the record was created under; kept after it ends, so that replay can
+    /// tell an older reserve from a newer one.
+    pub(crate) lease_id: u64,
     pub(crate) state: State,
 }
 
+/// The lifecycle state of a record as the index reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Status {
+    InFlight,
+    Completed,
+    Failed,
+}
+
+/// A copy of one record's visible state, handed up to the engine and the API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RecordSnapshot {
+    pub(crate) status: Status,
+    pub(crate) response: Option<Arc<[u8]>>,
+    pub(crate) created_ms: u64,
+    pub(crate) finished_ms: Option<u64>,
+}
+
 impl StoredRecord {
-    pub(crate) fn snapshot(&self) -> Record {
+    pub(crate) fn snapshot(&self) -> RecordSnapshot {
         let (status, response, finished_ms) = match &self.state {
-            State::InFlight { .. } => (RecordStatus::InFlight, None, None),
-            State::Completed { response, at_ms } => (
-                RecordStatus::Completed,
-                Some(response.clone()),
-                Some(*at_ms),
-            ),
+            State::InFlight => (Status::InFlight, None, None),
+            State::Completed { response, at_ms } => {
+                (Status::Completed, Some(response.clone()), Some(*at_ms))
+            }
             State::Failed { response, at_ms } => {
-                (RecordStatus::Failed, Some(response.clone()), Some(*at_ms))
+                (Status::Failed, Some(response.clone()), Some(*at_ms))
             }
         };
-        Record {
+        RecordSnapshot {
             status,
             response,
             created_ms: self.created_ms,
@@ -47,11 +64,9 @@ impl StoredRecord {
         }
     }
 
-    pub(crate) fn lease_id(&self) -> Option<u64> {
-        match self.state {
-            State::InFlight { lease_id } => Some(lease_id),
-            _ => None,
-        }
+    /// Whether the record is in flight under `lease_id`.
+    pub(crate) fn in_flight_under(&self, lease_id: u64) -> bool {
+        self.state == State::InFlight && self.lease_id == lease_id
     }
 }
 
@@ -103,7 +118,9 @@ impl RecordMap {
             self.map.remove(&fingerprint);
             return Ok(None);
         }
-        let record = self.map.get_mut(&fingerprint).expect("checked above");
+        let Some(record) = self.map.get_mut(&fingerprint) else {
+            return Ok(None);
+        };
         if let Some(key) = scoped_key
             && *record.scoped_key != *key
         {
@@ -165,7 +182,7 @@ impl RecordMap {
                         State::Completed { response, .. } | State::Failed { response, .. } => {
                             response.len()
                         }
-                        State::InFlight { .. } => 0,
+                        State::InFlight => 0,
                     }
             })
             .sum();
@@ -183,7 +200,8 @@ mod tests {
             request_hash: 1,
             bucket,
             created_ms: bucket,
-            state: State::InFlight { lease_id: 1 },
+            lease_id: 1,
+            state: State::InFlight,
         }
     }
 

@@ -1,13 +1,15 @@
 //! One shard: a dedup table, a record map, and per-bucket live counts, behind one lock.
 
-use super::records::{RecordMap, State, StoredRecord};
+use std::collections::TryReserveError;
+
+use super::counters::Counters;
+use super::records::{RecordMap, RecordSnapshot, State, StoredRecord};
 use super::table::{DedupTable, Inserted};
-use super::window::Window;
-use crate::error::{Error, Result};
-use crate::fingerprint::Fingerprint;
-use crate::options::FullPolicy;
-use crate::record::{Finish, Record};
-use crate::stats::Counters;
+use crate::base::config::FullPolicy;
+use crate::base::error::{Error, Result};
+use crate::base::fingerprint::Fingerprint;
+use crate::base::finish::Finish;
+use crate::base::window::Window;
 
 /// Table slots swept per write while a sweep pass is under way.
 pub(crate) const SWEEP_SLOTS_PER_WRITE: usize = 16;
@@ -17,14 +19,25 @@ const EXPIRE_RECORDS_PER_WRITE: usize = 4;
 /// that 32-bit bucket numbers in slots never become ambiguous (they wrap at 2^32).
 const MAX_UNSWEPT_AGE_BUCKETS: u64 = 1 << 30;
 
-/// What `reserve` found, before the caller turns it into a public `Reservation`.
+/// What `reserve` found, before the engine and the API turn it into a `Reservation`.
 #[derive(Debug)]
 pub(crate) enum Reserved {
-    Acquired,
+    /// A new record in flight under `lease_id`, stamped with bucket `bucket`.
+    Acquired { lease_id: u64, bucket: u64 },
     InFlight { since_ms: u64 },
-    Completed(Record),
-    Failed(Record),
+    Completed(RecordSnapshot),
+    Failed(RecordSnapshot),
     Mismatch,
+}
+
+/// A record to store: what a reserve (live or replayed) knows about it.
+#[derive(Debug)]
+pub(crate) struct NewRecord<'a> {
+    pub(crate) fingerprint: Fingerprint,
+    pub(crate) scoped_key: &'a [u8],
+    pub(crate) request_hash: u128,
+    pub(crate) lease_id: u64,
+    pub(crate) created_ms: u64,
 }
 
 /// Live entries of one bucket: dedup keys and records.
@@ -66,11 +79,11 @@ impl Shard {
         current: u64,
         capacity: Option<u64>,
         policy: FullPolicy,
-    ) -> Self {
-        Shard {
+    ) -> Result<Self, TryReserveError> {
+        Ok(Shard {
             window,
             current,
-            table: DedupTable::with_keys(expected_keys),
+            table: DedupTable::with_keys(expected_keys)?,
             records: RecordMap::default(),
             ring: vec![BucketCount::default(); window.live_buckets() as usize].into_boxed_slice(),
             current_ring_index: (current % window.live_buckets()) as usize,
@@ -82,7 +95,12 @@ impl Shard {
             capacity,
             policy,
             counters: Counters::default(),
-        }
+        })
+    }
+
+    /// The bucket new entries are stamped with.
+    pub(crate) fn current(&self) -> u64 {
+        self.current
     }
 
     /// The window as this shard applies it: shortened while early-evicted buckets would
@@ -244,24 +262,40 @@ impl Shard {
         admitted
     }
 
-    /// Re-admits a key during recovery in the bucket it was logged in.
-    pub(crate) fn restore_key(&mut self, fingerprint: Fingerprint) {
-        self.admit(fingerprint);
+    /// Re-admits a key during recovery with the bucket it was stamped with when it was
+    /// admitted (`stamp <= current` after the caller's advance). A key whose stamp has
+    /// left the window is skipped; a live copy with any stamp makes this a no-op.
+    pub(crate) fn restore_key(&mut self, fingerprint: Fingerprint, stamp: u64) {
+        if self.view().is_live(stamp, self.current) {
+            self.admit_at(fingerprint, stamp);
+        }
     }
 
     /// Stores the tag of `fingerprint` in the current bucket unless it is live; counts it.
     fn admit(&mut self, fingerprint: Fingerprint) -> bool {
+        self.admit_at(fingerprint, self.current)
+    }
+
+    /// Stores the tag of `fingerprint` stamped `stamp` (a live bucket) unless it is live.
+    fn admit_at(&mut self, fingerprint: Fingerprint, stamp: u64) -> bool {
         if self.table.needs_growth() {
             self.table
                 .rebuild(self.live_keys as usize, self.view().liveness(self.current));
             self.oldest_bucket = self.current.saturating_sub(self.window.span);
         }
-        let admitted = self
-            .table
-            .insert(fingerprint.tag(), self.view().liveness(self.current))
-            == Inserted::New;
+        let admitted = self.table.insert_stamped(
+            fingerprint.tag(),
+            self.view().liveness(self.current),
+            stamp as u32,
+        ) == Inserted::New;
         if admitted {
-            self.ring[self.current_ring_index].keys += 1;
+            let index = if stamp == self.current {
+                self.current_ring_index
+            } else {
+                self.oldest_bucket = self.oldest_bucket.min(stamp);
+                self.ring_index(stamp)
+            };
+            self.ring[index].keys += 1;
             self.live_keys += 1;
         }
         admitted
@@ -272,14 +306,16 @@ impl Shard {
             .contains(fingerprint.tag(), self.view().liveness(self.current))
     }
 
-    /// Atomically looks up or creates the record of `scoped_key`.
+    /// Atomically looks up or creates the record of `scoped_key`. A new record takes its
+    /// lease id from `next_lease` here, under the shard lock, so that the lease ids of one
+    /// key grow in the order its records were created.
     pub(crate) fn reserve(
         &mut self,
         fingerprint: Fingerprint,
         scoped_key: &[u8],
         request_hash: u128,
-        lease_id: u64,
         now_ms: u64,
+        next_lease: impl FnOnce() -> Result<u64>,
     ) -> Result<Reserved> {
         let (window, current) = (self.view(), self.current);
         let outcome =
@@ -289,7 +325,7 @@ impl Shard {
             {
                 Some(record) if record.request_hash != request_hash => Reserved::Mismatch,
                 Some(record) => match &record.state {
-                    State::InFlight { .. } => Reserved::InFlight {
+                    State::InFlight => Reserved::InFlight {
                         since_ms: record.created_ms,
                     },
                     State::Completed { .. } => Reserved::Completed(record.snapshot()),
@@ -297,14 +333,18 @@ impl Shard {
                 },
                 None => {
                     self.make_room(1)?;
-                    self.store_record(
+                    let lease_id = next_lease()?;
+                    self.store_record(&NewRecord {
                         fingerprint,
-                        scoped_key.into(),
+                        scoped_key,
                         request_hash,
                         lease_id,
-                        now_ms,
-                    );
-                    Reserved::Acquired
+                        created_ms: now_ms,
+                    });
+                    Reserved::Acquired {
+                        lease_id,
+                        bucket: self.current,
+                    }
                 }
             };
         self.count_reservation(&outcome);
@@ -315,7 +355,7 @@ impl Shard {
     fn count_reservation(&mut self, outcome: &Reserved) {
         let counters = &mut self.counters;
         match outcome {
-            Reserved::Acquired => counters.acquired += 1,
+            Reserved::Acquired { .. } => counters.acquired += 1,
             Reserved::InFlight { .. } => counters.in_flight_hits += 1,
             Reserved::Completed(_) | Reserved::Failed(_) => counters.replays += 1,
             Reserved::Mismatch => counters.mismatches += 1,
@@ -323,27 +363,43 @@ impl Shard {
     }
 
     /// Stores a new in-flight record in the current bucket, replacing any older one.
-    pub(crate) fn store_record(
-        &mut self,
-        fingerprint: Fingerprint,
-        scoped_key: Box<[u8]>,
-        request_hash: u128,
-        lease_id: u64,
-        created_ms: u64,
-    ) {
+    fn store_record(&mut self, new: &NewRecord<'_>) {
+        self.store_record_at(new, self.current);
+    }
+
+    fn store_record_at(&mut self, new: &NewRecord<'_>, stamp: u64) {
         let record = StoredRecord {
-            scoped_key,
-            request_hash,
-            bucket: self.current,
-            created_ms,
-            state: State::InFlight { lease_id },
+            scoped_key: new.scoped_key.into(),
+            request_hash: new.request_hash,
+            bucket: stamp,
+            created_ms: new.created_ms,
+            lease_id: new.lease_id,
+            state: State::InFlight,
         };
-        if let Some(old) = self.records.insert(fingerprint.0, record) {
+        if let Some(old) = self.records.insert(new.fingerprint.0, record) {
             self.uncount_record(old.bucket);
         }
-        let index = self.current_ring_index;
+        let index = self.ring_index(stamp);
         self.ring[index].records += 1;
         self.live_records += 1;
+    }
+
+    /// Recovery: replays a logged reserve stamped `stamp` (`<= current` after the
+    /// caller's advance). It replaces the live record of the key only if that record was
+    /// created under an older lease: log order within a key follows memory order, and
+    /// this keeps a reserve that somehow reached the log late from undoing a newer one.
+    pub(crate) fn restore_record(&mut self, new: &NewRecord<'_>, stamp: u64) {
+        let (window, current) = (self.view(), self.current);
+        if !window.is_live(stamp, current) {
+            return;
+        }
+        let newer_exists = match self.records.live_mut(new.fingerprint.0, None, window, current) {
+            Ok(Some(record)) => record.lease_id >= new.lease_id,
+            Ok(None) | Err(_) => false,
+        };
+        if !newer_exists {
+            self.store_record_at(new, stamp);
+        }
     }
 
     fn uncount_record(&mut self, bucket: u64) {
@@ -366,7 +422,7 @@ impl Shard {
         let record = self
             .records
             .live_mut(fingerprint.0, None, window, current)?;
-        let Some(record) = record.filter(|r| r.lease_id() == Some(lease_id)) else {
+        let Some(record) = record.filter(|r| r.in_flight_under(lease_id)) else {
             self.counters.leases_lost += 1;
             return Err(Error::LeaseLost);
         };
@@ -386,8 +442,9 @@ impl Shard {
                 self.counters.failed += 1;
             }
             Finish::Release => {
-                let removed = self.records.remove(fingerprint.0).expect("found above");
-                self.uncount_record(removed.bucket);
+                if let Some(removed) = self.records.remove(fingerprint.0) {
+                    self.uncount_record(removed.bucket);
+                }
                 self.counters.released += 1;
             }
         }
@@ -412,7 +469,7 @@ impl Shard {
         &mut self,
         fingerprint: Fingerprint,
         scoped_key: &[u8],
-    ) -> Result<Option<Record>> {
+    ) -> Result<Option<RecordSnapshot>> {
         let (window, current) = (self.view(), self.current);
         let record = self
             .records

@@ -6,7 +6,9 @@
 //! incremental sweep removes them with backward-shift deletion: there are no tombstones,
 //! and an insert may reuse an expired slot it passes.
 
-use super::window::Liveness;
+use std::collections::TryReserveError;
+
+use crate::base::window::Liveness;
 
 /// Slots in one 64-byte cache line (rounded up).
 const SLOTS_PER_LINE: usize = 64 / 12 + 1;
@@ -66,13 +68,18 @@ pub(crate) struct DedupTable {
 
 impl DedupTable {
     /// A table that holds `keys` live keys without growing.
-    pub(crate) fn with_keys(keys: usize) -> Self {
-        DedupTable {
-            slots: written_slots(capacity_for(keys)),
+    /// Fails, without aborting the process, if the slots cannot be allocated.
+    pub(crate) fn with_keys(keys: usize) -> Result<Self, TryReserveError> {
+        let capacity = capacity_for(keys);
+        let mut slots = Vec::new();
+        slots.try_reserve_exact(capacity)?;
+        slots.resize(capacity, EMPTY);
+        Ok(DedupTable {
+            slots,
             used: 0,
             sweep_cursor: None,
             probes: 0,
-        }
+        })
     }
 
     #[cfg(test)]
@@ -132,7 +139,14 @@ impl DedupTable {
 
     /// Inserts `tag` admitted in the current bucket of `live` unless a live copy exists.
     /// The caller keeps the load below the limit with [`DedupTable::needs_growth`].
+    #[cfg(test)]
     pub(crate) fn insert(&mut self, tag: u64, live: Liveness) -> Inserted {
+        self.insert_stamped(tag, live, live.current())
+    }
+
+    /// Inserts `tag` stamped with bucket `stamp` (live under `live`) unless a live copy
+    /// exists.
+    pub(crate) fn insert_stamped(&mut self, tag: u64, live: Liveness, stamp: u32) -> Inserted {
         let mut index = self.home(tag);
         let mut reusable = None;
         loop {
@@ -157,7 +171,7 @@ impl DedupTable {
                 index
             }
         };
-        self.slots[target] = slot_new(tag, live.current());
+        self.slots[target] = slot_new(tag, stamp);
         Inserted::New
     }
 
@@ -274,6 +288,11 @@ fn written_slots(capacity: usize) -> Vec<Slot> {
 
 /// Capacity for `keys` keys at two thirds of `MAX_LOAD`, the load right after a 1.5x
 /// growth.
+/// Bytes of the slot array of a table built for `keys` keys.
+pub(crate) fn bytes_for(keys: usize) -> usize {
+    capacity_for(keys).saturating_mul(size_of::<Slot>())
+}
+
 fn capacity_for(keys: usize) -> usize {
     (keys.saturating_mul(3 * MAX_LOAD_DEN) / (2 * MAX_LOAD_NUM) + 1).max(MIN_CAPACITY)
 }
@@ -281,7 +300,7 @@ fn capacity_for(keys: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::index::window::Window;
+    use crate::base::window::Window;
 
     fn window() -> Window {
         Window::new(4, 1)
@@ -297,7 +316,7 @@ mod tests {
 
     #[test]
     fn insert_then_duplicate() {
-        let mut table = DedupTable::with_keys(10);
+        let mut table = DedupTable::with_keys(10).unwrap();
         let live = window().liveness(0);
         assert_eq!(table.insert(42, live), Inserted::New);
         assert_eq!(table.insert(42, live), Inserted::Present);
@@ -307,7 +326,7 @@ mod tests {
 
     #[test]
     fn expired_entries_are_absent_and_reused() {
-        let mut table = DedupTable::with_keys(10);
+        let mut table = DedupTable::with_keys(10).unwrap();
         assert_eq!(table.insert(42, window().liveness(0)), Inserted::New);
         let later = window().liveness(5);
         assert!(!table.contains(42, later));
@@ -317,7 +336,7 @@ mod tests {
 
     #[test]
     fn sweep_removes_expired_and_keeps_live_reachable() {
-        let mut table = DedupTable::with_keys(64);
+        let mut table = DedupTable::with_keys(64).unwrap();
         let tags = tags_with_home(&table, 3, 12);
         // Old entries (even) first, then new ones (odd) in one cluster; bucket 0 is still
         // live at bucket 3, so no insert reuses an old slot.
@@ -340,7 +359,7 @@ mod tests {
 
     #[test]
     fn sweep_handles_clusters_that_wrap() {
-        let mut table = DedupTable::with_keys(8);
+        let mut table = DedupTable::with_keys(8).unwrap();
         let last = table.capacity() - 1;
         let tags = tags_with_home(&table, last, 5);
         for (i, &tag) in tags.iter().enumerate() {
@@ -360,7 +379,7 @@ mod tests {
 
     #[test]
     fn rebuild_keeps_live_entries_only() {
-        let mut table = DedupTable::with_keys(4);
+        let mut table = DedupTable::with_keys(4).unwrap();
         for tag in 1..=10u64 {
             let bucket = if tag <= 5 { 0 } else { 9 };
             table.insert(
@@ -378,7 +397,7 @@ mod tests {
 
     #[test]
     fn may_move_respects_cyclic_order() {
-        let table = DedupTable::with_keys(10);
+        let table = DedupTable::with_keys(10).unwrap();
         // No wrap: hole 2, entry at 5.
         assert!(table.may_move(1, 2, 5));
         assert!(table.may_move(2, 2, 5));

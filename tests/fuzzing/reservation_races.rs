@@ -477,7 +477,8 @@ impl Harness {
                 drop(lease);
                 return;
             }
-        };
+        }
+        .map_err(Error::from);
         if !owns {
             assert!(
                 matches!(result, Err(Error::LeaseLost)),

@@ -17,7 +17,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use oncedb::io::{MemStorage, Storage};
 use oncedb::{Db, Durability, Error, ManualClock, Options, RecordStatus, Reservation, Scope};
-use xxhash_rust::xxh3::{Xxh3Default, xxh3_64};
+use xxhash_rust::xxh3::{Xxh3, xxh3_64, xxh3_64_with_seed};
 
 const DIR: &str = "/db";
 const BUCKET_MS: u64 = 1_000;
@@ -27,7 +27,7 @@ const FIRST_BUCKET: u64 = 1_700_000_000;
 /// The baseline's fixed secret, so that its files are the same bytes in every run.
 const SECRET: u64 = 0x0dd5_eed5_0f0c_ce00;
 const HEADER_LEN: usize = 48;
-const FRAME_HEADER_LEN: usize = 16;
+const FRAME_HEADER_LEN: usize = 20;
 /// Keys and records the baseline holds, for reads after a successful open.
 const BASE_KEYS: u32 = 170;
 const BASE_RECORDS: u8 = 6;
@@ -137,7 +137,7 @@ fn baseline() -> &'static [(PathBuf, Vec<u8>)] {
         files.sort();
         assert_eq!(
             files.len(),
-            5,
+            6,
             "{:?}",
             files.iter().map(|f| &f.0).collect::<Vec<_>>()
         );
@@ -254,7 +254,7 @@ impl Segment {
     fn empty(bucket: u64, seq: u32) -> Segment {
         Segment {
             magic: *b"ONCESEG\0",
-            version: 1,
+            version: 2,
             flags: 0,
             bucket,
             seq,
@@ -277,17 +277,23 @@ impl Segment {
         out.extend_from_slice(&self.database_id.to_le_bytes());
         let checksum = xxh3_64(&out);
         out.extend_from_slice(&checksum.to_le_bytes());
+        let seed = xxh3_64_with_seed(b"oncedb frame checksum", SECRET);
         for (kind, reserved, payload) in &self.frames {
+            let position = out.len() as u32;
             let mut head = Vec::with_capacity(6);
             head.extend_from_slice(&(payload.len() as u32).to_le_bytes());
             head.push(*kind);
             head.push(*reserved);
-            let header_check = xxh3_64(&head) as u16;
-            let mut hasher = Xxh3Default::new();
+            let mut check = Xxh3::with_seed(seed);
+            check.update(&head);
+            check.update(&position.to_le_bytes());
+            let header_check = check.digest() as u16;
+            head.extend_from_slice(&header_check.to_le_bytes());
+            head.extend_from_slice(&position.to_le_bytes());
+            let mut hasher = Xxh3::with_seed(seed);
             hasher.update(&head);
             hasher.update(payload);
             out.extend_from_slice(&head);
-            out.extend_from_slice(&header_check.to_le_bytes());
             out.extend_from_slice(&hasher.digest().to_le_bytes());
             out.extend_from_slice(payload);
         }
@@ -598,7 +604,7 @@ fn exercise(db: &Db, writes_may_fail: bool) {
         match reservation {
             None => {}
             Some(Reservation::Acquired(lease)) => {
-                write(lease.complete(b"again"), writes_may_fail);
+                write(lease.complete(b"again").map_err(Error::from), writes_may_fail);
             }
             Some(Reservation::InFlight { since }) => {
                 let _ = since.duration_since(UNIX_EPOCH);
@@ -630,7 +636,7 @@ pub fn run(data: &[u8]) {
     let written = (|| {
         assert!(write(db.insert_if_absent(b"written after open"), may_fail)?);
         match write(db.reserve(&fresh, b"fresh record", b"request"), may_fail)? {
-            Reservation::Acquired(lease) => write(lease.complete(b"stored"), may_fail)?,
+            Reservation::Acquired(lease) => write(lease.complete(b"stored").map_err(Error::from), may_fail)?,
             other => panic!("a never used record key must be acquired, got {other:?}"),
         }
         write(db.flush(), may_fail)

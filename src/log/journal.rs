@@ -1,5 +1,10 @@
 //! The journal writer: appends log entries to the active segment with group commit, rolls
 //! segments over per bucket and size, and deletes the segments of expired buckets.
+//!
+//! Every group of frames written at once starts with a durability mark: a frame saying
+//! how many bytes of the segment the last completed fsync covered when the group was
+//! written. Recovery uses the marks to tell a torn tail (bytes no fsync ever covered)
+//! from damage to acknowledged bytes (see `docs/design.md`).
 
 use std::any::Any;
 use std::collections::BTreeSet;
@@ -11,14 +16,13 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
-use crate::error::{Error, Result};
-use crate::index::window::Window;
+use super::entry::{LogEntry, encode_mark};
+use super::format::{MARK_FRAME_LEN, MAX_APPEND_BYTES, SEGMENT_HEADER_LEN, SegmentHeader, put};
+use super::names::segment_path;
+use crate::base::config::Durability;
+use crate::base::error::{Error, Result};
+use crate::base::window::Window;
 use crate::io::{Storage, StorageFile};
-use crate::options::Durability;
-pub(crate) use crate::segment::entry::LogEntry;
-use crate::segment::format::SegmentHeader;
-use crate::segment::segment_path;
-use crate::stats::Stats;
 
 /// In `Interval` mode, a writer that finds this much buffered writes it out itself.
 const INTERVAL_BUFFER_BYTES: usize = 1 << 20;
@@ -30,20 +34,39 @@ pub(crate) struct JournalConfig {
     pub(crate) durability: Durability,
     pub(crate) window: Window,
     pub(crate) database_id: u64,
+    pub(crate) frame_seed: u64,
     pub(crate) segment_max_bytes: u64,
     /// Segments on disk after recovery, as (bucket, seq).
     pub(crate) segments: BTreeSet<(u64, u32)>,
     pub(crate) lock: Box<dyn Any + Send + Sync>,
-    pub(crate) recovered_records: u64,
-    pub(crate) recovered_truncated_bytes: u64,
     pub(crate) segments_deleted: u64,
 }
+
+/// Counters of the writer since open.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct JournalStats {
+    pub(crate) fsyncs: u64,
+    pub(crate) log_records: u64,
+    pub(crate) log_bytes: u64,
+    pub(crate) segments_deleted: u64,
+}
+
+/// A position in the log to wait for: everything appended up to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[must_use = "an appended entry is acknowledged only after waiting for its ticket"]
+pub(crate) struct Ticket(u64);
 
 struct Active {
     bucket: u64,
     /// Taken by the group-commit leader while it writes outside the lock.
     file: Option<Box<dyn StorageFile>>,
-    len: u64,
+    /// Segment offset past everything appended: written, being written, or buffered.
+    appended_len: u64,
+    /// Segment offset the last completed fsync covered.
+    synced_len: u64,
+    /// Segment offset of the mark opening the buffered group, which the leader fills in
+    /// when it writes the group.
+    group_mark: Option<u64>,
 }
 
 struct WriterState {
@@ -69,13 +92,12 @@ struct Shared {
     durability: Durability,
     window: Window,
     database_id: u64,
+    seed: u64,
     segment_max_bytes: u64,
     fsyncs: AtomicU64,
     records: AtomicU64,
     bytes: AtomicU64,
     segments_deleted: AtomicU64,
-    recovered_records: u64,
-    recovered_truncated_bytes: u64,
 }
 
 /// The append side of a durable store.
@@ -106,13 +128,12 @@ impl Journal {
             durability: config.durability,
             window: config.window,
             database_id: config.database_id,
+            seed: config.frame_seed,
             segment_max_bytes: config.segment_max_bytes,
             fsyncs: AtomicU64::new(0),
             records: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
             segments_deleted: AtomicU64::new(config.segments_deleted),
-            recovered_records: config.recovered_records,
-            recovered_truncated_bytes: config.recovered_truncated_bytes,
         });
         let flusher = match config.durability {
             Durability::Interval(interval) => {
@@ -136,26 +157,52 @@ impl Journal {
         self.shared.check_writable()
     }
 
-    /// Appends `entry`, stamped no earlier than `bucket`, and waits as the mode requires.
-    pub(crate) fn append(&self, bucket: u64, entry: &LogEntry<'_>) -> Result<()> {
+    /// Appends `entries` to the buffer, in order and contiguously, into a segment whose
+    /// bucket is at least `bucket`. Returns at once (unless a roll-over is due); the
+    /// entries are acknowledged after [`Journal::wait`] on the ticket. Callers that need
+    /// log order to follow memory order call this under the lock that orders them.
+    pub(crate) fn enqueue(&self, bucket: u64, entries: &[LogEntry<'_>]) -> Result<Ticket> {
         let shared = &*self.shared;
+        let needed: usize = entries.iter().map(LogEntry::encoded_len).sum();
+        assert!(needed <= MAX_APPEND_BYTES, "one append is bounded by the frame limit");
         let mut state = shared.state.lock();
         shared.check_writable()?;
-        shared.ensure_segment(&mut state, bucket)?;
+        shared.ensure_segment(&mut state, bucket, needed as u64)?;
+        let state = &mut *state;
+        let Some(active) = state.active.as_mut() else {
+            unreachable!("ensure_segment leaves an active segment");
+        };
         let before = state.buffer.len();
-        entry.encode(&mut state.buffer);
+        if state.buffer.is_empty() {
+            // The group's mark; the leader fills in the durable length when it writes.
+            active.group_mark = Some(active.appended_len);
+            encode_mark(&mut state.buffer, shared.seed, active.appended_len, active.synced_len, false);
+            active.appended_len += MARK_FRAME_LEN as u64;
+        }
+        for entry in entries {
+            let position = active.appended_len;
+            let start = state.buffer.len();
+            entry.encode(&mut state.buffer, shared.seed, position);
+            active.appended_len += (state.buffer.len() - start) as u64;
+        }
         let added = (state.buffer.len() - before) as u64;
         state.appended += added;
-        shared.records.fetch_add(1, Ordering::Relaxed);
+        shared.records.fetch_add(entries.len() as u64, Ordering::Relaxed);
         shared.bytes.fetch_add(added, Ordering::Relaxed);
-        let target = state.appended;
+        Ok(Ticket(state.appended))
+    }
+
+    /// Waits until the entries up to `ticket` are as durable as the mode promises.
+    pub(crate) fn wait(&self, ticket: Ticket) -> Result<()> {
+        let shared = &*self.shared;
+        let mut state = shared.state.lock();
         match shared.durability {
-            Durability::Sync => shared.persist(&mut state, target, true),
-            Durability::Buffered => shared.persist(&mut state, target, false),
+            Durability::Sync => shared.persist(&mut state, ticket.0, true),
+            Durability::Buffered => shared.persist(&mut state, ticket.0, false),
             Durability::Interval(_) if state.buffer.len() >= INTERVAL_BUFFER_BYTES => {
-                shared.persist(&mut state, target, false)
+                shared.persist(&mut state, ticket.0, false)
             }
-            Durability::Interval(_) => Ok(()),
+            Durability::Interval(_) => shared.check_writable(),
         }
     }
 
@@ -168,14 +215,14 @@ impl Journal {
         shared.persist(&mut state, target, true)
     }
 
-    pub(crate) fn add_stats(&self, stats: &mut Stats) {
+    pub(crate) fn stats(&self) -> JournalStats {
         let shared = &*self.shared;
-        stats.fsyncs = shared.fsyncs.load(Ordering::Relaxed);
-        stats.log_records = shared.records.load(Ordering::Relaxed);
-        stats.log_bytes = shared.bytes.load(Ordering::Relaxed);
-        stats.recovered_records = shared.recovered_records;
-        stats.recovered_truncated_bytes = shared.recovered_truncated_bytes;
-        stats.segments_deleted = shared.segments_deleted.load(Ordering::Relaxed);
+        JournalStats {
+            fsyncs: shared.fsyncs.load(Ordering::Relaxed),
+            log_records: shared.records.load(Ordering::Relaxed),
+            log_bytes: shared.bytes.load(Ordering::Relaxed),
+            segments_deleted: shared.segments_deleted.load(Ordering::Relaxed),
+        }
     }
 }
 
@@ -189,9 +236,9 @@ impl Drop for Journal {
         if let Some(flusher) = self.flusher.take() {
             let _ = flusher.join();
         }
-        // A clean close persists what is buffered; a failure has poisoned the store and
-        // there is no caller left to tell.
-        let _ = self.flush();
+        // A clean close persists what is buffered and seals the segment; a failure has
+        // poisoned the store and there is no caller left to tell.
+        let _ = self.flush().and_then(|()| self.shared.seal());
     }
 }
 
@@ -232,15 +279,26 @@ impl Shared {
         }
     }
 
-    /// One group commit: write the buffer (and fsync) outside the lock.
+    /// One group commit: stamp the group's mark with the durable length, then write the
+    /// buffer (and fsync) outside the lock.
     fn lead(&self, state: &mut MutexGuard<'_, WriterState>, sync: bool) -> Result<()> {
-        let Some(active) = state.active.as_mut() else {
+        let seed = self.seed;
+        let state_ref = &mut **state;
+        let Some(active) = state_ref.active.as_mut() else {
             return Ok(());
         };
-        let mut file = active.file.take().expect("only the leader takes the file");
-        state.leader = true;
-        let data = std::mem::take(&mut state.buffer);
-        let end = state.appended;
+        let Some(mut file) = active.file.take() else {
+            unreachable!("only the leader takes the file, and there is one leader");
+        };
+        if let Some(position) = active.group_mark.take() {
+            let mut mark = Vec::with_capacity(MARK_FRAME_LEN);
+            encode_mark(&mut mark, seed, position, active.synced_len, false);
+            put(&mut state_ref.buffer, 0, &mark);
+        }
+        let segment_end = active.appended_len;
+        state_ref.leader = true;
+        let data = std::mem::take(&mut state_ref.buffer);
+        let end = state_ref.appended;
         let result = MutexGuard::unlocked(state, || {
             if !data.is_empty() {
                 file.append(&data)?;
@@ -251,16 +309,16 @@ impl Shared {
             Ok(())
         });
         state.leader = false;
-        let active = state
-            .active
-            .as_mut()
-            .expect("active segment stays while leading");
-        active.file = Some(file);
+        if let Some(active) = state.active.as_mut() {
+            active.file = Some(file);
+            if sync && result.is_ok() {
+                active.synced_len = segment_end;
+            }
+        }
         self.changed.notify_all();
         if let Err(err) = result {
             return Err(self.poison(err));
         }
-        active.len += data.len() as u64;
         state.written = end;
         if sync {
             state.synced = end;
@@ -274,27 +332,48 @@ impl Shared {
         Ok(())
     }
 
-    /// Rolls over to a new segment when `bucket` is past the active one or it is full.
-    fn ensure_segment(&self, state: &mut MutexGuard<'_, WriterState>, bucket: u64) -> Result<()> {
-        let needed = match &state.active {
-            None => true,
-            Some(active) => {
-                bucket > active.bucket
-                    || active.len + state.buffer.len() as u64 >= self.segment_max_bytes
-            }
+    /// Whether an append of `needed` bytes for `bucket` must go to a new segment: none is
+    /// open, the bucket is newer, or the segment already holds data and would pass its
+    /// size limit. `appended_len` counts the bytes a leader is writing too, so a segment
+    /// never grows past the limit by more than one append (and its group mark).
+    fn needs_roll_over(&self, active: Option<&Active>, bucket: u64, needed: u64) -> bool {
+        let Some(active) = active else {
+            return true;
         };
-        if !needed {
-            return Ok(());
+        let holds_data = active.appended_len > SEGMENT_HEADER_LEN as u64;
+        bucket > active.bucket
+            || (holds_data
+                && active.appended_len + needed + MARK_FRAME_LEN as u64 > self.segment_max_bytes)
+    }
+
+    /// Rolls over to a new segment when [`Shared::needs_roll_over`] says so. The check is
+    /// repeated after every wait, so writers queued at a boundary create one segment.
+    fn ensure_segment(
+        &self,
+        state: &mut MutexGuard<'_, WriterState>,
+        bucket: u64,
+        needed: u64,
+    ) -> Result<()> {
+        loop {
+            if !self.needs_roll_over(state.active.as_ref(), bucket, needed) {
+                return Ok(());
+            }
+            self.check_writable()?;
+            if state.leader {
+                self.changed.wait(state);
+                continue;
+            }
+            // Only the newest segment may hold unsynced bytes: sync the old one first.
+            if state.active.is_some() && state.synced < state.appended {
+                let target = state.appended;
+                self.persist(state, target, true)?;
+                continue;
+            }
+            return self.roll_over(state, bucket);
         }
-        while state.leader {
-            self.changed.wait(state);
-        }
-        self.check_writable()?;
-        // Only the newest segment may have a torn tail: seal the old one first.
-        if state.active.is_some() {
-            let target = state.appended;
-            self.persist(state, target, true)?;
-        }
+    }
+
+    fn roll_over(&self, state: &mut WriterState, bucket: u64) -> Result<()> {
         let bucket = bucket.max(state.active.as_ref().map_or(0, |a| a.bucket));
         let seq = state
             .segments
@@ -310,10 +389,13 @@ impl Shared {
             .create_segment(bucket, seq)
             .map_err(|err| self.poison(err))?;
         state.segments.insert((bucket, seq));
+        let header_len = SEGMENT_HEADER_LEN as u64;
         state.active = Some(Active {
             bucket,
             file: Some(file),
-            len: crate::segment::format::SEGMENT_HEADER_LEN as u64,
+            appended_len: header_len,
+            synced_len: header_len,
+            group_mark: None,
         });
         self.delete_expired(state, bucket)
             .map_err(|err| self.poison(err))
@@ -352,6 +434,28 @@ impl Shared {
             self.segments_deleted.fetch_add(1, Ordering::Relaxed);
         }
         self.storage.sync_dir(&self.dir)
+    }
+
+    /// Closes the active segment with a seal: a mark vouching for every byte before it,
+    /// written and fsynced after a flush. A sealed segment has no torn tail to allow for.
+    fn seal(&self) -> Result<()> {
+        let mut state = self.state.lock();
+        self.check_writable()?;
+        let state_ref = &mut *state;
+        let Some(active) = state_ref.active.as_mut() else {
+            return Ok(());
+        };
+        if !state_ref.buffer.is_empty() || active.synced_len != active.appended_len {
+            return Ok(());
+        }
+        let position = active.appended_len;
+        encode_mark(&mut state_ref.buffer, self.seed, position, position, true);
+        active.appended_len += MARK_FRAME_LEN as u64;
+        // The seal is its own group: its mark is the seal, not a placeholder to patch.
+        active.group_mark = None;
+        state_ref.appended += MARK_FRAME_LEN as u64;
+        let target = state_ref.appended;
+        self.persist(&mut state, target, true)
     }
 
     fn run_flusher(&self, interval: Duration) {

@@ -4,13 +4,13 @@ use std::path::{Path, PathBuf};
 
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::format::{get_u32, get_u64, put_u32, put_u64};
-use crate::error::{Error, Result};
+use super::format::{get_u32, get_u64, put};
+use super::names::MANIFEST_TEMP_NAME;
+use crate::base::error::{Error, Result};
 use crate::io::Storage;
 
 /// File name of the manifest inside the database directory.
 pub(crate) const MANIFEST_NAME: &str = "MANIFEST";
-const MANIFEST_TEMP_NAME: &str = "MANIFEST.tmp";
 const MANIFEST_MAGIC: [u8; 8] = *b"ONCEMAN\0";
 const MANIFEST_VERSION: u32 = 1;
 
@@ -43,14 +43,14 @@ impl Manifest {
 
     pub(crate) fn encode(&self) -> [u8; MANIFEST_LEN] {
         let mut out = [0u8; MANIFEST_LEN];
-        out[MAN_MAGIC_OFFSET..MAN_VERSION_OFFSET].copy_from_slice(&MANIFEST_MAGIC);
-        put_u32(&mut out, MAN_VERSION_OFFSET, MANIFEST_VERSION);
-        put_u32(&mut out, MAN_FLAGS_OFFSET, 0);
-        put_u64(&mut out, MAN_SECRET_OFFSET, self.secret);
-        put_u64(&mut out, MAN_WINDOW_OFFSET, self.window_ms);
-        put_u64(&mut out, MAN_BUCKET_WIDTH_OFFSET, self.bucket_width_ms);
+        put(&mut out, MAN_MAGIC_OFFSET, &MANIFEST_MAGIC);
+        put(&mut out, MAN_VERSION_OFFSET, &MANIFEST_VERSION.to_le_bytes());
+        put(&mut out, MAN_FLAGS_OFFSET, &0u32.to_le_bytes());
+        put(&mut out, MAN_SECRET_OFFSET, &self.secret.to_le_bytes());
+        put(&mut out, MAN_WINDOW_OFFSET, &self.window_ms.to_le_bytes());
+        put(&mut out, MAN_BUCKET_WIDTH_OFFSET, &self.bucket_width_ms.to_le_bytes());
         let checksum = xxh3_64(&out[..MAN_CHECKSUM_OFFSET]);
-        put_u64(&mut out, MAN_CHECKSUM_OFFSET, checksum);
+        put(&mut out, MAN_CHECKSUM_OFFSET, &checksum.to_le_bytes());
         out
     }
 
@@ -58,19 +58,21 @@ impl Manifest {
         if bytes.len() != MANIFEST_LEN {
             return Err("manifest has the wrong length");
         }
-        if bytes[MAN_MAGIC_OFFSET..MAN_VERSION_OFFSET] != MANIFEST_MAGIC {
+        if bytes.get(MAN_MAGIC_OFFSET..MAN_VERSION_OFFSET) != Some(&MANIFEST_MAGIC[..]) {
             return Err("bad manifest magic");
         }
-        if get_u64(bytes, MAN_CHECKSUM_OFFSET) != xxh3_64(&bytes[..MAN_CHECKSUM_OFFSET]) {
+        let covered = bytes.get(..MAN_CHECKSUM_OFFSET).unwrap_or_default();
+        if get_u64(bytes, MAN_CHECKSUM_OFFSET) != Some(xxh3_64(covered)) {
             return Err("manifest checksum mismatch");
         }
-        if get_u32(bytes, MAN_VERSION_OFFSET) != MANIFEST_VERSION {
+        if get_u32(bytes, MAN_VERSION_OFFSET) != Some(MANIFEST_VERSION) {
             return Err("unsupported manifest version");
         }
+        let field = |offset| get_u64(bytes, offset).ok_or("manifest has the wrong length");
         Ok(Manifest {
-            secret: get_u64(bytes, MAN_SECRET_OFFSET),
-            window_ms: get_u64(bytes, MAN_WINDOW_OFFSET),
-            bucket_width_ms: get_u64(bytes, MAN_BUCKET_WIDTH_OFFSET),
+            secret: field(MAN_SECRET_OFFSET)?,
+            window_ms: field(MAN_WINDOW_OFFSET)?,
+            bucket_width_ms: field(MAN_BUCKET_WIDTH_OFFSET)?,
         })
     }
 

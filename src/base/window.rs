@@ -57,7 +57,7 @@ impl Liveness {
         self.current.wrapping_sub(bucket) <= self.span
     }
 
-    #[inline]
+    #[cfg(test)]
     pub(crate) fn current(self) -> u32 {
         self.current
     }

@@ -5,63 +5,16 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::clock::{Clock, SystemClock, duration_to_ms};
-use crate::error::{Error, Result};
+use crate::base::config::{Durability, FullPolicy, RecoveryMode};
+use crate::base::error::{Error, Result};
+use crate::base::limits::{
+    MAX_BUCKETS_PER_WINDOW, MAX_EXPECTED_KEYS, MAX_KEY_BYTES_LIMIT, MAX_RESPONSE_BYTES_LIMIT,
+    MAX_SEGMENT_BYTES_LIMIT, MAX_SHARDS,
+};
+use crate::base::time::{Clock, SystemClock, duration_to_ms};
+use crate::base::window::Window;
+use crate::engine::Config;
 use crate::io::{StdStorage, Storage};
-
-/// Most time buckets one window may span (`window / bucket_width`).
-pub const MAX_BUCKETS_PER_WINDOW: u64 = 4096;
-/// Largest value accepted for [`Options::max_key_bytes`].
-pub const MAX_KEY_BYTES_LIMIT: usize = 64 * 1024;
-/// Largest value accepted for [`Options::max_response_bytes`].
-pub const MAX_RESPONSE_BYTES_LIMIT: usize = 16 * 1024 * 1024;
-/// Most keys one [`Db::insert_many`](crate::Db::insert_many) call may carry.
-pub const MAX_BATCH_KEYS: usize = 65_536;
-/// Longest tenant or operation name of a [`Scope`](crate::Scope), in bytes.
-pub const MAX_SCOPE_PART_BYTES: usize = 1024;
-/// Largest value accepted for [`Options::segment_max_bytes`].
-pub const MAX_SEGMENT_BYTES_LIMIT: u64 = 1 << 30;
-/// Most shards a database may have.
-pub const MAX_SHARDS: usize = 4096;
-
-/// How far an acknowledged write has travelled when the call returns.
-///
-/// Every mode makes `Db::flush` a full barrier: when it returns, everything acknowledged
-/// before it is on stable storage.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Durability {
-    /// The record is handed to the operating system (`write(2)`) before the call returns.
-    ///
-    /// Survives a process crash (`kill -9`): the kernel still holds the page cache.
-    /// A power loss or kernel crash may lose anything written since the last `flush`.
-    Buffered,
-    /// Records are buffered in the process; a background thread writes and fsyncs them at
-    /// least every interval.
-    ///
-    /// A process crash or a power loss loses at most the writes acknowledged during the
-    /// last interval (plus the time one fsync takes). Highest throughput.
-    Interval(Duration),
-    /// The call returns only after its record is fsynced. Concurrent callers share one
-    /// fsync (group commit) and a batch pays one fsync.
-    ///
-    /// Survives a process crash and a power loss: nothing acknowledged is lost.
-    Sync,
-}
-
-/// What a store at its key limit ([`Options::max_keys`]) does with a new key: the
-/// fail-closed or fail-open choice for a full deduplication store.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum FullPolicy {
-    /// Fail closed: the write returns [`Error::Full`]; nothing is admitted and nothing
-    /// already stored is lost. For payments, payouts, inventory.
-    #[default]
-    Reject,
-    /// Fail open: the oldest bucket of the full shard is dropped early (counted in
-    /// [`Stats::buckets_evicted`](crate::Stats) and logged at `warn`), so duplicates older
-    /// than the remaining window may be admitted again. If the current bucket alone fills
-    /// the shard, the write returns [`Error::Full`].
-    EvictOldest,
-}
 
 /// Settings for [`Db::open`](crate::Db::open), built with chained calls.
 #[derive(Clone)]
@@ -79,6 +32,7 @@ pub struct Options {
     pub(crate) storage: Arc<dyn Storage>,
     pub(crate) max_keys: Option<u64>,
     pub(crate) full_policy: FullPolicy,
+    pub(crate) recovery_mode: RecoveryMode,
 }
 
 impl fmt::Debug for Options {
@@ -95,6 +49,7 @@ impl fmt::Debug for Options {
             .field("segment_max_bytes", &self.segment_max_bytes)
             .field("max_keys", &self.max_keys)
             .field("full_policy", &self.full_policy)
+            .field("recovery_mode", &self.recovery_mode)
             .finish_non_exhaustive()
     }
 }
@@ -124,6 +79,7 @@ impl Options {
             storage: Arc::new(StdStorage),
             max_keys: None,
             full_policy: FullPolicy::Reject,
+            recovery_mode: RecoveryMode::Strict,
         }
     }
 
@@ -162,7 +118,9 @@ impl Options {
     }
 
     /// Sizes the tables up front for about this many live keys, so they never grow
-    /// while serving. Default 0 (grow as needed).
+    /// while serving. Default 0 (grow as needed). At most [`MAX_EXPECTED_KEYS`]; a size
+    /// whose tables cannot be allocated is refused by `Db::open` with
+    /// [`Error::InvalidOptions`].
     pub fn expected_keys(mut self, keys: u64) -> Self {
         self.expected_keys = keys;
         self
@@ -208,10 +166,37 @@ impl Options {
         self
     }
 
+    /// What `Db::open` does with damage in the log; see [`RecoveryMode`]. Default
+    /// [`RecoveryMode::Strict`].
+    pub fn recovery_mode(mut self, mode: RecoveryMode) -> Self {
+        self.recovery_mode = mode;
+        self
+    }
+
     /// The per-shard share of `max_keys`.
-    pub(crate) fn shard_capacity(&self) -> Option<u64> {
+    fn shard_capacity(&self) -> Option<u64> {
         self.max_keys
             .map(|keys| keys.div_ceil(self.shards as u64).max(1))
+    }
+
+    /// Validates the options and turns them into the engine's configuration.
+    pub(crate) fn to_config(&self) -> Result<Config> {
+        self.validate()?;
+        Ok(Config {
+            dir: self.dir.clone(),
+            window: Window::new(self.window_ms, self.bucket_width_ms),
+            durability: self.durability,
+            clock: Arc::clone(&self.clock),
+            shards: self.shards,
+            expected_keys: self.expected_keys,
+            max_key_bytes: self.max_key_bytes,
+            max_response_bytes: self.max_response_bytes,
+            segment_max_bytes: self.segment_max_bytes,
+            storage: Arc::clone(&self.storage),
+            shard_capacity: self.shard_capacity(),
+            full_policy: self.full_policy,
+            recovery_mode: self.recovery_mode,
+        })
     }
 
     /// Checks every setting; the error names the first one out of range.
@@ -257,6 +242,12 @@ impl Options {
             return invalid(format!(
                 "max_response_bytes ({}) exceeds {MAX_RESPONSE_BYTES_LIMIT}",
                 self.max_response_bytes
+            ));
+        }
+        if self.expected_keys > MAX_EXPECTED_KEYS {
+            return invalid(format!(
+                "expected_keys ({}) exceeds {MAX_EXPECTED_KEYS}",
+                self.expected_keys
             ));
         }
         if self.max_keys == Some(0) {
@@ -337,6 +328,10 @@ mod tests {
         rejects(
             Options::in_memory().durability(Durability::Interval(Duration::ZERO)),
             "Interval",
+        );
+        rejects(
+            Options::in_memory().expected_keys(MAX_EXPECTED_KEYS + 1),
+            "expected_keys",
         );
     }
 }

@@ -10,7 +10,7 @@ use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
 use oncedb::{Db, Durability, ManualClock, Options, Reservation, Scope, Stats};
 
-use super::workload::{id_stream, idempotency_keys, response_body, rss_bytes};
+use crate::workload::{id_stream, idempotency_keys, response_body, rss_bytes};
 
 /// Flags of `oncedb bench`.
 #[derive(Args, Debug, Clone)]

@@ -4,10 +4,13 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use crate::clock::ms_to_system_time;
-use crate::db::Inner;
-use crate::error::Result;
-use crate::fingerprint::Fingerprint;
+use crate::base::error::Result;
+use crate::base::fingerprint::Fingerprint;
+use crate::base::finish::Finish;
+use crate::base::limits::MAX_SCOPE_PART_BYTES;
+use crate::base::time::ms_to_system_time;
+use crate::engine::Engine;
+use crate::index::records::{RecordSnapshot, Status};
 
 /// The tenant and operation a key belongs to. The same key in two scopes names two
 /// independent records.
@@ -40,15 +43,20 @@ impl Scope {
     }
 
     /// Length-prefixed encoding `tenant_len u16 | tenant | operation_len u16 | operation |
-    /// key`; the prefixes keep ("ab", "c") and ("a", "bc") apart.
-    pub(crate) fn encode_key(&self, key: &[u8]) -> Box<[u8]> {
+    /// key`; the prefixes keep ("ab", "c") and ("a", "bc") apart. Fails on a part longer
+    /// than [`MAX_SCOPE_PART_BYTES`].
+    pub(crate) fn encode_key(&self, key: &[u8]) -> Result<Vec<u8>> {
         let mut out = Vec::with_capacity(4 + self.tenant.len() + self.operation.len() + key.len());
         for part in [&self.tenant[..], &self.operation[..]] {
-            out.extend_from_slice(&(part.len() as u16).to_le_bytes());
+            let len = u16::try_from(part.len())
+                .ok()
+                .filter(|&len| usize::from(len) <= MAX_SCOPE_PART_BYTES)
+                .ok_or(crate::Error::ScopeTooLong { len: part.len() })?;
+            out.extend_from_slice(&len.to_le_bytes());
             out.extend_from_slice(part);
         }
         out.extend_from_slice(key);
-        out.into_boxed_slice()
+        Ok(out)
     }
 }
 
@@ -72,6 +80,16 @@ pub enum RecordStatus {
     Failed,
 }
 
+impl From<Status> for RecordStatus {
+    fn from(status: Status) -> Self {
+        match status {
+            Status::InFlight => RecordStatus::InFlight,
+            Status::Completed => RecordStatus::Completed,
+            Status::Failed => RecordStatus::Failed,
+        }
+    }
+}
+
 /// A snapshot of one idempotency record.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Record {
@@ -79,6 +97,17 @@ pub struct Record {
     pub(crate) response: Option<Arc<[u8]>>,
     pub(crate) created_ms: u64,
     pub(crate) finished_ms: Option<u64>,
+}
+
+impl From<RecordSnapshot> for Record {
+    fn from(snapshot: RecordSnapshot) -> Self {
+        Record {
+            status: snapshot.status.into(),
+            response: snapshot.response,
+            created_ms: snapshot.created_ms,
+            finished_ms: snapshot.finished_ms,
+        }
+    }
 }
 
 impl Record {
@@ -133,14 +162,6 @@ pub enum Reservation {
     Mismatch,
 }
 
-/// How a lease ends.
-#[derive(Debug, Clone)]
-pub(crate) enum Finish {
-    Complete(Arc<[u8]>),
-    Fail(Arc<[u8]>),
-    Release,
-}
-
 /// Ownership of one in-flight record. It owns what it needs (no borrow of the `Db`), so
 /// it can cross threads and `.await` points.
 ///
@@ -148,38 +169,84 @@ pub(crate) enum Finish {
 /// and retries see [`Reservation::InFlight`] until the record expires with its window.
 #[must_use = "a dropped lease leaves its record in flight until the window expires"]
 pub struct Lease {
-    pub(crate) db: Arc<Inner>,
+    pub(crate) engine: Arc<Engine>,
     pub(crate) fingerprint: Fingerprint,
     pub(crate) lease_id: u64,
     pub(crate) since_ms: u64,
 }
 
-impl Lease {
-    /// Stores `response` for replay and marks the record completed.
-    pub fn complete(self, response: &[u8]) -> Result<()> {
-        self.db.check_response(response)?;
-        self.db.finish(
-            self.fingerprint,
-            self.lease_id,
-            Finish::Complete(Arc::from(response)),
-        )
+/// A lease ending that was refused, with the lease handed back: an input error such as
+/// [`Error::ResponseTooLarge`](crate::Error::ResponseTooLarge) changed nothing, so the
+/// caller can complete with a smaller response, fail or release. Converts into
+/// [`Error`](crate::Error) for `?`.
+#[derive(Debug)]
+pub struct LeaseError {
+    error: crate::Error,
+    lease: Lease,
+}
+
+impl LeaseError {
+    /// Why the call was refused.
+    pub fn error(&self) -> &crate::Error {
+        &self.error
     }
 
-    /// Stores a deterministic failure for replay and marks the record failed.
-    pub fn fail(self, response: &[u8]) -> Result<()> {
-        self.db.check_response(response)?;
-        self.db.finish(
-            self.fingerprint,
-            self.lease_id,
-            Finish::Fail(Arc::from(response)),
-        )
+    /// The lease, to try again. After an error other than an input error (the lease had
+    /// ended, the store is poisoned) every further call is refused too.
+    pub fn into_lease(self) -> Lease {
+        self.lease
+    }
+}
+
+impl fmt::Display for LeaseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl std::error::Error for LeaseError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+impl From<LeaseError> for crate::Error {
+    fn from(err: LeaseError) -> Self {
+        err.error
+    }
+}
+
+impl Lease {
+    /// Stores `response` for replay and marks the record completed.
+    ///
+    /// A refused call changes nothing and hands the lease back in the [`LeaseError`].
+    pub fn complete(self, response: &[u8]) -> Result<(), LeaseError> {
+        if let Err(error) = self.engine.check_response(response) {
+            return Err(LeaseError { error, lease: self });
+        }
+        self.end(Finish::Complete(Arc::from(response)))
+    }
+
+    /// Stores a deterministic failure for replay and marks the record failed. A refused
+    /// call hands the lease back, as for [`Lease::complete`].
+    pub fn fail(self, response: &[u8]) -> Result<(), LeaseError> {
+        if let Err(error) = self.engine.check_response(response) {
+            return Err(LeaseError { error, lease: self });
+        }
+        self.end(Finish::Fail(Arc::from(response)))
     }
 
     /// Deletes the record so that a retry may run the operation again. Use only when the
     /// operation certainly had no effect.
-    pub fn release(self) -> Result<()> {
-        self.db
-            .finish(self.fingerprint, self.lease_id, Finish::Release)
+    pub fn release(self) -> Result<(), LeaseError> {
+        self.end(Finish::Release)
+    }
+
+    fn end(self, finish: Finish) -> Result<(), LeaseError> {
+        match self.engine.finish(self.fingerprint, self.lease_id, finish) {
+            Ok(()) => Ok(()),
+            Err(error) => Err(LeaseError { error, lease: self }),
+        }
     }
 
     /// When the record was reserved.

@@ -1,10 +1,11 @@
-//! On-disk format: the manifest, segment files and the log entries inside them.
-
-pub(crate) mod entry;
-pub(crate) mod format;
-pub(crate) mod manifest;
+//! Segment file names.
 
 use std::path::{Path, PathBuf};
+
+/// Name of the lock file inside the database directory.
+pub(crate) const LOCK_NAME: &str = "LOCK";
+/// Name of the manifest's temporary file while it is being written.
+pub(crate) const MANIFEST_TEMP_NAME: &str = "MANIFEST.tmp";
 
 /// File name of segment `seq` of `bucket`: the bucket is readable in the name, and names
 /// sort in replay order. Both fields are padded to the width of their type's maximum
@@ -18,7 +19,8 @@ pub(crate) fn parse_segment_name(path: &Path) -> Option<(u64, u32)> {
     let name = path.file_name()?.to_str()?;
     let rest = name.strip_prefix("seg-")?.strip_suffix(".log")?;
     let (bucket, seq) = rest.split_once('-')?;
-    if bucket.len() != 20 || seq.len() != 10 {
+    let digits = |field: &str, len: usize| field.len() == len && field.bytes().all(|b| b.is_ascii_digit());
+    if !digits(bucket, 20) || !digits(seq, 10) {
         return None;
     }
     Some((bucket.parse().ok()?, seq.parse().ok()?))
@@ -39,6 +41,13 @@ mod tests {
         assert_eq!(parse_segment_name(&path), Some((1_966_432, 7)));
         assert_eq!(parse_segment_name(Path::new("/db/MANIFEST")), None);
         assert_eq!(parse_segment_name(Path::new("/db/seg-1-2.log")), None);
+        for stray in [
+            "/db/seg-+0000000000000000001-0000000000.log",
+            "/db/seg-00000000000000000001-+000000000.log",
+            "/db/seg-0000000000000000000 -0000000000.log",
+        ] {
+            assert_eq!(parse_segment_name(Path::new(stray)), None, "{stray}");
+        }
         for (bucket, seq) in [(0, 999_999), (0, 1_000_000), (u64::MAX, u32::MAX)] {
             let path = segment_path(Path::new("/db"), bucket, seq);
             assert_eq!(parse_segment_name(&path), Some((bucket, seq)));

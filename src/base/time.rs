@@ -1,4 +1,5 @@
-//! Time sources. A [`Clock`] decides which time bucket an operation falls in.
+//! Time sources and millisecond conversions. A [`Clock`] decides which time bucket an
+//! operation falls in.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -26,7 +26,8 @@ pub enum Error {
     },
     /// A key is empty.
     EmptyKey,
-    /// A scope component (tenant or operation) is longer than [`crate::MAX_SCOPE_PART_BYTES`].
+    /// A scope component (tenant or operation) is longer than
+    /// [`MAX_SCOPE_PART_BYTES`](crate::MAX_SCOPE_PART_BYTES).
     ScopeTooLong {
         /// Length of the rejected component in bytes.
         len: usize,
@@ -54,6 +55,9 @@ pub enum Error {
     /// The store holds `Options::max_keys` live keys and its
     /// [`FullPolicy`](crate::FullPolicy) could not make room: nothing was admitted.
     Full,
+    /// Every lease id below the limit has been handed out; the store refuses new
+    /// reservations rather than reuse one.
+    LeaseIdsExhausted,
     /// An earlier I/O failure poisoned the store; it refuses writes until reopened.
     Poisoned,
     /// Another process (or another `Db` in this process) holds the directory's lock file.
@@ -84,7 +88,7 @@ impl fmt::Display for Error {
             Error::ScopeTooLong { len } => write!(
                 f,
                 "scope component of {len} bytes exceeds the limit of {} bytes",
-                crate::MAX_SCOPE_PART_BYTES
+                crate::base::limits::MAX_SCOPE_PART_BYTES
             ),
             Error::ResponseTooLarge { len, max } => {
                 write!(
@@ -100,6 +104,7 @@ impl fmt::Display for Error {
                 write!(f, "two different keys share a 128-bit fingerprint")
             }
             Error::Full => write!(f, "store is full: max_keys live keys are held"),
+            Error::LeaseIdsExhausted => write!(f, "every lease id has been handed out"),
             Error::Poisoned => write!(
                 f,
                 "store is poisoned by an earlier I/O failure; reopen it to recover"

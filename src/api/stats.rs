@@ -1,0 +1,110 @@
+//! The public counters, filled from the engine's report.
+
+use crate::engine::EngineStats;
+
+/// A snapshot of the database's counters, from [`Db::stats`](crate::Db::stats).
+/// Event counts are since open; live counts are as of the call.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Dedup keys inside the window.
+    pub live_keys: u64,
+    /// Idempotency records inside the window (in flight, completed or failed).
+    pub live_records: u64,
+    /// Keys admitted by `insert_if_absent` / `insert_many` (answered `true`).
+    pub admitted: u64,
+    /// Keys answered as duplicates (`false`).
+    pub duplicates: u64,
+    /// Reservations that acquired a lease.
+    pub acquired: u64,
+    /// Reservations answered `InFlight`.
+    pub in_flight_hits: u64,
+    /// Reservations answered `Completed` or `Failed` (a stored result replayed).
+    pub replays: u64,
+    /// Reservations answered `Mismatch`.
+    pub mismatches: u64,
+    /// Leases completed.
+    pub completed: u64,
+    /// Leases failed.
+    pub failed: u64,
+    /// Leases released.
+    pub released: u64,
+    /// Lease endings refused because the record had expired or the lease had ended.
+    pub leases_lost: u64,
+    /// Writes refused with `Error::Full`.
+    pub full_rejections: u64,
+    /// Buckets dropped early (per shard) by `FullPolicy::EvictOldest`.
+    pub buckets_evicted: u64,
+    /// Keys and records dropped early by `FullPolicy::EvictOldest`.
+    pub keys_evicted: u64,
+    /// Buckets currently holding at least one live key or record.
+    pub buckets_live: u64,
+    /// Buckets that have left the window since open (dropped whole).
+    pub buckets_dropped: u64,
+    /// Table slots occupied, live or expired and not yet swept.
+    pub table_slots_used: u64,
+    /// Table slots inspected by lookups since open (probe length = probes / lookups).
+    pub table_probes: u64,
+    /// Approximate heap bytes held by the index.
+    pub index_bytes: u64,
+    /// Durable stores: fsync calls made since open.
+    pub fsyncs: u64,
+    /// Durable stores: log entries appended since open.
+    pub log_records: u64,
+    /// Durable stores: bytes appended to segment files since open.
+    pub log_bytes: u64,
+    /// Durable stores: log entries replayed by the last open.
+    pub recovered_records: u64,
+    /// Durable stores: bytes of torn tail cut off the newest segment by the last open.
+    pub recovered_truncated_bytes: u64,
+    /// Durable stores: frames that verified but lay in a torn tail the last open cut
+    /// (never acknowledged as durable).
+    pub recovered_dropped_frames: u64,
+    /// Durable stores: byte ranges `RecoveryMode::Salvage` skipped at the last open.
+    pub recovery_skipped_ranges: u64,
+    /// Durable stores: segment files of expired buckets deleted since open.
+    pub segments_deleted: u64,
+}
+
+impl Stats {
+    pub(crate) fn from_engine(engine: &EngineStats, recovery: Option<&crate::RecoveryReport>) -> Stats {
+        let index = &engine.index;
+        let counters = &index.counters;
+        let mut stats = Stats {
+            live_keys: index.live_keys,
+            live_records: index.live_records,
+            admitted: counters.admitted,
+            duplicates: counters.duplicates,
+            acquired: counters.acquired,
+            in_flight_hits: counters.in_flight_hits,
+            replays: counters.replays,
+            mismatches: counters.mismatches,
+            completed: counters.completed,
+            failed: counters.failed,
+            released: counters.released,
+            leases_lost: counters.leases_lost,
+            full_rejections: counters.full_rejections,
+            buckets_evicted: counters.buckets_evicted,
+            keys_evicted: counters.keys_evicted,
+            buckets_live: index.buckets_live,
+            buckets_dropped: engine.buckets_dropped,
+            table_slots_used: index.table_slots_used,
+            table_probes: index.table_probes,
+            index_bytes: index.heap_bytes,
+            ..Stats::default()
+        };
+        if let Some(journal) = &engine.journal {
+            stats.fsyncs = journal.fsyncs;
+            stats.log_records = journal.log_records;
+            stats.log_bytes = journal.log_bytes;
+            stats.segments_deleted = journal.segments_deleted;
+        }
+        if let Some(report) = recovery {
+            stats.recovered_records = report.entries_replayed;
+            stats.recovered_truncated_bytes = report.torn_tails.iter().map(|t| t.bytes).sum();
+            stats.recovered_dropped_frames = report.torn_tails.iter().map(|t| t.frames_dropped).sum();
+            stats.recovery_skipped_ranges = report.skipped.len() as u64;
+        }
+        stats
+    }
+}

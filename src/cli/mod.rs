@@ -1,4 +1,0 @@
-//! The `oncedb` command line: `oncedb bench`.
-
-pub mod bench;
-pub mod workload;

@@ -1,0 +1,426 @@
+//! The engine core: hashing, the clock and its high-water bucket, lease ids, and the
+//! order of "change the index, then log it, then wait for durability". The API sits on
+//! top; the index and the log sit below and do not know each other.
+
+pub(crate) mod recovery;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::base::config::{Durability, FullPolicy, RecoveryMode};
+use crate::base::error::{Error, Result};
+use crate::base::fingerprint::{Fingerprint, Hasher, random_secret};
+use crate::base::finish::Finish;
+use crate::base::limits::{LEASE_ID_LIMIT, MAX_BATCH_KEYS};
+use crate::base::time::Clock;
+use crate::base::window::Window;
+use crate::index::records::RecordSnapshot;
+use crate::index::shard::{Reserved, Shard};
+use crate::index::{Index, IndexConfig, IndexStats, touch_group};
+use crate::io::Storage;
+use crate::log::entry::LogEntry;
+use crate::log::journal::{Journal, JournalStats, Ticket};
+use crate::log::report::RecoveryReport;
+
+/// Everything the engine is built from, as plain values (the API's `Options` validated).
+#[derive(Clone)]
+pub(crate) struct Config {
+    pub(crate) dir: Option<PathBuf>,
+    pub(crate) window: Window,
+    pub(crate) durability: Durability,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) shards: usize,
+    pub(crate) expected_keys: u64,
+    pub(crate) max_key_bytes: usize,
+    pub(crate) max_response_bytes: usize,
+    pub(crate) segment_max_bytes: u64,
+    pub(crate) storage: Arc<dyn Storage>,
+    pub(crate) shard_capacity: Option<u64>,
+    pub(crate) full_policy: FullPolicy,
+    pub(crate) recovery_mode: RecoveryMode,
+}
+
+impl Config {
+    fn index_config(&self, expected_keys: u64) -> IndexConfig {
+        IndexConfig {
+            window: self.window,
+            shards: self.shards,
+            expected_keys,
+            shard_capacity: self.shard_capacity,
+            full_policy: self.full_policy,
+        }
+    }
+
+    /// An empty index at `bucket`, sized for `expected_keys`.
+    pub(crate) fn build_index(&self, expected_keys: u64, bucket: u64) -> Result<Index> {
+        Index::new(self.index_config(expected_keys), bucket).map_err(|_| {
+            Error::InvalidOptions(format!(
+                "tables for {expected_keys} expected keys cannot be allocated"
+            ))
+        })
+    }
+}
+
+/// What recovery (or a fresh in-memory open) assembles the engine from.
+pub(crate) struct Parts {
+    pub(crate) index: Index,
+    pub(crate) secret: u64,
+    pub(crate) high_water: u64,
+    pub(crate) next_lease: u64,
+    pub(crate) journal: Option<Journal>,
+    pub(crate) recovery: Option<RecoveryReport>,
+}
+
+/// A database: the index, the journal, and what orders calls between them.
+pub(crate) struct Engine {
+    index: Index,
+    hasher: Hasher,
+    window: Window,
+    clock: Arc<dyn Clock>,
+    /// Highest bucket any operation has seen; time never moves backwards past it.
+    high_water: AtomicU64,
+    opened_bucket: u64,
+    next_lease: AtomicU64,
+    max_key_bytes: usize,
+    max_response_bytes: usize,
+    journal: Option<Journal>,
+    recovery: Option<RecoveryReport>,
+}
+
+/// Counts and sizes of every room, for the API's `Stats`.
+pub(crate) struct EngineStats {
+    pub(crate) index: IndexStats,
+    pub(crate) journal: Option<JournalStats>,
+    pub(crate) buckets_dropped: u64,
+}
+
+/// What a reserve found, with the lease id and creation time of an acquired record.
+pub(crate) enum Reservation {
+    Acquired {
+        fingerprint: Fingerprint,
+        lease_id: u64,
+        since_ms: u64,
+    },
+    InFlight { since_ms: u64 },
+    Completed(RecordSnapshot),
+    Failed(RecordSnapshot),
+    Mismatch,
+}
+
+impl Engine {
+    /// Opens the store `config` describes: in memory, or recovered from its directory.
+    pub(crate) fn open(config: &Config) -> Result<Engine> {
+        if config.dir.is_some() {
+            return recovery::open(config);
+        }
+        let bucket = config.window.bucket_of(config.clock.now_ms());
+        let index = config.build_index(config.expected_keys, bucket)?;
+        Ok(Engine::from_parts(
+            config,
+            Parts {
+                index,
+                secret: random_secret(),
+                high_water: bucket,
+                next_lease: 1,
+                journal: None,
+                recovery: None,
+            },
+        ))
+    }
+
+    /// Assembles an engine; its bucket count starts at `parts.high_water`.
+    pub(crate) fn from_parts(config: &Config, parts: Parts) -> Engine {
+        Engine {
+            index: parts.index,
+            hasher: Hasher::new(parts.secret),
+            window: config.window,
+            clock: Arc::clone(&config.clock),
+            high_water: AtomicU64::new(parts.high_water),
+            opened_bucket: parts.high_water,
+            next_lease: AtomicU64::new(parts.next_lease),
+            max_key_bytes: config.max_key_bytes,
+            max_response_bytes: config.max_response_bytes,
+            journal: parts.journal,
+            recovery: parts.recovery,
+        }
+    }
+
+    /// The current bucket, never lower than one already seen.
+    fn current_bucket(&self) -> u64 {
+        let now = self.window.bucket_of(self.clock.now_ms());
+        let seen = self.high_water.load(Ordering::Acquire);
+        if now > seen {
+            self.high_water.fetch_max(now, Ordering::AcqRel).max(now)
+        } else {
+            seen
+        }
+    }
+
+    pub(crate) fn check_key(&self, key: &[u8]) -> Result<()> {
+        if key.is_empty() {
+            return Err(Error::EmptyKey);
+        }
+        if key.len() > self.max_key_bytes {
+            return Err(Error::KeyTooLong {
+                len: key.len(),
+                max: self.max_key_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn check_response(&self, response: &[u8]) -> Result<()> {
+        if response.len() > self.max_response_bytes {
+            return Err(Error::ResponseTooLarge {
+                len: response.len(),
+                max: self.max_response_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    fn check_writable(&self) -> Result<()> {
+        match &self.journal {
+            Some(journal) => journal.check_writable(),
+            None => Ok(()),
+        }
+    }
+
+    /// A fresh lease id; ids never reach [`LEASE_ID_LIMIT`], so the counter cannot wrap.
+    fn next_lease_id(&self) -> Result<u64> {
+        let id = self.next_lease.fetch_add(1, Ordering::Relaxed);
+        if id >= LEASE_ID_LIMIT {
+            self.next_lease.store(LEASE_ID_LIMIT, Ordering::Relaxed);
+            return Err(Error::LeaseIdsExhausted);
+        }
+        Ok(id)
+    }
+
+    /// Appends `entries` (no-op in memory) and returns what to wait for.
+    fn enqueue(&self, entries: &[LogEntry<'_>]) -> Result<Option<Ticket>> {
+        match &self.journal {
+            Some(journal) => {
+                let bucket = self.high_water.load(Ordering::Acquire);
+                journal.enqueue(bucket, entries).map(Some)
+            }
+            None => Ok(None),
+        }
+    }
+
+    fn wait(&self, ticket: Option<Ticket>) -> Result<()> {
+        match (&self.journal, ticket) {
+            (Some(journal), Some(ticket)) => journal.wait(ticket),
+            _ => Ok(()),
+        }
+    }
+
+    /// Admits `key` unless it is live; logs it stamped with the bucket it got.
+    pub(crate) fn insert_if_absent(&self, key: &[u8]) -> Result<bool> {
+        self.check_key(key)?;
+        self.check_writable()?;
+        let bucket = self.current_bucket();
+        let fingerprint = self.hasher.key(key);
+        let (admitted, stamp) = {
+            let mut shard = self.index.lock(fingerprint, bucket);
+            let admitted = shard.insert_key(fingerprint)?;
+            shard.after_writes(1);
+            (admitted, shard.current())
+        };
+        if admitted {
+            let ticket = self.enqueue(&[LogEntry::Keys {
+                bucket: stamp,
+                fingerprints: &[fingerprint],
+            }])?;
+            self.wait(ticket)?;
+        }
+        Ok(admitted)
+    }
+
+    /// Admits many keys: each shard locked once, one log append, at most one fsync.
+    pub(crate) fn insert_many<K: AsRef<[u8]>>(&self, keys: &[K], admitted: &mut Vec<bool>) -> Result<()> {
+        if keys.len() > MAX_BATCH_KEYS {
+            return Err(Error::BatchTooLarge {
+                len: keys.len(),
+                max: MAX_BATCH_KEYS,
+            });
+        }
+        for key in keys {
+            self.check_key(key.as_ref())?;
+        }
+        self.check_writable()?;
+        admitted.clear();
+        admitted.resize(keys.len(), false);
+        let fingerprints: Vec<Fingerprint> =
+            keys.iter().map(|k| self.hasher.key(k.as_ref())).collect();
+        let mut stamps = vec![0u64; keys.len()];
+        let bucket = self.current_bucket();
+        let order = self.index.group_by_shard(&fingerprints);
+        let groups: Vec<&[u32]> = self.index.shard_groups(&fingerprints, &order).collect();
+        let lock_group = |group: &[u32]| self.index.lock(fingerprints[group[0] as usize], bucket);
+        let mut insert = |shard: &mut Shard, group: &[u32]| {
+            insert_group(shard, group, &fingerprints, admitted);
+            for &index in group {
+                stamps[index as usize] = shard.current();
+            }
+        };
+        if self.index.bounded() {
+            // Hold every shard of the batch (in ascending order, so batches cannot
+            // deadlock) until all have room: a full store admits none of the batch.
+            let mut shards = Vec::with_capacity(groups.len());
+            for group in &groups {
+                let mut shard = lock_group(group);
+                shard.reserve_room(group.iter().map(|&i| fingerprints[i as usize]))?;
+                shards.push(shard);
+            }
+            for (group, mut shard) in groups.iter().zip(shards) {
+                insert(&mut shard, group);
+            }
+        } else if !groups.is_empty() {
+            // Start at a shard that depends on the batch, so that concurrent batches do
+            // not walk the shards in lockstep and queue behind each other.
+            let start = (fingerprints[0].tag() % groups.len() as u64) as usize;
+            for group in groups[start..].iter().chain(&groups[..start]) {
+                insert(&mut lock_group(group), group);
+            }
+        }
+        if self.journal.is_some() {
+            self.log_admitted(&fingerprints, &stamps, admitted)?;
+        }
+        Ok(())
+    }
+
+    /// Logs the admitted keys of a batch, one entry per bucket stamp (almost always one).
+    fn log_admitted(&self, fingerprints: &[Fingerprint], stamps: &[u64], admitted: &[bool]) -> Result<()> {
+        let mut new: Vec<(u64, Fingerprint)> = fingerprints
+            .iter()
+            .zip(stamps)
+            .zip(admitted)
+            .filter(|&(_, &yes)| yes)
+            .map(|((&fp, &stamp), _)| (stamp, fp))
+            .collect();
+        if new.is_empty() {
+            return Ok(());
+        }
+        new.sort_by_key(|&(stamp, _)| stamp);
+        let fps: Vec<Fingerprint> = new.iter().map(|&(_, fp)| fp).collect();
+        let entries: Vec<LogEntry<'_>> = new
+            .chunk_by(|a, b| a.0 == b.0)
+            .scan(0usize, |start, run| {
+                let entry = LogEntry::Keys {
+                    bucket: run[0].0,
+                    fingerprints: &fps[*start..*start + run.len()],
+                };
+                *start += run.len();
+                Some(entry)
+            })
+            .collect();
+        let ticket = self.enqueue(&entries)?;
+        self.wait(ticket)
+    }
+
+    /// Whether `key` is live. Read only.
+    pub(crate) fn contains(&self, key: &[u8]) -> Result<bool> {
+        self.check_key(key)?;
+        let bucket = self.current_bucket();
+        let fingerprint = self.hasher.key(key);
+        Ok(self.index.lock(fingerprint, bucket).contains_key(fingerprint))
+    }
+
+    /// Looks up or creates the record of `scoped_key`. A new record is logged under the
+    /// shard lock, so the log holds the records of one key in the order memory saw them.
+    pub(crate) fn reserve(&self, scoped_key: &[u8], request: &[u8]) -> Result<Reservation> {
+        self.check_writable()?;
+        let fingerprint = self.hasher.record(scoped_key);
+        let request_hash = self.hasher.request(request);
+        let now_ms = self.clock.now_ms();
+        let bucket = self.current_bucket();
+        let (reserved, ticket) = {
+            let mut shard = self.index.lock(fingerprint, bucket);
+            let reserved = shard.reserve(fingerprint, scoped_key, request_hash, now_ms, || {
+                self.next_lease_id()
+            })?;
+            let ticket = match reserved {
+                Reserved::Acquired { lease_id, bucket } => self.enqueue(&[LogEntry::Reserve {
+                    fingerprint,
+                    lease_id,
+                    request_hash,
+                    created_ms: now_ms,
+                    bucket,
+                    scoped_key,
+                }])?,
+                _ => None,
+            };
+            (reserved, ticket)
+        };
+        self.wait(ticket)?;
+        Ok(match reserved {
+            Reserved::Acquired { lease_id, .. } => Reservation::Acquired {
+                fingerprint,
+                lease_id,
+                since_ms: now_ms,
+            },
+            Reserved::InFlight { since_ms } => Reservation::InFlight { since_ms },
+            Reserved::Completed(record) => Reservation::Completed(record),
+            Reserved::Failed(record) => Reservation::Failed(record),
+            Reserved::Mismatch => Reservation::Mismatch,
+        })
+    }
+
+    /// The live record of `scoped_key`, if any.
+    pub(crate) fn get(&self, scoped_key: &[u8]) -> Result<Option<RecordSnapshot>> {
+        let fingerprint = self.hasher.record(scoped_key);
+        let bucket = self.current_bucket();
+        self.index.lock(fingerprint, bucket).get(fingerprint, scoped_key)
+    }
+
+    /// Ends lease `lease_id` of the record of `fingerprint`, logged under the shard lock.
+    /// An input error (a response over the limit) is reported before anything changes.
+    pub(crate) fn finish(&self, fingerprint: Fingerprint, lease_id: u64, finish: Finish) -> Result<()> {
+        self.check_response(finish.response())?;
+        self.check_writable()?;
+        let now_ms = self.clock.now_ms();
+        let bucket = self.current_bucket();
+        let ticket = {
+            let mut shard = self.index.lock(fingerprint, bucket);
+            shard.finish(fingerprint, lease_id, &finish, now_ms)?;
+            self.enqueue(&[LogEntry::Finish {
+                fingerprint,
+                lease_id,
+                at_ms: now_ms,
+                finish: &finish,
+            }])?
+        };
+        self.wait(ticket)
+    }
+
+    /// Durability barrier.
+    pub(crate) fn flush(&self) -> Result<()> {
+        match &self.journal {
+            Some(journal) => journal.flush(),
+            None => Ok(()),
+        }
+    }
+
+    pub(crate) fn recovery_report(&self) -> Option<&RecoveryReport> {
+        self.recovery.as_ref()
+    }
+
+    pub(crate) fn stats(&self) -> EngineStats {
+        let bucket = self.current_bucket();
+        EngineStats {
+            index: self.index.stats(bucket),
+            journal: self.journal.as_ref().map(Journal::stats),
+            buckets_dropped: bucket - self.opened_bucket,
+        }
+    }
+}
+
+/// Admits the keys of one shard's group, in order, after loading their home slots.
+fn insert_group(shard: &mut Shard, group: &[u32], fingerprints: &[Fingerprint], admitted: &mut [bool]) {
+    touch_group(shard, group, fingerprints);
+    for &index in group {
+        admitted[index as usize] = shard.insert_key_unchecked(fingerprints[index as usize]);
+    }
+    shard.after_writes(group.len());
+}

@@ -1,0 +1,412 @@
+//! Opening a durable store: lock, manifest, expiry, replay, torn-tail repair, seal.
+//! Recovery builds an index, replays the log into it, starts the journal, and hands the
+//! parts to [`Engine::from_parts`]: it sets no field of a finished engine.
+
+use std::collections::BTreeSet;
+use std::io::ErrorKind;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::{Config, Engine, Parts};
+use crate::base::config::RecoveryMode;
+use crate::base::error::{Error, Result};
+use crate::base::fingerprint::{Fingerprint, random_secret};
+use crate::base::finish::Finish;
+use crate::base::window::Window;
+use crate::index::Index;
+use crate::index::shard::NewRecord;
+use crate::io::Storage;
+use crate::log::entry::{DecodedEntry, DecodedFinish, encode_mark};
+use crate::log::format::{MAX_SEGMENT_FILE_BYTES, SEGMENT_HEADER_LEN, frame_seed};
+use crate::log::journal::{Journal, JournalConfig};
+use crate::log::manifest::{MANIFEST_NAME, Manifest};
+use crate::log::names::{LOCK_NAME, MANIFEST_TEMP_NAME, parse_segment_name, segment_path};
+use crate::log::report::{RecoveryReport, SkippedRange, TornTail};
+use crate::log::scan::{Scan, Verdict, scan};
+use crate::log::verify::header_problem;
+
+/// One live segment to replay.
+struct Segment {
+    path: PathBuf,
+    bucket: u64,
+    seq: u32,
+    newest: bool,
+}
+
+/// What replay carries from segment to segment.
+struct Replay<'a> {
+    storage: &'a dyn Storage,
+    index: &'a Index,
+    mode: RecoveryMode,
+    seed: u64,
+    database_id: u64,
+    /// Highest lease id replayed.
+    max_lease: u64,
+    report: RecoveryReport,
+}
+
+/// Opens the durable store of `config.dir`.
+pub(crate) fn open(config: &Config) -> Result<Engine> {
+    let Some(dir) = config.dir.clone() else {
+        unreachable!("recovery is only called for durable stores");
+    };
+    let storage: &dyn Storage = &*config.storage;
+    storage.create_dir_all(&dir)?;
+    let lock = storage.lock(&dir.join(LOCK_NAME)).map_err(|err| {
+        if err.kind() == ErrorKind::WouldBlock {
+            Error::Locked(dir.clone())
+        } else {
+            Error::Io(err)
+        }
+    })?;
+    let segments = list_segments(storage, &dir)?;
+    let manifest = load_or_create_manifest(config, storage, &dir, segments.is_empty())?;
+    let window = config.window;
+    let clock_bucket = window.bucket_of(config.clock.now_ms());
+    let newest = segments.last().map_or(0, |&(bucket, _)| bucket);
+    let high_water = clock_bucket.max(newest);
+
+    let mut report = RecoveryReport {
+        mode: config.recovery_mode,
+        ..RecoveryReport::default()
+    };
+    let live = delete_expired(storage, &dir, &segments, window, high_water, &mut report)?;
+    let start = live.first().map_or(high_water, |&(bucket, _)| bucket);
+    let seed = frame_seed(manifest.secret);
+    let logged = count_logged_keys(storage, &dir, &live, seed);
+    let index = config.build_index(config.expected_keys.max(logged), start)?;
+    let mut replay = Replay {
+        storage,
+        index: &index,
+        mode: config.recovery_mode,
+        seed,
+        database_id: manifest.database_id(),
+        max_lease: 0,
+        report,
+    };
+    let mut kept = BTreeSet::new();
+    for (position, &(bucket, seq)) in live.iter().enumerate() {
+        let segment = Segment {
+            path: segment_path(&dir, bucket, seq),
+            bucket,
+            seq,
+            newest: position + 1 == live.len(),
+        };
+        if replay.segment(&segment)? {
+            kept.insert((bucket, seq));
+        }
+    }
+    let (max_lease, report) = (replay.max_lease, replay.report);
+    let journal = Journal::new(JournalConfig {
+        storage: Arc::clone(&config.storage),
+        dir,
+        durability: config.durability,
+        window,
+        database_id: manifest.database_id(),
+        frame_seed: seed,
+        segment_max_bytes: config.segment_max_bytes,
+        segments: kept,
+        lock,
+        segments_deleted: report.segments_deleted,
+    })?;
+    Ok(Engine::from_parts(
+        config,
+        Parts {
+            index,
+            secret: manifest.secret,
+            high_water,
+            next_lease: max_lease + 1,
+            journal: Some(journal),
+            recovery: Some(report),
+        },
+    ))
+}
+
+/// Keys and records the live segments admit, counted from their valid frames, so the
+/// tables can be sized once instead of growing during replay. Damage is left to replay
+/// to report; a file that cannot be read counts as empty here.
+fn count_logged_keys(storage: &dyn Storage, dir: &Path, segments: &[(u64, u32)], seed: u64) -> u64 {
+    let mut keys = 0;
+    for &(bucket, seq) in segments {
+        let Ok(bytes) = storage.read(&segment_path(dir, bucket, seq), MAX_SEGMENT_FILE_BYTES)
+        else {
+            continue;
+        };
+        for (_, entry) in scan(&bytes, seed).frames {
+            keys += match entry {
+                DecodedEntry::Keys { fingerprints, .. } => fingerprints.len() as u64,
+                DecodedEntry::Reserve { .. } => 1,
+                DecodedEntry::Finish { .. } | DecodedEntry::Mark { .. } => 0,
+            };
+        }
+    }
+    keys
+}
+
+/// Segment files of `dir` in replay order; any other name is ignored. A stale manifest
+/// temp file is removed.
+fn list_segments(storage: &dyn Storage, dir: &Path) -> Result<Vec<(u64, u32)>> {
+    let mut segments = Vec::new();
+    for path in storage.list(dir)? {
+        if let Some(id) = parse_segment_name(&path) {
+            segments.push(id);
+        } else if path.file_name().is_some_and(|name| name == MANIFEST_TEMP_NAME) {
+            storage.remove(&path)?;
+        }
+    }
+    segments.sort_unstable();
+    Ok(segments)
+}
+
+fn load_or_create_manifest(
+    config: &Config,
+    storage: &dyn Storage,
+    dir: &Path,
+    no_segments: bool,
+) -> Result<Manifest> {
+    let window_ms = config.window.width_ms * config.window.span;
+    let width_ms = config.window.width_ms;
+    if let Some(manifest) = Manifest::load(storage, dir)? {
+        if manifest.window_ms != window_ms || manifest.bucket_width_ms != width_ms {
+            return Err(Error::IncompatibleOptions(format!(
+                "{} was created with window {} ms and bucket_width {} ms; opened with {} ms and {} ms",
+                dir.display(),
+                manifest.window_ms,
+                manifest.bucket_width_ms,
+                window_ms,
+                width_ms
+            )));
+        }
+        return Ok(manifest);
+    }
+    if !no_segments {
+        return Err(Error::Corrupted {
+            path: dir.join(MANIFEST_NAME),
+            offset: 0,
+            reason: "segments exist but the manifest is missing".into(),
+        });
+    }
+    let manifest = Manifest {
+        secret: random_secret(),
+        window_ms,
+        bucket_width_ms: width_ms,
+    };
+    manifest.store(storage, dir)?;
+    Ok(manifest)
+}
+
+/// Unlinks segments whose bucket has left the window; returns the rest.
+fn delete_expired(
+    storage: &dyn Storage,
+    dir: &Path,
+    segments: &[(u64, u32)],
+    window: Window,
+    current: u64,
+    report: &mut RecoveryReport,
+) -> Result<Vec<(u64, u32)>> {
+    let (expired, live): (Vec<_>, Vec<_>) = segments
+        .iter()
+        .partition(|&&(bucket, _)| !window.is_live(bucket, current));
+    for &(bucket, seq) in &expired {
+        storage.remove(&segment_path(dir, bucket, seq))?;
+        report.segments_deleted += 1;
+    }
+    if !expired.is_empty() {
+        storage.sync_dir(dir)?;
+    }
+    Ok(live)
+}
+
+fn corrupted(path: &Path, offset: u64, reason: &str) -> Error {
+    Error::Corrupted {
+        path: path.to_path_buf(),
+        offset,
+        reason: reason.to_string(),
+    }
+}
+
+impl Replay<'_> {
+    /// Replays one segment. Returns false if the newest segment had no valid header and
+    /// was removed (a crash while creating it).
+    fn segment(&mut self, segment: &Segment) -> Result<bool> {
+        let path = &segment.path;
+        let bytes = match self.storage.read(path, MAX_SEGMENT_FILE_BYTES) {
+            Ok(bytes) => bytes,
+            Err(err) if err.kind() == ErrorKind::InvalidData => {
+                return Err(corrupted(path, 0, "segment file exceeds the size limit"));
+            }
+            Err(err) => return Err(err.into()),
+        };
+        let scanned = scan(&bytes, self.seed);
+        let problem = header_problem(&scanned.header, segment.bucket, segment.seq, self.database_id);
+        if let Some(reason) = problem {
+            if segment.newest && bytes.len() <= SEGMENT_HEADER_LEN {
+                return self.remove_torn_header(path, bytes.len() as u64);
+            }
+            self.damaged(path, 0, bytes.len() as u64, reason)?;
+        }
+        match scanned.verdict(segment.newest) {
+            Verdict::Clean => self.apply_all(segment, &scanned, u64::MAX)?,
+            Verdict::TornTail {
+                offset,
+                frames_dropped,
+            } => {
+                self.apply_all(segment, &scanned, offset)?;
+                self.cut_tail(path, offset, scanned.len, frames_dropped)?;
+            }
+            Verdict::Corrupted { offset, reason } => {
+                self.damaged(path, offset, scanned.len, reason)?;
+                for damage in &scanned.damage {
+                    self.skipped(path, damage.start, damage.end, damage.reason);
+                }
+                self.apply_all(segment, &scanned, u64::MAX)?;
+                return Ok(true);
+            }
+        }
+        if segment.newest {
+            self.seal_newest(path, &scanned)?;
+        }
+        Ok(true)
+    }
+
+    /// Under `Strict`, damage is an error; under `Salvage`, it is reported and skipped.
+    fn damaged(&mut self, path: &Path, offset: u64, end: u64, reason: &str) -> Result<()> {
+        match self.mode {
+            RecoveryMode::Strict => Err(corrupted(path, offset, reason)),
+            RecoveryMode::Salvage => {
+                if offset == 0 && end > 0 {
+                    self.skipped(path, 0, SEGMENT_HEADER_LEN.min(end as usize) as u64, reason);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn skipped(&mut self, path: &Path, start: u64, end: u64, reason: &str) {
+        log::warn!(
+            "oncedb: salvage skipped bytes {start}..{end} of {}: {reason}",
+            path.display()
+        );
+        self.report.skipped.push(SkippedRange {
+            path: path.to_path_buf(),
+            start,
+            end,
+            reason: reason.to_string(),
+        });
+    }
+
+    fn remove_torn_header(&mut self, path: &Path, len: u64) -> Result<bool> {
+        log::warn!("oncedb: removing {} ({len} bytes): its header was torn", path.display());
+        self.storage.remove(path)?;
+        self.storage.sync_dir(path.parent().unwrap_or(Path::new(".")))?;
+        self.report.torn_tails.push(TornTail {
+            path: path.to_path_buf(),
+            offset: 0,
+            bytes: len,
+            frames_dropped: 0,
+        });
+        Ok(false)
+    }
+
+    fn cut_tail(&mut self, path: &Path, offset: u64, len: u64, frames_dropped: u64) -> Result<()> {
+        log::warn!(
+            "oncedb: cutting the torn tail of {} at byte {offset}: {} bytes, {frames_dropped} frames dropped",
+            path.display(),
+            len - offset
+        );
+        let mut file = self.storage.open_append(path, false)?;
+        file.truncate(offset)?;
+        file.sync()?;
+        self.report.torn_tails.push(TornTail {
+            path: path.to_path_buf(),
+            offset,
+            bytes: len - offset,
+            frames_dropped,
+        });
+        Ok(())
+    }
+
+    /// Makes the newest segment's bytes durable (the previous process may have left
+    /// unsynced appends in the page cache) and seals it, so its last commit group is
+    /// vouched for from now on.
+    fn seal_newest(&mut self, path: &Path, scanned: &Scan<'_>) -> Result<()> {
+        let mut file = self.storage.open_append(path, false)?;
+        file.sync()?;
+        if scanned.open_ended() {
+            let len = file.len()?;
+            let mut seal = Vec::new();
+            encode_mark(&mut seal, self.seed, len, len, true);
+            file.append(&seal)?;
+            file.sync()?;
+        }
+        Ok(())
+    }
+
+    /// Applies every valid frame that starts before `end`.
+    fn apply_all(&mut self, segment: &Segment, scanned: &Scan<'_>, end: u64) -> Result<()> {
+        for (frame, entry) in &scanned.frames {
+            if frame.start as u64 >= end {
+                break;
+            }
+            if let Err(reason) = self.apply(segment.bucket, entry) {
+                self.damaged(&segment.path, frame.start as u64, frame.end as u64, reason)?;
+                self.skipped(&segment.path, frame.start as u64, frame.end as u64, reason);
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies one entry of a segment of bucket `segment_bucket`.
+    fn apply(&mut self, segment_bucket: u64, entry: &DecodedEntry<'_>) -> Result<(), &'static str> {
+        let stamp = match entry {
+            DecodedEntry::Keys { bucket, .. } | DecodedEntry::Reserve { bucket, .. } => *bucket,
+            DecodedEntry::Finish { .. } | DecodedEntry::Mark { .. } => segment_bucket,
+        };
+        if stamp > segment_bucket {
+            return Err("entry is stamped later than its segment's bucket");
+        }
+        match entry {
+            DecodedEntry::Keys { bucket, fingerprints } => {
+                let fingerprints: Vec<Fingerprint> = fingerprints.iter().collect();
+                self.index.restore_keys(*bucket, &fingerprints);
+            }
+            DecodedEntry::Reserve {
+                fingerprint,
+                lease_id,
+                request_hash,
+                created_ms,
+                bucket,
+                scoped_key,
+            } => {
+                self.max_lease = self.max_lease.max(*lease_id);
+                let record = NewRecord {
+                    fingerprint: *fingerprint,
+                    scoped_key,
+                    request_hash: *request_hash,
+                    lease_id: *lease_id,
+                    created_ms: *created_ms,
+                };
+                self.index.lock(*fingerprint, *bucket).restore_record(&record, *bucket);
+            }
+            DecodedEntry::Finish {
+                fingerprint,
+                lease_id,
+                at_ms,
+                finish,
+            } => {
+                let finish = match finish {
+                    DecodedFinish::Complete(response) => Finish::Complete(Arc::from(*response)),
+                    DecodedFinish::Fail(response) => Finish::Fail(Arc::from(*response)),
+                    DecodedFinish::Release => Finish::Release,
+                };
+                // A finish applies to the record as the shard stands now: no advance.
+                self.index
+                    .lock(*fingerprint, 0)
+                    .restore_finish(*fingerprint, *lease_id, &finish, *at_ms);
+            }
+            DecodedEntry::Mark { .. } => return Ok(()),
+        }
+        self.report.entries_replayed += 1;
+        Ok(())
+    }
+}
