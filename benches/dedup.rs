@@ -4,7 +4,17 @@
 //!
 //! `cargo bench --bench dedup` (all groups) or `cargo bench --bench dedup -- memory`.
 
-#[path = "../src/cli/workload.rs"]
+#![expect(
+    clippy::cast_possible_truncation,
+    reason = "benchmark tool: sizes and rates fit their types on any machine it runs on"
+)]
+#![expect(
+    clippy::indexing_slicing,
+    reason = "benchmark tool: indices come from the workload it generates"
+)]
+#![expect(clippy::unwrap_used, reason = "benchmark: a failure aborts the run")]
+
+#[path = "../src/bin/oncedb/workload.rs"]
 #[allow(dead_code)]
 mod workload;
 

@@ -1,6 +1,16 @@
 //! Damaged files: every flipped byte and every truncation of real segment and manifest
 //! files gives an error or a valid prefix, never a panic.
 
+#![expect(
+    clippy::cast_possible_truncation,
+    reason = "test code: values are small and chosen by the test"
+)]
+#![expect(
+    clippy::indexing_slicing,
+    reason = "test code: a panic is the test failing"
+)]
+#![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
+
 mod common;
 
 use std::path::{Path, PathBuf};

@@ -2,6 +2,9 @@
 //! SIGKILL after a random number of acknowledged writes, and the parent checks that every
 //! acknowledged key and record survived. Rounds: 20 per mode, or `ONCEDB_CRASH_ROUNDS`.
 
+#![expect(clippy::expect_used, reason = "test code: a panic is the test failing")]
+#![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
+
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};

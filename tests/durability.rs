@@ -1,5 +1,7 @@
 //! Durable stores: reopen, locking, manifest checks, segment expiry, group commit.
 
+#![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
+
 mod common;
 
 use std::time::Duration;

@@ -1,5 +1,10 @@
 //! Bad input gets a clear error and changes nothing.
 
+#![expect(
+    clippy::cast_possible_truncation,
+    reason = "test code: values are small and chosen by the test"
+)]
+
 mod common;
 
 use std::time::Duration;
@@ -98,7 +103,10 @@ fn oversized_responses_are_refused_and_the_lease_survives_the_record() {
         panic!("acquire");
     };
     let err = lease.complete(&[0; 17]).unwrap_err();
-    assert!(matches!(err.error(), Error::ResponseTooLarge { len: 17, max: 16 }));
+    assert!(matches!(
+        err.error(),
+        Error::ResponseTooLarge { len: 17, max: 16 }
+    ));
     assert!(err.to_string().contains("17 bytes"));
     // The record is still in flight: nothing was lost or silently completed.
     assert!(matches!(

@@ -2,6 +2,9 @@
 //! workload, once and persistently. The store must report the failure (and refuse later
 //! writes), and a reopen must hold every write acknowledged before it.
 
+#![expect(clippy::expect_used, reason = "test code: a panic is the test failing")]
+#![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
+
 mod common;
 
 use std::sync::Arc;

@@ -2,6 +2,8 @@
 //! so that every seed and every fixed crash reproducer runs under `cargo test`. The
 //! harnesses live in `tests/fuzzing/` and are shared with the cargo-fuzz targets in `fuzz/`.
 
+#![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
+
 #[path = "fuzzing/reservation_races.rs"]
 mod reservation_races;
 #[path = "fuzzing/segment_decode.rs"]

@@ -1,5 +1,7 @@
 //! `Options::max_keys` under a key flood of ten times the limit, with both policies.
 
+#![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
+
 mod common;
 
 use common::{BUCKET, WINDOW, manual_clock};

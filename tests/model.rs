@@ -1,5 +1,7 @@
 //! A proptest state machine: random operations against a plain model of the semantics.
 
+#![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
+
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

@@ -1,5 +1,10 @@
 //! Concurrent callers racing on the same keys: exactly one wins each key.
 
+#![expect(
+    clippy::cast_possible_truncation,
+    reason = "test code: values are small and chosen by the test"
+)]
+
 mod common;
 
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -1,5 +1,7 @@
 //! Idempotency records: scoping, request binding, lifecycle and replay.
 
+#![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
+
 mod common;
 
 use std::time::Duration;

@@ -5,6 +5,16 @@
 //! mismatches only for other requests, one admission per key and window incarnation.
 //! Operation counts are bounded and nothing sleeps or measures time.
 
+#![expect(
+    clippy::cast_possible_truncation,
+    reason = "test code: values are small and chosen by the test"
+)]
+#![expect(
+    clippy::indexing_slicing,
+    reason = "test code: a panic is the test failing"
+)]
+#![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Barrier, Mutex};
@@ -289,12 +299,14 @@ fn finish(world: &World, held: Held, kind: FinishKind, padding: usize, events: &
         tokens.retain(|&t| t != token);
     }
     world.holders[key as usize].fetch_sub(1, Ordering::SeqCst);
-    let (result, mut event) = world.record(key, request, || match kind {
-        FinishKind::Complete => lease.complete(&response),
-        FinishKind::Fail => lease.fail(&response),
-        FinishKind::Release => lease.release(),
-    }
-    .map_err(Error::from));
+    let (result, mut event) = world.record(key, request, || {
+        match kind {
+            FinishKind::Complete => lease.complete(&response),
+            FinishKind::Fail => lease.fail(&response),
+            FinishKind::Release => lease.release(),
+        }
+        .map_err(Error::from)
+    });
     let lost = match result {
         Ok(()) => false,
         Err(Error::LeaseLost) => true,

@@ -128,6 +128,9 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<VerifyReport> {
 }
 
 /// [`verify`] through a given storage layer (for tests on a simulated disk).
-pub fn verify_with(storage: &dyn crate::io::Storage, dir: impl AsRef<Path>) -> Result<VerifyReport> {
+pub fn verify_with(
+    storage: &dyn crate::io::Storage,
+    dir: impl AsRef<Path>,
+) -> Result<VerifyReport> {
     crate::log::verify::verify_with(storage, dir.as_ref())
 }

@@ -67,7 +67,10 @@ pub struct Stats {
 }
 
 impl Stats {
-    pub(crate) fn from_engine(engine: &EngineStats, recovery: Option<&crate::RecoveryReport>) -> Stats {
+    pub(crate) fn from_engine(
+        engine: &EngineStats,
+        recovery: Option<&crate::RecoveryReport>,
+    ) -> Stats {
         let index = &engine.index;
         let counters = &index.counters;
         let mut stats = Stats {
@@ -102,7 +105,8 @@ impl Stats {
         if let Some(report) = recovery {
             stats.recovered_records = report.entries_replayed;
             stats.recovered_truncated_bytes = report.torn_tails.iter().map(|t| t.bytes).sum();
-            stats.recovered_dropped_frames = report.torn_tails.iter().map(|t| t.frames_dropped).sum();
+            stats.recovered_dropped_frames =
+                report.torn_tails.iter().map(|t| t.frames_dropped).sum();
             stats.recovery_skipped_ranges = report.skipped.len() as u64;
         }
         stats

@@ -1,5 +1,10 @@
 //! Keyed 128-bit fingerprints: one hash per key decides its shard, its slot and its tag.
 
+#![expect(
+    clippy::cast_possible_truncation,
+    reason = "a fingerprint's halves and shard index are taken from its bits on purpose"
+)]
+
 use xxhash_rust::xxh3::xxh3_128_with_seed;
 
 /// Seeds derived from the database secret, one per hash domain so that a dedup key, a

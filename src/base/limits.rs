@@ -20,8 +20,8 @@ pub const MAX_SHARDS: usize = 4096;
 pub const MAX_EXPECTED_KEYS: u64 = 1 << 34;
 
 /// Longest encoded scoped key: two length-prefixed scope parts and a key.
-pub(crate) const MAX_SCOPED_KEY_BYTES: usize = 2 + MAX_SCOPE_PART_BYTES + 2 + MAX_SCOPE_PART_BYTES
-    + MAX_KEY_BYTES_LIMIT;
+pub(crate) const MAX_SCOPED_KEY_BYTES: usize =
+    2 + MAX_SCOPE_PART_BYTES + 2 + MAX_SCOPE_PART_BYTES + MAX_KEY_BYTES_LIMIT;
 /// Lease ids at or above this value are never handed out (nor accepted from disk), so the
 /// counter can neither saturate nor wrap: 2^62 leases at a billion per second last 146
 /// years.

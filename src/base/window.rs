@@ -1,5 +1,10 @@
 //! Time buckets: which bucket a time falls in and whether a bucket is still in the window.
 
+#![expect(
+    clippy::cast_possible_truncation,
+    reason = "slots store buckets as 32 bits compared with wrapping arithmetic; the sweep keeps ages below 2^31"
+)]
+
 /// The window measured in buckets.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Window {

@@ -2,6 +2,15 @@
 //! order of "change the index, then log it, then wait for durability". The API sits on
 //! top; the index and the log sit below and do not know each other.
 
+#![expect(
+    clippy::cast_possible_truncation,
+    reason = "hot path: bucket stamps are 32 bits by design, indices fit the tables they index"
+)]
+#![expect(
+    clippy::indexing_slicing,
+    reason = "hot path: every index is below a length fixed at construction (shard count, table capacity, batch size)"
+)]
+
 pub(crate) mod recovery;
 
 use std::path::PathBuf;
@@ -102,7 +111,9 @@ pub(crate) enum Reservation {
         lease_id: u64,
         since_ms: u64,
     },
-    InFlight { since_ms: u64 },
+    InFlight {
+        since_ms: u64,
+    },
     Completed(RecordSnapshot),
     Failed(RecordSnapshot),
     Mismatch,
@@ -238,7 +249,11 @@ impl Engine {
     }
 
     /// Admits many keys: each shard locked once, one log append, at most one fsync.
-    pub(crate) fn insert_many<K: AsRef<[u8]>>(&self, keys: &[K], admitted: &mut Vec<bool>) -> Result<()> {
+    pub(crate) fn insert_many<K: AsRef<[u8]>>(
+        &self,
+        keys: &[K],
+        admitted: &mut Vec<bool>,
+    ) -> Result<()> {
         if keys.len() > MAX_BATCH_KEYS {
             return Err(Error::BatchTooLarge {
                 len: keys.len(),
@@ -291,7 +306,12 @@ impl Engine {
     }
 
     /// Logs the admitted keys of a batch, one entry per bucket stamp (almost always one).
-    fn log_admitted(&self, fingerprints: &[Fingerprint], stamps: &[u64], admitted: &[bool]) -> Result<()> {
+    fn log_admitted(
+        &self,
+        fingerprints: &[Fingerprint],
+        stamps: &[u64],
+        admitted: &[bool],
+    ) -> Result<()> {
         let mut new: Vec<(u64, Fingerprint)> = fingerprints
             .iter()
             .zip(stamps)
@@ -324,7 +344,10 @@ impl Engine {
         self.check_key(key)?;
         let bucket = self.current_bucket();
         let fingerprint = self.hasher.key(key);
-        Ok(self.index.lock(fingerprint, bucket).contains_key(fingerprint))
+        Ok(self
+            .index
+            .lock(fingerprint, bucket)
+            .contains_key(fingerprint))
     }
 
     /// Looks up or creates the record of `scoped_key`. A new record is logged under the
@@ -371,12 +394,19 @@ impl Engine {
     pub(crate) fn get(&self, scoped_key: &[u8]) -> Result<Option<RecordSnapshot>> {
         let fingerprint = self.hasher.record(scoped_key);
         let bucket = self.current_bucket();
-        self.index.lock(fingerprint, bucket).get(fingerprint, scoped_key)
+        self.index
+            .lock(fingerprint, bucket)
+            .get(fingerprint, scoped_key)
     }
 
     /// Ends lease `lease_id` of the record of `fingerprint`, logged under the shard lock.
     /// An input error (a response over the limit) is reported before anything changes.
-    pub(crate) fn finish(&self, fingerprint: Fingerprint, lease_id: u64, finish: Finish) -> Result<()> {
+    pub(crate) fn finish(
+        &self,
+        fingerprint: Fingerprint,
+        lease_id: u64,
+        finish: Finish,
+    ) -> Result<()> {
         self.check_response(finish.response())?;
         self.check_writable()?;
         let now_ms = self.clock.now_ms();
@@ -417,7 +447,12 @@ impl Engine {
 }
 
 /// Admits the keys of one shard's group, in order, after loading their home slots.
-fn insert_group(shard: &mut Shard, group: &[u32], fingerprints: &[Fingerprint], admitted: &mut [bool]) {
+fn insert_group(
+    shard: &mut Shard,
+    group: &[u32],
+    fingerprints: &[Fingerprint],
+    admitted: &mut [bool],
+) {
     touch_group(shard, group, fingerprints);
     for &index in group {
         admitted[index as usize] = shard.insert_key_unchecked(fingerprints[index as usize]);

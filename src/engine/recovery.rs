@@ -150,7 +150,10 @@ fn list_segments(storage: &dyn Storage, dir: &Path) -> Result<Vec<(u64, u32)>> {
     for path in storage.list(dir)? {
         if let Some(id) = parse_segment_name(&path) {
             segments.push(id);
-        } else if path.file_name().is_some_and(|name| name == MANIFEST_TEMP_NAME) {
+        } else if path
+            .file_name()
+            .is_some_and(|name| name == MANIFEST_TEMP_NAME)
+        {
             storage.remove(&path)?;
         }
     }
@@ -238,7 +241,12 @@ impl Replay<'_> {
             Err(err) => return Err(err.into()),
         };
         let scanned = scan(&bytes, self.seed);
-        let problem = header_problem(&scanned.header, segment.bucket, segment.seq, self.database_id);
+        let problem = header_problem(
+            &scanned.header,
+            segment.bucket,
+            segment.seq,
+            self.database_id,
+        );
         if let Some(reason) = problem {
             if segment.newest && bytes.len() <= SEGMENT_HEADER_LEN {
                 return self.remove_torn_header(path, bytes.len() as u64);
@@ -275,7 +283,7 @@ impl Replay<'_> {
             RecoveryMode::Strict => Err(corrupted(path, offset, reason)),
             RecoveryMode::Salvage => {
                 if offset == 0 && end > 0 {
-                    self.skipped(path, 0, SEGMENT_HEADER_LEN.min(end as usize) as u64, reason);
+                    self.skipped(path, 0, end.min(SEGMENT_HEADER_LEN as u64), reason);
                 }
                 Ok(())
             }
@@ -296,9 +304,13 @@ impl Replay<'_> {
     }
 
     fn remove_torn_header(&mut self, path: &Path, len: u64) -> Result<bool> {
-        log::warn!("oncedb: removing {} ({len} bytes): its header was torn", path.display());
+        log::warn!(
+            "oncedb: removing {} ({len} bytes): its header was torn",
+            path.display()
+        );
         self.storage.remove(path)?;
-        self.storage.sync_dir(path.parent().unwrap_or(Path::new(".")))?;
+        self.storage
+            .sync_dir(path.parent().unwrap_or(Path::new(".")))?;
         self.report.torn_tails.push(TornTail {
             path: path.to_path_buf(),
             offset: 0,
@@ -366,7 +378,10 @@ impl Replay<'_> {
             return Err("entry is stamped later than its segment's bucket");
         }
         match entry {
-            DecodedEntry::Keys { bucket, fingerprints } => {
+            DecodedEntry::Keys {
+                bucket,
+                fingerprints,
+            } => {
                 let fingerprints: Vec<Fingerprint> = fingerprints.iter().collect();
                 self.index.restore_keys(*bucket, &fingerprints);
             }
@@ -386,7 +401,9 @@ impl Replay<'_> {
                     lease_id: *lease_id,
                     created_ms: *created_ms,
                 };
-                self.index.lock(*fingerprint, *bucket).restore_record(&record, *bucket);
+                self.index
+                    .lock(*fingerprint, *bucket)
+                    .restore_record(&record, *bucket);
             }
             DecodedEntry::Finish {
                 fingerprint,
@@ -400,9 +417,12 @@ impl Replay<'_> {
                     DecodedFinish::Release => Finish::Release,
                 };
                 // A finish applies to the record as the shard stands now: no advance.
-                self.index
-                    .lock(*fingerprint, 0)
-                    .restore_finish(*fingerprint, *lease_id, &finish, *at_ms);
+                self.index.lock(*fingerprint, 0).restore_finish(
+                    *fingerprint,
+                    *lease_id,
+                    &finish,
+                    *at_ms,
+                );
             }
             DecodedEntry::Mark { .. } => return Ok(()),
         }

@@ -3,6 +3,15 @@
 //! Below the engine, above `base`: it knows fingerprints, buckets and lease endings, and
 //! nothing of the log, the API or the configuration builder.
 
+#![expect(
+    clippy::cast_possible_truncation,
+    reason = "hot path: bucket stamps are 32 bits by design, indices fit the tables they index"
+)]
+#![expect(
+    clippy::indexing_slicing,
+    reason = "hot path: every index is below a length fixed at construction (shard count, table capacity, batch size)"
+)]
+
 pub(crate) mod counters;
 pub(crate) mod records;
 pub(crate) mod shard;
@@ -55,7 +64,10 @@ pub(crate) struct Index {
 impl Index {
     /// An empty index whose shards start at `bucket`. Fails only if the tables for
     /// `expected_keys` cannot be allocated.
-    pub(crate) fn new(config: IndexConfig, bucket: u64) -> Result<Index, std::collections::TryReserveError> {
+    pub(crate) fn new(
+        config: IndexConfig,
+        bucket: u64,
+    ) -> Result<Index, std::collections::TryReserveError> {
         let per_shard = config.expected_keys.div_ceil(config.shards as u64);
         let per_shard = usize::try_from(per_shard).unwrap_or(usize::MAX);
         // Ask for the whole index's memory once, without touching it, so that a size the

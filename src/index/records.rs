@@ -1,5 +1,10 @@
 //! The idempotency records of one shard, keyed by fingerprint, with full keys compared.
 
+#![expect(
+    clippy::cast_possible_truncation,
+    reason = "the map hashes a fingerprint by its low 64 bits on purpose"
+)]
+
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;

@@ -1,5 +1,14 @@
 //! One shard: a dedup table, a record map, and per-bucket live counts, behind one lock.
 
+#![expect(
+    clippy::cast_possible_truncation,
+    reason = "hot path: bucket stamps are 32 bits by design, indices fit the tables they index"
+)]
+#![expect(
+    clippy::indexing_slicing,
+    reason = "hot path: every index is below a length fixed at construction (shard count, table capacity, batch size)"
+)]
+
 use std::collections::TryReserveError;
 
 use super::counters::Counters;
@@ -23,8 +32,13 @@ const MAX_UNSWEPT_AGE_BUCKETS: u64 = 1 << 30;
 #[derive(Debug)]
 pub(crate) enum Reserved {
     /// A new record in flight under `lease_id`, stamped with bucket `bucket`.
-    Acquired { lease_id: u64, bucket: u64 },
-    InFlight { since_ms: u64 },
+    Acquired {
+        lease_id: u64,
+        bucket: u64,
+    },
+    InFlight {
+        since_ms: u64,
+    },
     Completed(RecordSnapshot),
     Failed(RecordSnapshot),
     Mismatch,
@@ -393,7 +407,10 @@ impl Shard {
         if !window.is_live(stamp, current) {
             return;
         }
-        let newer_exists = match self.records.live_mut(new.fingerprint.0, None, window, current) {
+        let newer_exists = match self
+            .records
+            .live_mut(new.fingerprint.0, None, window, current)
+        {
             Ok(Some(record)) => record.lease_id >= new.lease_id,
             Ok(None) | Err(_) => false,
         };

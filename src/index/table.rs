@@ -6,6 +6,15 @@
 //! incremental sweep removes them with backward-shift deletion: there are no tombstones,
 //! and an insert may reuse an expired slot it passes.
 
+#![expect(
+    clippy::cast_possible_truncation,
+    reason = "hot path: bucket stamps are 32 bits by design, indices fit the tables they index"
+)]
+#![expect(
+    clippy::indexing_slicing,
+    reason = "hot path: every index is below a length fixed at construction (shard count, table capacity, batch size)"
+)]
+
 use std::collections::TryReserveError;
 
 use crate::base::window::Liveness;

@@ -5,6 +5,19 @@
 //! appends vanish, files created or renamed without a directory sync disappear, and files
 //! removed without one come back.
 
+#![expect(
+    clippy::cast_possible_truncation,
+    reason = "a simulated disk in memory: lengths fit usize"
+)]
+#![expect(
+    clippy::expect_used,
+    reason = "a simulated disk: a missing file id is a bug in the double"
+)]
+#![expect(
+    clippy::indexing_slicing,
+    reason = "a simulated disk: ids and offsets come from its own maps"
+)]
+
 use std::any::Any;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;

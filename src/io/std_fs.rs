@@ -1,5 +1,10 @@
 //! [`Storage`] on the real file system.
 
+#![expect(
+    clippy::cast_possible_truncation,
+    reason = "a file read whole was checked against the caller's limit first"
+)]
+
 use std::any::Any;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};

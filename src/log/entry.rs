@@ -72,7 +72,10 @@ impl LogEntry<'_> {
                 bucket,
                 fingerprints,
             } => {
-                assert!(fingerprints.len() <= MAX_BATCH_KEYS, "keys entry over the limit");
+                assert!(
+                    fingerprints.len() <= MAX_BATCH_KEYS,
+                    "keys entry over the limit"
+                );
                 encode_frame(out, seed, position, KIND_KEYS, |out| {
                     out.extend_from_slice(&bucket.to_le_bytes());
                     out.extend_from_slice(&len_u32(fingerprints.len()).to_le_bytes());
@@ -89,7 +92,10 @@ impl LogEntry<'_> {
                 bucket,
                 scoped_key,
             } => {
-                assert!(scoped_key.len() <= MAX_SCOPED_KEY_BYTES, "scoped key over the limit");
+                assert!(
+                    scoped_key.len() <= MAX_SCOPED_KEY_BYTES,
+                    "scoped key over the limit"
+                );
                 assert!(*lease_id < LEASE_ID_LIMIT, "lease id over the limit");
                 encode_frame(out, seed, position, KIND_RESERVE, |out| {
                     out.extend_from_slice(&fingerprint.0.to_le_bytes());
@@ -113,7 +119,10 @@ impl LogEntry<'_> {
                     Finish::Release => KIND_RELEASE,
                 };
                 let response = finish.response();
-                assert!(response.len() <= MAX_RESPONSE_BYTES_LIMIT, "response over the limit");
+                assert!(
+                    response.len() <= MAX_RESPONSE_BYTES_LIMIT,
+                    "response over the limit"
+                );
                 encode_frame(out, seed, position, kind, |out| {
                     out.extend_from_slice(&fingerprint.0.to_le_bytes());
                     out.extend_from_slice(&lease_id.to_le_bytes());
@@ -130,7 +139,10 @@ impl LogEntry<'_> {
 /// `position`, saying that bytes `0..durable` of the segment were fsynced before it was
 /// written.
 pub(crate) fn encode_mark(out: &mut Vec<u8>, seed: u64, position: u64, durable: u64, seal: bool) {
-    assert!(durable <= position, "a mark cannot vouch for bytes after itself");
+    assert!(
+        durable <= position,
+        "a mark cannot vouch for bytes after itself"
+    );
     let kind = if seal { KIND_SEAL } else { KIND_MARK };
     encode_frame(out, seed, position, kind, |out| {
         out.extend_from_slice(&durable.to_le_bytes());
@@ -384,13 +396,14 @@ mod tests {
     #[test]
     fn lengths_are_bounded_by_their_own_limits() {
         let mut keys = vec![0u8; KEYS_FIXED];
-        keys[8..12].copy_from_slice(&(MAX_BATCH_KEYS as u32 + 1).to_le_bytes());
+        keys[8..12].copy_from_slice(&(u32::try_from(MAX_BATCH_KEYS + 1).unwrap()).to_le_bytes());
         assert_eq!(
             decode_entry(KIND_KEYS, &keys, 0),
             Err("keys entry holds more keys than a batch may")
         );
         let mut reserve = vec![0u8; RESERVE_FIXED];
-        reserve[RESERVE_FIXED - 4..].copy_from_slice(&(MAX_SCOPED_KEY_BYTES as u32 + 1).to_le_bytes());
+        reserve[RESERVE_FIXED - 4..]
+            .copy_from_slice(&(u32::try_from(MAX_SCOPED_KEY_BYTES + 1).unwrap()).to_le_bytes());
         assert_eq!(
             decode_entry(KIND_RESERVE, &reserve, 0),
             Err("reserve entry key exceeds the key limit")
@@ -400,7 +413,7 @@ mod tests {
         assert!(decode_entry(KIND_RESERVE, &reserve, 0).is_err());
         let mut finish = vec![0u8; FINISH_FIXED];
         finish[FINISH_FIXED - 4..]
-            .copy_from_slice(&(MAX_RESPONSE_BYTES_LIMIT as u32 + 1).to_le_bytes());
+            .copy_from_slice(&(u32::try_from(MAX_RESPONSE_BYTES_LIMIT + 1).unwrap()).to_le_bytes());
         assert_eq!(
             decode_entry(KIND_COMPLETE, &finish, 0),
             Err("finish entry response exceeds the response limit")

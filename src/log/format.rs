@@ -77,7 +77,11 @@ impl SegmentHeader {
         put(&mut out, SEG_BUCKET_OFFSET, &self.bucket.to_le_bytes());
         put(&mut out, SEG_SEQ_OFFSET, &self.seq.to_le_bytes());
         put(&mut out, SEG_RESERVED_OFFSET, &0u32.to_le_bytes());
-        put(&mut out, SEG_DATABASE_ID_OFFSET, &self.database_id.to_le_bytes());
+        put(
+            &mut out,
+            SEG_DATABASE_ID_OFFSET,
+            &self.database_id.to_le_bytes(),
+        );
         let checksum = xxh3_64(&out[..SEG_CHECKSUM_OFFSET]);
         put(&mut out, SEG_CHECKSUM_OFFSET, &checksum.to_le_bytes());
         out
@@ -127,18 +131,22 @@ pub(crate) fn encode_frame(
     out.resize(start + FRAME_HEADER_LEN, 0);
     write_payload(out);
     let payload_len = out.len() - start - FRAME_HEADER_LEN;
-    assert!(payload_len <= MAX_PAYLOAD_LEN, "frame payload over the limit");
+    assert!(
+        payload_len <= MAX_PAYLOAD_LEN,
+        "frame payload over the limit"
+    );
     let position = u32::try_from(position).unwrap_or_else(|_| unreachable!("segments < 4 GiB"));
     let payload_len = u32::try_from(payload_len).unwrap_or_else(|_| unreachable!("checked"));
-    let frame = &mut out[start..];
+    let (_, frame) = out.split_at_mut(start);
     put(frame, FRAME_LEN_OFFSET, &payload_len.to_le_bytes());
     put(frame, FRAME_KIND_OFFSET, &[kind, 0]);
     put(frame, FRAME_POSITION_OFFSET, &position.to_le_bytes());
-    let check = header_check(seed, &frame[..FRAME_CHECKSUM_OFFSET]);
-    put(frame, FRAME_HEADER_CHECK_OFFSET, &check.to_le_bytes());
-    let (head, payload) = frame.split_at(FRAME_HEADER_LEN);
-    let checksum = frame_checksum(seed, &head[..FRAME_CHECKSUM_OFFSET], payload);
-    put(frame, FRAME_CHECKSUM_OFFSET, &checksum.to_le_bytes());
+    let (head, payload) = frame.split_at_mut(FRAME_HEADER_LEN);
+    let (covered, _) = head.split_at_mut(FRAME_CHECKSUM_OFFSET);
+    let check = header_check(seed, covered);
+    put(covered, FRAME_HEADER_CHECK_OFFSET, &check.to_le_bytes());
+    let checksum = frame_checksum(seed, covered, payload);
+    put(head, FRAME_CHECKSUM_OFFSET, &checksum.to_le_bytes());
 }
 
 /// Low 16 bits of the keyed hash of the header's length, kind, reserved byte and
@@ -147,7 +155,8 @@ fn header_check(seed: u64, head: &[u8]) -> u16 {
     let mut hasher = xxhash_rust::xxh3::Xxh3::with_seed(seed);
     hasher.update(head.get(..FRAME_HEADER_CHECK_OFFSET).unwrap_or_default());
     hasher.update(head.get(FRAME_POSITION_OFFSET..).unwrap_or_default());
-    hasher.digest() as u16
+    let [low, high, ..] = hasher.digest().to_le_bytes();
+    u16::from_le_bytes([low, high])
 }
 
 fn frame_checksum(seed: u64, head: &[u8], payload: &[u8]) -> u64 {
@@ -178,14 +187,20 @@ pub(crate) enum FrameError {
 }
 
 /// Parses the frame starting at `offset` of `bytes`, checked with `seed`.
-pub(crate) fn decode_frame(bytes: &[u8], offset: usize, seed: u64) -> Result<Frame<'_>, FrameError> {
+pub(crate) fn decode_frame(
+    bytes: &[u8],
+    offset: usize,
+    seed: u64,
+) -> Result<Frame<'_>, FrameError> {
     let rest = bytes.get(offset..).unwrap_or_default();
     let Some(head) = rest.get(..FRAME_HEADER_LEN) else {
         return Err(FrameError::Truncated);
     };
     let position = get_u32(head, FRAME_POSITION_OFFSET).map(u64::from);
     if position != Some(offset as u64) {
-        return Err(FrameError::Invalid("frame position does not match its offset"));
+        return Err(FrameError::Invalid(
+            "frame position does not match its offset",
+        ));
     }
     let check = header_check(seed, head.get(..FRAME_CHECKSUM_OFFSET).unwrap_or_default());
     if get_u16(head, FRAME_HEADER_CHECK_OFFSET) != Some(check) {
@@ -269,12 +284,17 @@ mod tests {
         let mut buf = Vec::new();
         encode_frame(&mut buf, seed, 0, 7, |out| out.extend_from_slice(b"hello"));
         let second_at = buf.len() as u64;
-        encode_frame(&mut buf, seed, second_at, 8, |out| out.extend_from_slice(b""));
+        encode_frame(&mut buf, seed, second_at, 8, |out| {
+            out.extend_from_slice(b"")
+        });
         let first = decode_frame(&buf, 0, seed).unwrap();
         assert_eq!((first.kind, first.payload), (7, &b"hello"[..]));
         let second = decode_frame(&buf, first.end, seed).unwrap();
         assert_eq!((second.kind, second.end), (8, buf.len()));
-        assert_eq!(decode_frame(&buf, buf.len(), seed), Err(FrameError::Truncated));
+        assert_eq!(
+            decode_frame(&buf, buf.len(), seed),
+            Err(FrameError::Truncated)
+        );
         assert_eq!(
             decode_frame(&buf[..first.end - 1], 0, seed),
             Err(FrameError::Truncated)

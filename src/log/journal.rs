@@ -164,7 +164,10 @@ impl Journal {
     pub(crate) fn enqueue(&self, bucket: u64, entries: &[LogEntry<'_>]) -> Result<Ticket> {
         let shared = &*self.shared;
         let needed: usize = entries.iter().map(LogEntry::encoded_len).sum();
-        assert!(needed <= MAX_APPEND_BYTES, "one append is bounded by the frame limit");
+        assert!(
+            needed <= MAX_APPEND_BYTES,
+            "one append is bounded by the frame limit"
+        );
         let mut state = shared.state.lock();
         shared.check_writable()?;
         shared.ensure_segment(&mut state, bucket, needed as u64)?;
@@ -176,7 +179,13 @@ impl Journal {
         if state.buffer.is_empty() {
             // The group's mark; the leader fills in the durable length when it writes.
             active.group_mark = Some(active.appended_len);
-            encode_mark(&mut state.buffer, shared.seed, active.appended_len, active.synced_len, false);
+            encode_mark(
+                &mut state.buffer,
+                shared.seed,
+                active.appended_len,
+                active.synced_len,
+                false,
+            );
             active.appended_len += MARK_FRAME_LEN as u64;
         }
         for entry in entries {
@@ -187,7 +196,9 @@ impl Journal {
         }
         let added = (state.buffer.len() - before) as u64;
         state.appended += added;
-        shared.records.fetch_add(entries.len() as u64, Ordering::Relaxed);
+        shared
+            .records
+            .fetch_add(entries.len() as u64, Ordering::Relaxed);
         shared.bytes.fetch_add(added, Ordering::Relaxed);
         Ok(Ticket(state.appended))
     }

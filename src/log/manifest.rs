@@ -44,11 +44,19 @@ impl Manifest {
     pub(crate) fn encode(&self) -> [u8; MANIFEST_LEN] {
         let mut out = [0u8; MANIFEST_LEN];
         put(&mut out, MAN_MAGIC_OFFSET, &MANIFEST_MAGIC);
-        put(&mut out, MAN_VERSION_OFFSET, &MANIFEST_VERSION.to_le_bytes());
+        put(
+            &mut out,
+            MAN_VERSION_OFFSET,
+            &MANIFEST_VERSION.to_le_bytes(),
+        );
         put(&mut out, MAN_FLAGS_OFFSET, &0u32.to_le_bytes());
         put(&mut out, MAN_SECRET_OFFSET, &self.secret.to_le_bytes());
         put(&mut out, MAN_WINDOW_OFFSET, &self.window_ms.to_le_bytes());
-        put(&mut out, MAN_BUCKET_WIDTH_OFFSET, &self.bucket_width_ms.to_le_bytes());
+        put(
+            &mut out,
+            MAN_BUCKET_WIDTH_OFFSET,
+            &self.bucket_width_ms.to_le_bytes(),
+        );
         let checksum = xxh3_64(&out[..MAN_CHECKSUM_OFFSET]);
         put(&mut out, MAN_CHECKSUM_OFFSET, &checksum.to_le_bytes());
         out

@@ -19,7 +19,8 @@ pub(crate) fn parse_segment_name(path: &Path) -> Option<(u64, u32)> {
     let name = path.file_name()?.to_str()?;
     let rest = name.strip_prefix("seg-")?.strip_suffix(".log")?;
     let (bucket, seq) = rest.split_once('-')?;
-    let digits = |field: &str, len: usize| field.len() == len && field.bytes().all(|b| b.is_ascii_digit());
+    let digits =
+        |field: &str, len: usize| field.len() == len && field.bytes().all(|b| b.is_ascii_digit());
     if !digits(bucket, 20) || !digits(seq, 10) {
         return None;
     }

@@ -124,12 +124,14 @@ impl VerifyReport {
         if let Some(problem) = &self.manifest_problem {
             return Some((PathBuf::from("MANIFEST"), 0, problem.clone()));
         }
-        self.segments.iter().find_map(|segment| match &segment.state {
-            SegmentState::Corrupted { offset, reason } => {
-                Some((segment.path.clone(), *offset, reason.clone()))
-            }
-            SegmentState::Clean | SegmentState::TornTail { .. } => None,
-        })
+        self.segments
+            .iter()
+            .find_map(|segment| match &segment.state {
+                SegmentState::Corrupted { offset, reason } => {
+                    Some((segment.path.clone(), *offset, reason.clone()))
+                }
+                SegmentState::Clean | SegmentState::TornTail { .. } => None,
+            })
     }
 }
 
@@ -139,10 +141,10 @@ impl fmt::Display for VerifyReport {
             writeln!(f, "MANIFEST: {problem}")?;
         }
         for segment in &self.segments {
-            let name = segment
-                .path
-                .file_name()
-                .map_or_else(|| segment.path.display().to_string(), |n| n.to_string_lossy().into_owned());
+            let name = segment.path.file_name().map_or_else(
+                || segment.path.display().to_string(),
+                |n| n.to_string_lossy().into_owned(),
+            );
             write!(
                 f,
                 "{name}: {} bytes, {} frames, {} keys, {} records, {} finishes{}",

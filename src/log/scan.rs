@@ -34,9 +34,15 @@ pub(crate) enum Verdict {
     Clean,
     /// The segment ends in bytes no fsync ever covered, cut short by a crash (or damaged
     /// in a way that cannot be told apart from that: the last commit group only).
-    TornTail { offset: u64, frames_dropped: u64 },
+    TornTail {
+        offset: u64,
+        frames_dropped: u64,
+    },
     /// Bytes that were durable do not verify.
-    Corrupted { offset: u64, reason: &'static str },
+    Corrupted {
+        offset: u64,
+        reason: &'static str,
+    },
 }
 
 /// Scans `bytes` as a segment whose frames are keyed with `seed`.

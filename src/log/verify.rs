@@ -36,7 +36,10 @@ pub(crate) fn verify_with(storage: &dyn Storage, dir: &Path) -> Result<VerifyRep
             Some(id) => segments.push(id),
             None => {
                 let known = [LOCK_NAME, MANIFEST_NAME, MANIFEST_TEMP_NAME];
-                if !path.file_name().is_some_and(|name| known.iter().any(|k| name == *k)) {
+                if !path
+                    .file_name()
+                    .is_some_and(|name| known.iter().any(|k| name == *k))
+                {
                     report.stray_files.push(path);
                 }
             }
@@ -59,9 +62,14 @@ pub(crate) fn verify_with(storage: &dyn Storage, dir: &Path) -> Result<VerifyRep
     for (index, &(bucket, seq)) in segments.iter().enumerate() {
         let newest = index + 1 == segments.len();
         let path = super::names::segment_path(dir, bucket, seq);
-        report
-            .segments
-            .push(verify_segment(storage, &path, (bucket, seq), newest, seed, manifest.database_id())?);
+        report.segments.push(verify_segment(
+            storage,
+            &path,
+            (bucket, seq),
+            newest,
+            seed,
+            manifest.database_id(),
+        )?);
     }
     Ok(report)
 }
@@ -108,7 +116,10 @@ fn verify_segment(
     for (_, entry) in &scanned.frames {
         segment.frames += 1;
         let stamp = match entry {
-            DecodedEntry::Keys { bucket, fingerprints } => {
+            DecodedEntry::Keys {
+                bucket,
+                fingerprints,
+            } => {
                 segment.keys += fingerprints.len() as u64;
                 Some(*bucket)
             }

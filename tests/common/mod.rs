@@ -1,4 +1,6 @@
 //! Helpers shared by the integration tests.
+
+#![expect(clippy::expect_used, reason = "test code: a panic is the test failing")]
 #![allow(dead_code)]
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -7,6 +7,17 @@
 //! Shared by the fuzz target `fuzz/fuzz_targets/reservation_races.rs` and the corpus replay
 //! test `tests/fuzz_corpus.rs`. `run` panics on any disagreement with the model.
 
+#![expect(
+    clippy::cast_possible_truncation,
+    reason = "test code: values are small and chosen by the test"
+)]
+#![expect(clippy::expect_used, reason = "test code: a panic is the test failing")]
+#![expect(
+    clippy::indexing_slicing,
+    reason = "test code: a panic is the test failing"
+)]
+#![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
+
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;

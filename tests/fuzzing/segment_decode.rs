@@ -11,6 +11,17 @@
 //! Shared by the fuzz target `fuzz/fuzz_targets/segment_decode.rs` and the corpus replay
 //! test `tests/fuzz_corpus.rs`.
 
+#![expect(
+    clippy::cast_possible_truncation,
+    reason = "test code: values are small and chosen by the test"
+)]
+#![expect(clippy::expect_used, reason = "test code: a panic is the test failing")]
+#![expect(
+    clippy::indexing_slicing,
+    reason = "test code: a panic is the test failing"
+)]
+#![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
+
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, UNIX_EPOCH};
@@ -604,7 +615,10 @@ fn exercise(db: &Db, writes_may_fail: bool) {
         match reservation {
             None => {}
             Some(Reservation::Acquired(lease)) => {
-                write(lease.complete(b"again").map_err(Error::from), writes_may_fail);
+                write(
+                    lease.complete(b"again").map_err(Error::from),
+                    writes_may_fail,
+                );
             }
             Some(Reservation::InFlight { since }) => {
                 let _ = since.duration_since(UNIX_EPOCH);
@@ -636,7 +650,9 @@ pub fn run(data: &[u8]) {
     let written = (|| {
         assert!(write(db.insert_if_absent(b"written after open"), may_fail)?);
         match write(db.reserve(&fresh, b"fresh record", b"request"), may_fail)? {
-            Reservation::Acquired(lease) => write(lease.complete(b"stored").map_err(Error::from), may_fail)?,
+            Reservation::Acquired(lease) => {
+                write(lease.complete(b"stored").map_err(Error::from), may_fail)?
+            }
             other => panic!("a never used record key must be acquired, got {other:?}"),
         }
         write(db.flush(), may_fail)

@@ -1,6 +1,19 @@
 //! `oncedb bench`: one configurable workload, or with no workload flags a default suite
 //! that covers the in-memory and durable paths in under a minute.
 
+#![expect(
+    clippy::cast_possible_truncation,
+    reason = "benchmark tool: sizes and rates fit their types on any machine it runs on"
+)]
+#![expect(
+    clippy::expect_used,
+    reason = "benchmark tool: a failure aborts the run with its message"
+)]
+#![expect(
+    clippy::indexing_slicing,
+    reason = "benchmark tool: indices come from the workload it generates"
+)]
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};

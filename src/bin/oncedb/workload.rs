@@ -1,6 +1,15 @@
 //! Key streams shared by `oncedb bench` and the criterion benches: deterministic, so every
 //! system measured in one run sees the same keys in the same order.
 
+#![expect(
+    clippy::cast_possible_truncation,
+    reason = "benchmark tool: sizes and rates fit their types on any machine it runs on"
+)]
+#![expect(
+    clippy::indexing_slicing,
+    reason = "benchmark tool: indices come from the workload it generates"
+)]
+
 /// SplitMix64: a small, fast, deterministic generator.
 #[derive(Debug, Clone)]
 pub struct SplitMix(pub u64);

@@ -1,0 +1,191 @@
+//! Damage sweep: one byte flipped at evenly spaced positions of every file of a
+//! multi-segment `Sync` store with keys and records, then `Db::open` in each recovery
+//! mode. Silent loss (an acknowledged key or record missing from a store that opened
+//! without reporting anything) fails the test; every outcome is counted.
+
+#![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
+#![expect(
+    clippy::indexing_slicing,
+    reason = "test code: a panic is the test failing"
+)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use oncedb::io::{MemStorage, Storage};
+use oncedb::{
+    Db, Durability, Error, ManualClock, Options, RecordStatus, RecoveryMode, Reservation, Scope,
+};
+
+const DIR: &str = "/db";
+const KEYS: u32 = 200;
+const RECORDS: u8 = 8;
+
+fn options(disk: &MemStorage, clock: &ManualClock, mode: RecoveryMode) -> Options {
+    Options::new(DIR)
+        .window(Duration::from_secs(60))
+        .bucket_width(Duration::from_secs(1))
+        .durability(Durability::Sync)
+        .segment_max_bytes(4096)
+        .shards(4)
+        .clock(clock.clone())
+        .storage(Arc::new(disk.clone()))
+        .recovery_mode(mode)
+}
+
+fn scope() -> Scope {
+    Scope::new("org", "pay")
+}
+
+/// A store of `KEYS` keys (one per call) and `RECORDS` completed records over several
+/// segments, closed cleanly (`crash` false) or left as a crash leaves it.
+fn build(crash: bool) -> (MemStorage, ManualClock) {
+    let disk = MemStorage::new();
+    let clock = ManualClock::new(SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000));
+    let db = Db::open(options(&disk, &clock, RecoveryMode::Strict)).unwrap();
+    for i in 0..KEYS {
+        assert!(db.insert_if_absent(&i.to_le_bytes()).unwrap());
+        if i % 25 == 0 {
+            let n = (i / 25) as u8;
+            let Reservation::Acquired(lease) = db.reserve(&scope(), &[n], &[n]).unwrap() else {
+                panic!("fresh record");
+            };
+            lease.complete(&[n; 40]).unwrap();
+        }
+    }
+    if crash {
+        std::mem::forget(db);
+        disk.process_crash();
+    } else {
+        drop(db);
+    }
+    (disk, clock)
+}
+
+/// What one damaged copy gave.
+#[derive(Debug, Default)]
+struct Counts {
+    copies: u64,
+    corrupted: u64,
+    intact: u64,
+    reported_loss: u64,
+    salvaged: u64,
+}
+
+/// How many acknowledged keys and records `db` lacks.
+fn missing(db: &Db) -> u64 {
+    let keys = (0..KEYS)
+        .filter(|i| !db.contains(&i.to_le_bytes()).unwrap())
+        .count() as u64;
+    let records = (0..RECORDS)
+        .filter(|&n| {
+            db.get(&scope(), &[n]).unwrap().is_none_or(|record| {
+                record.status() != RecordStatus::Completed
+                    || record.response() != Some(&[n; 40][..])
+            })
+        })
+        .count() as u64;
+    keys + records
+}
+
+fn files(disk: &MemStorage) -> Vec<PathBuf> {
+    disk.list(Path::new(DIR))
+        .unwrap()
+        .into_iter()
+        .filter(|path| !path.ends_with("LOCK"))
+        .collect()
+}
+
+fn sweep(crash: bool, mode: RecoveryMode) -> Counts {
+    let (disk, clock) = build(crash);
+    let mut counts = Counts::default();
+    let originals: Vec<(PathBuf, Vec<u8>)> = files(&disk)
+        .into_iter()
+        .map(|path| {
+            let bytes = disk.contents(&path).unwrap();
+            (path, bytes)
+        })
+        .collect();
+    assert!(originals.len() >= 4, "several segments expected");
+    for (path, bytes) in &originals {
+        for position in (0..bytes.len()).step_by(bytes.len().div_ceil(64).max(1)) {
+            let mut damaged = bytes.clone();
+            damaged[position] ^= 0x10;
+            disk.set_contents(path, damaged);
+            check(&disk, &clock, mode, crash, path, position, &mut counts);
+            disk.set_contents(path, bytes.clone());
+            // Recovery may have cut or sealed the newest segment: restore every file.
+            for (path, bytes) in &originals {
+                disk.set_contents(path, bytes.clone());
+            }
+        }
+    }
+    counts
+}
+
+fn check(
+    disk: &MemStorage,
+    clock: &ManualClock,
+    mode: RecoveryMode,
+    crash: bool,
+    path: &Path,
+    position: usize,
+    counts: &mut Counts,
+) {
+    counts.copies += 1;
+    let where_ = format!("{} byte {position}", path.display());
+    match Db::open(options(disk, clock, mode)) {
+        Err(Error::Corrupted { .. }) => {
+            assert!(
+                mode == RecoveryMode::Strict || path.ends_with("MANIFEST"),
+                "{where_}: salvage must open unless the manifest is damaged"
+            );
+            counts.corrupted += 1;
+        }
+        Err(other) => panic!("{where_}: unexpected error {other}"),
+        Ok(db) => {
+            let lost = missing(&db);
+            let report = db.recovery_report().unwrap().clone();
+            drop(db);
+            if lost == 0 {
+                counts.intact += 1;
+            } else if mode == RecoveryMode::Salvage && !report.skipped.is_empty() {
+                // One flipped byte damages one frame, which holds one key or one record.
+                assert!(lost <= 1, "{where_}: salvage lost {lost} entries");
+                counts.salvaged += 1;
+            } else {
+                assert!(
+                    crash && !report.torn_tails.is_empty(),
+                    "{where_}: {lost} acknowledged entries missing without a report: {report:?}"
+                );
+                counts.reported_loss += 1;
+            }
+        }
+    }
+}
+
+#[test]
+fn strict_never_loses_acknowledged_data_silently() {
+    for crash in [false, true] {
+        let counts = sweep(crash, RecoveryMode::Strict);
+        eprintln!("strict, crash {crash}: {counts:?}");
+        assert_eq!(counts.salvaged, 0);
+        if !crash {
+            assert_eq!(counts.reported_loss, 0, "a sealed store has no torn tail");
+        }
+        assert!(counts.corrupted > counts.copies / 2, "{counts:?}");
+    }
+}
+
+#[test]
+fn salvage_opens_and_keeps_every_frame_that_verifies() {
+    for crash in [false, true] {
+        let counts = sweep(crash, RecoveryMode::Salvage);
+        eprintln!("salvage, crash {crash}: {counts:?}");
+        assert!(counts.salvaged > 0, "{counts:?}");
+        if !crash {
+            assert_eq!(counts.reported_loss, 0, "a sealed store has no torn tail");
+        }
+    }
+}
