@@ -149,3 +149,32 @@ fn errors_display_readably() {
     let source: &dyn std::error::Error = &Error::Io(std::io::Error::other("disk"));
     assert!(source.source().is_some());
 }
+
+#[test]
+fn an_expected_keys_too_large_to_allocate_is_an_error_not_an_abort() {
+    for keys in [oncedb::MAX_EXPECTED_KEYS, oncedb::MAX_EXPECTED_KEYS + 1] {
+        assert!(
+            matches!(
+                Db::open(Options::in_memory().expected_keys(keys)),
+                Err(Error::InvalidOptions(_))
+            ),
+            "{keys}"
+        );
+    }
+}
+
+#[test]
+fn stray_segment_like_names_are_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let db = Db::open(Options::new(dir.path())).unwrap();
+        assert!(db.insert_if_absent(b"kept").unwrap());
+    }
+    std::fs::write(
+        dir.path().join("seg-+0000000000000000001-0000000000.log"),
+        b"not a segment",
+    )
+    .unwrap();
+    let db = Db::open(Options::new(dir.path())).unwrap();
+    assert!(db.contains(b"kept").unwrap());
+}
