@@ -47,7 +47,7 @@ fn build(crash: bool) -> (MemStorage, ManualClock) {
     for i in 0..KEYS {
         assert!(db.insert_if_absent(&i.to_le_bytes()).unwrap());
         if i % 25 == 0 {
-            let n = (i / 25) as u8;
+            let n = u8::try_from(i / 25).unwrap();
             let Reservation::Acquired(lease) = db.reserve(&scope(), &[n], &[n]).unwrap() else {
                 panic!("fresh record");
             };
