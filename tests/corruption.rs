@@ -1,5 +1,7 @@
 //! Damaged files: every flipped byte and every truncation of real segment and manifest
-//! files gives an error or a valid prefix, never a panic.
+//! files gives an error or a valid prefix, never a panic. A cleanly closed store's data
+//! segments are all sealed, so any damage to them is an error; only the newest segment
+//! of a crashed store may yield a prefix.
 
 #![expect(
     clippy::cast_possible_truncation,
@@ -31,7 +33,9 @@ fn options(disk: &MemStorage, clock: &ManualClock) -> Options {
 }
 
 /// Writes two segments (two buckets): keys 0..12 then 100..112, plus one record each.
-fn build(clock: &ManualClock) -> (MemStorage, Vec<PathBuf>) {
+/// Closed cleanly, the store then has a third, empty segment; crashed, the second is the
+/// newest and unsealed.
+fn build(clock: &ManualClock, crash: bool) -> (MemStorage, Vec<PathBuf>) {
     let disk = MemStorage::new();
     let db = Db::open(options(&disk, clock)).unwrap();
     let scope = Scope::new("org", "op");
@@ -46,14 +50,19 @@ fn build(clock: &ManualClock) -> (MemStorage, Vec<PathBuf>) {
         lease.complete(b"response").unwrap();
         clock.advance(BUCKET);
     }
-    drop(db);
+    if crash {
+        std::mem::forget(db);
+        disk.process_crash();
+    } else {
+        drop(db);
+    }
     let segments: Vec<PathBuf> = disk
         .list(Path::new("/db"))
         .unwrap()
         .into_iter()
         .filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with("seg-"))
         .collect();
-    assert_eq!(segments.len(), 2);
+    assert_eq!(segments.len(), if crash { 2 } else { 3 });
     (disk, segments)
 }
 
@@ -70,9 +79,13 @@ fn recovered_prefix(db: &Db, base: u32) -> u32 {
     prefix as u32
 }
 
-fn damage_each_byte(path: &Path, check: impl Fn(&MemStorage, Result<Db, Error>, usize)) {
+fn damage_each_byte(
+    path: &Path,
+    crash: bool,
+    check: impl Fn(&MemStorage, Result<Db, Error>, usize),
+) {
     let clock = manual_clock();
-    let (disk, _) = build(&clock);
+    let (disk, _) = build(&clock, crash);
     let original = disk.contents(path).unwrap();
     for position in 0..original.len() {
         let mut damaged = original.clone();
@@ -80,26 +93,64 @@ fn damage_each_byte(path: &Path, check: impl Fn(&MemStorage, Result<Db, Error>, 
         disk.set_contents(path, damaged);
         let result = Db::open(options(&disk, &clock));
         check(&disk, result, position);
+        // Recovery may have cut, sealed or added files: start each copy afresh.
+        for file in disk.list(Path::new("/db")).unwrap() {
+            disk.remove(&file).unwrap();
+        }
+        let (fresh, _) = build(&manual_clock(), crash);
+        for file in fresh.list(Path::new("/db")).unwrap() {
+            disk.set_contents(&file, fresh.contents(&file).unwrap());
+        }
         disk.set_contents(path, original.clone());
     }
 }
 
 #[test]
-fn a_flipped_byte_in_an_older_segment_is_reported_as_corruption() {
+fn a_flipped_byte_in_a_sealed_segment_is_reported_as_corruption() {
     let clock = manual_clock();
-    let (_, segments) = build(&clock);
-    damage_each_byte(&segments[0], |_, result, position| match result {
-        Err(Error::Corrupted { path, .. }) => assert_eq!(path, segments[0]),
-        Err(other) => panic!("byte {position}: expected Corrupted, got {other}"),
-        Ok(_) => panic!("byte {position}: damage in a sealed segment went unnoticed"),
+    let (_, segments) = build(&clock, false);
+    for sealed in &segments[..2] {
+        damage_each_byte(sealed, false, |_, result, position| match result {
+            Err(Error::Corrupted { path, .. }) => assert_eq!(&path, sealed),
+            Err(other) => panic!("byte {position}: expected Corrupted, got {other}"),
+            Ok(_) => panic!("byte {position}: damage in a sealed segment went unnoticed"),
+        });
+    }
+}
+
+#[test]
+fn every_truncation_of_a_sealed_segment_is_reported_as_corruption() {
+    let clock = manual_clock();
+    let (disk, segments) = build(&clock, false);
+    for sealed in &segments[..2] {
+        let original = disk.contents(sealed).unwrap();
+        for len in 0..original.len() {
+            disk.set_contents(sealed, original[..len].to_vec());
+            match Db::open(options(&disk, &clock)) {
+                Err(Error::Corrupted { path, .. }) => assert_eq!(&path, sealed),
+                other => panic!("length {len}: expected Corrupted, got {:?}", other.err()),
+            }
+        }
+        disk.set_contents(sealed, original);
+    }
+}
+
+#[test]
+fn damage_to_the_empty_newest_segment_of_a_closed_store_loses_nothing() {
+    let clock = manual_clock();
+    let (_, segments) = build(&clock, false);
+    damage_each_byte(&segments[2], false, |_, result, position| {
+        let db = result.unwrap_or_else(|err| panic!("byte {position}: {err}"));
+        assert_eq!(recovered_prefix(&db, 0), KEYS_PER_SEGMENT);
+        assert_eq!(recovered_prefix(&db, 100), KEYS_PER_SEGMENT);
     });
 }
 
 #[test]
 fn a_flipped_byte_in_the_newest_segment_gives_an_error_or_a_valid_prefix() {
     let clock = manual_clock();
-    let (_, segments) = build(&clock);
-    damage_each_byte(&segments[1], |_, result, position| match result {
+    let (_, segments) = build(&clock, true);
+    damage_each_byte(&segments[1], true, |_, result, position| match result {
         Ok(db) => {
             assert_eq!(
                 recovered_prefix(&db, 0),
@@ -114,12 +165,19 @@ fn a_flipped_byte_in_the_newest_segment_gives_an_error_or_a_valid_prefix() {
 }
 
 #[test]
-fn every_truncation_of_the_newest_segment_recovers_a_prefix() {
+fn every_truncation_of_the_newest_segment_of_a_crashed_store_recovers_a_prefix() {
     let clock = manual_clock();
-    let (disk, segments) = build(&clock);
+    let (disk, segments) = build(&clock, true);
     let original = disk.contents(&segments[1]).unwrap();
     let mut previous = 0;
     for len in (0..=original.len()).rev() {
+        // Each open seals the newest and starts another: drop those from the last round.
+        for file in disk.list(Path::new("/db")).unwrap() {
+            if file.ends_with("LOCK") || file.ends_with("MANIFEST") || file == segments[0] {
+                continue;
+            }
+            disk.remove(&file).unwrap();
+        }
         disk.set_contents(&segments[1], original[..len].to_vec());
         let db =
             Db::open(options(&disk, &clock)).unwrap_or_else(|err| panic!("length {len}: {err}"));
@@ -141,14 +199,14 @@ fn every_truncation_of_the_newest_segment_recovers_a_prefix() {
 fn a_damaged_manifest_is_reported() {
     let clock = manual_clock();
     let manifest = PathBuf::from("/db/MANIFEST");
-    damage_each_byte(&manifest, |_, result, position| {
+    damage_each_byte(&manifest, false, |_, result, position| {
         assert!(
             matches!(result, Err(Error::Corrupted { .. })),
             "byte {position}: {:?}",
             result.err()
         );
     });
-    let (disk, _) = build(&clock);
+    let (disk, _) = build(&clock, false);
     let original = disk.contents(&manifest).unwrap();
     for len in 0..original.len() {
         disk.set_contents(&manifest, original[..len].to_vec());

@@ -1,7 +1,12 @@
-//! Damage sweep: one byte flipped at evenly spaced positions of every file of a
-//! multi-segment `Sync` store with keys and records, then `Db::open` in each recovery
-//! mode. Silent loss (an acknowledged key or record missing from a store that opened
-//! without reporting anything) fails the test; every outcome is counted.
+//! Damage sweep: one byte flipped, or the file cut, at evenly spaced positions of every
+//! file of a multi-segment `Sync` store with keys and records, then `Db::open` in each
+//! recovery mode. Silent loss (an acknowledged key or record missing from a store that
+//! opened without reporting anything) fails the test; every outcome is counted.
+//!
+//! The one allowance: cutting the newest segment of a crashed store at a frame boundary
+//! leaves nothing to detect (a crash can leave exactly such a file, and what the last
+//! fsync covered was vouched for only by the marks that were cut). Those copies are
+//! counted as `unprovable` and allowed only there.
 
 #![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
 #![expect(
@@ -71,6 +76,14 @@ struct Counts {
     intact: u64,
     reported_loss: u64,
     salvaged: u64,
+    unprovable: u64,
+}
+
+/// How a copy is damaged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Damage {
+    Flip,
+    Cut,
 }
 
 /// How many acknowledged keys and records `db` lacks.
@@ -97,7 +110,7 @@ fn files(disk: &MemStorage) -> Vec<PathBuf> {
         .collect()
 }
 
-fn sweep(crash: bool, mode: RecoveryMode) -> Counts {
+fn sweep(crash: bool, mode: RecoveryMode, damage: Damage) -> Counts {
     let (disk, clock) = build(crash);
     let mut counts = Counts::default();
     let originals: Vec<(PathBuf, Vec<u8>)> = files(&disk)
@@ -108,14 +121,32 @@ fn sweep(crash: bool, mode: RecoveryMode) -> Counts {
         })
         .collect();
     assert!(originals.len() >= 4, "several segments expected");
+    let newest = originals
+        .iter()
+        .map(|(path, _)| path.clone())
+        .filter(|path| !path.ends_with("MANIFEST"))
+        .max();
     for (path, bytes) in &originals {
         for position in (0..bytes.len()).step_by(bytes.len().div_ceil(64).max(1)) {
             let mut damaged = bytes.clone();
-            damaged[position] ^= 0x10;
+            match damage {
+                Damage::Flip => damaged[position] ^= 0x10,
+                Damage::Cut => damaged.truncate(position),
+            }
             disk.set_contents(path, damaged);
-            check(&disk, &clock, mode, crash, path, position, &mut counts);
-            disk.set_contents(path, bytes.clone());
-            // Recovery may have cut or sealed the newest segment: restore every file.
+            let case = Case {
+                mode,
+                may_lose_unprovably: crash
+                    && damage == Damage::Cut
+                    && Some(path) == newest.as_ref(),
+                path,
+                position,
+            };
+            check(&disk, &clock, &case, &mut counts);
+            // Recovery may have cut, sealed or started segments: restore the originals.
+            for file in disk.list(Path::new(DIR)).unwrap() {
+                disk.remove(&file).unwrap();
+            }
             for (path, bytes) in &originals {
                 disk.set_contents(path, bytes.clone());
             }
@@ -124,17 +155,19 @@ fn sweep(crash: bool, mode: RecoveryMode) -> Counts {
     counts
 }
 
-fn check(
-    disk: &MemStorage,
-    clock: &ManualClock,
+/// One damaged copy.
+struct Case<'a> {
     mode: RecoveryMode,
-    crash: bool,
-    path: &Path,
+    /// Cut the newest segment of a crashed store: loss cannot be proven.
+    may_lose_unprovably: bool,
+    path: &'a Path,
     position: usize,
-    counts: &mut Counts,
-) {
+}
+
+fn check(disk: &MemStorage, clock: &ManualClock, case: &Case<'_>, counts: &mut Counts) {
+    let (mode, path) = (case.mode, case.path);
     counts.copies += 1;
-    let where_ = format!("{} byte {position}", path.display());
+    let where_ = format!("{} byte {}", path.display(), case.position);
     match Db::open(options(disk, clock, mode)) {
         Err(Error::Corrupted { .. }) => {
             assert!(
@@ -154,12 +187,14 @@ fn check(
                 // One flipped byte damages one frame, which holds one key or one record.
                 assert!(lost <= 1, "{where_}: salvage lost {lost} entries");
                 counts.salvaged += 1;
+            } else if !report.torn_tails.is_empty() {
+                counts.reported_loss += 1;
             } else {
                 assert!(
-                    crash && !report.torn_tails.is_empty(),
+                    case.may_lose_unprovably,
                     "{where_}: {lost} acknowledged entries missing without a report: {report:?}"
                 );
-                counts.reported_loss += 1;
+                counts.unprovable += 1;
             }
         }
     }
@@ -167,25 +202,27 @@ fn check(
 
 #[test]
 fn strict_never_loses_acknowledged_data_silently() {
-    for crash in [false, true] {
-        let counts = sweep(crash, RecoveryMode::Strict);
-        eprintln!("strict, crash {crash}: {counts:?}");
-        assert_eq!(counts.salvaged, 0);
-        if !crash {
-            assert_eq!(counts.reported_loss, 0, "a sealed store has no torn tail");
+    for damage in [Damage::Flip, Damage::Cut] {
+        for crash in [false, true] {
+            let counts = sweep(crash, RecoveryMode::Strict, damage);
+            eprintln!("strict, {damage:?}, crash {crash}: {counts:?}");
+            assert_eq!(counts.salvaged, 0);
+            if !crash {
+                assert_eq!(counts.reported_loss + counts.unprovable, 0, "{counts:?}");
+            }
+            assert!(counts.corrupted > counts.copies / 2, "{counts:?}");
         }
-        assert!(counts.corrupted > counts.copies / 2, "{counts:?}");
     }
 }
 
 #[test]
 fn salvage_opens_and_keeps_every_frame_that_verifies() {
     for crash in [false, true] {
-        let counts = sweep(crash, RecoveryMode::Salvage);
+        let counts = sweep(crash, RecoveryMode::Salvage, Damage::Flip);
         eprintln!("salvage, crash {crash}: {counts:?}");
         assert!(counts.salvaged > 0, "{counts:?}");
         if !crash {
-            assert_eq!(counts.reported_loss, 0, "a sealed store has no torn tail");
+            assert_eq!(counts.reported_loss + counts.unprovable, 0, "{counts:?}");
         }
     }
 }

@@ -42,6 +42,8 @@ struct Replay<'a> {
     database_id: u64,
     /// Highest lease id replayed.
     max_lease: u64,
+    /// The newest segment, if it holds nothing but its header: the journal appends to it.
+    adopt: Option<(u64, u32)>,
     report: RecoveryReport,
 }
 
@@ -82,6 +84,7 @@ pub(crate) fn open(config: &Config) -> Result<Engine> {
         seed,
         database_id: manifest.database_id(),
         max_lease: 0,
+        adopt: None,
         report,
     };
     let mut kept = BTreeSet::new();
@@ -96,7 +99,7 @@ pub(crate) fn open(config: &Config) -> Result<Engine> {
             kept.insert((bucket, seq));
         }
     }
-    let (max_lease, report) = (replay.max_lease, replay.report);
+    let (max_lease, adopt, report) = (replay.max_lease, replay.adopt, replay.report);
     let journal = Journal::new(JournalConfig {
         storage: Arc::clone(&config.storage),
         dir,
@@ -108,6 +111,8 @@ pub(crate) fn open(config: &Config) -> Result<Engine> {
         segments: kept,
         lock,
         segments_deleted: report.segments_deleted,
+        adopt,
+        bucket: high_water,
     })?;
     Ok(Engine::from_parts(
         config,
@@ -253,14 +258,18 @@ impl Replay<'_> {
             }
             self.damaged(path, 0, bytes.len() as u64, reason)?;
         }
-        match scanned.verdict(segment.newest) {
-            Verdict::Clean => self.apply_all(segment, &scanned, u64::MAX)?,
+        let end = match scanned.verdict(segment.newest) {
+            Verdict::Clean => {
+                self.apply_all(segment, &scanned, u64::MAX)?;
+                scanned.len
+            }
             Verdict::TornTail {
                 offset,
                 frames_dropped,
             } => {
                 self.apply_all(segment, &scanned, offset)?;
                 self.cut_tail(path, offset, scanned.len, frames_dropped)?;
+                offset
             }
             Verdict::Corrupted { offset, reason } => {
                 self.damaged(path, offset, scanned.len, reason)?;
@@ -270,9 +279,14 @@ impl Replay<'_> {
                 self.apply_all(segment, &scanned, u64::MAX)?;
                 return Ok(true);
             }
-        }
+        };
         if segment.newest {
-            self.seal_newest(path, &scanned)?;
+            if end == SEGMENT_HEADER_LEN as u64 {
+                self.adopt = Some((segment.bucket, segment.seq));
+            } else {
+                let sealed = end == scanned.len && scanned.ends_sealed;
+                self.seal_newest(path, sealed)?;
+            }
         }
         Ok(true)
     }
@@ -339,12 +353,13 @@ impl Replay<'_> {
     }
 
     /// Makes the newest segment's bytes durable (the previous process may have left
-    /// unsynced appends in the page cache) and seals it, so its last commit group is
-    /// vouched for from now on.
-    fn seal_newest(&mut self, path: &Path, scanned: &Scan<'_>) -> Result<()> {
+    /// unsynced appends in the page cache) and seals it unless it ends with a seal, so
+    /// its last commit group is vouched for from now on. The journal then starts a new
+    /// segment: every segment but the newest ends with a seal.
+    fn seal_newest(&mut self, path: &Path, sealed: bool) -> Result<()> {
         let mut file = self.storage.open_append(path, false)?;
         file.sync()?;
-        if scanned.open_ended() {
+        if !sealed {
             let len = file.len()?;
             let mut seal = Vec::new();
             encode_mark(&mut seal, self.seed, len, len, true);

@@ -40,6 +40,12 @@ pub(crate) struct JournalConfig {
     pub(crate) segments: BTreeSet<(u64, u32)>,
     pub(crate) lock: Box<dyn Any + Send + Sync>,
     pub(crate) segments_deleted: u64,
+    /// The newest segment, if it holds only its header: appends continue in it.
+    /// Otherwise, if any segment exists, the journal starts a new one at once, so that
+    /// every segment but the newest ends with a seal.
+    pub(crate) adopt: Option<(u64, u32)>,
+    /// The bucket a segment started at open is named after.
+    pub(crate) bucket: u64,
 }
 
 /// Counters of the writer since open.
@@ -135,6 +141,7 @@ impl Journal {
             bytes: AtomicU64::new(0),
             segments_deleted: AtomicU64::new(config.segments_deleted),
         });
+        shared.start(config.adopt, config.bucket)?;
         let flusher = match config.durability {
             Durability::Interval(interval) => {
                 let shared = Arc::clone(&shared);
@@ -247,9 +254,10 @@ impl Drop for Journal {
         if let Some(flusher) = self.flusher.take() {
             let _ = flusher.join();
         }
-        // A clean close persists what is buffered and seals the segment; a failure has
-        // poisoned the store and there is no caller left to tell.
-        let _ = self.flush().and_then(|()| self.shared.seal());
+        // A clean close persists what is buffered, seals the segment and starts an empty
+        // one, so that a sealed segment is never the newest and a cut one is detected; a
+        // failure has poisoned the store and there is no caller left to tell.
+        let _ = self.flush().and_then(|()| self.shared.close());
     }
 }
 
@@ -384,7 +392,9 @@ impl Shared {
         }
     }
 
+    /// Seals the active segment (all synced by the caller) and creates the next one.
     fn roll_over(&self, state: &mut WriterState, bucket: u64) -> Result<()> {
+        self.seal_active(state)?;
         let bucket = bucket.max(state.active.as_ref().map_or(0, |a| a.bucket));
         let seq = state
             .segments
@@ -447,26 +457,70 @@ impl Shared {
         self.storage.sync_dir(&self.dir)
     }
 
-    /// Closes the active segment with a seal: a mark vouching for every byte before it,
-    /// written and fsynced after a flush. A sealed segment has no torn tail to allow for.
-    fn seal(&self) -> Result<()> {
+    /// The segment appends go to after open: the empty newest segment, or a new one if
+    /// any segment holds data (its predecessor was sealed by recovery).
+    fn start(&self, adopt: Option<(u64, u32)>, bucket: u64) -> Result<()> {
         let mut state = self.state.lock();
-        self.check_writable()?;
-        let state_ref = &mut *state;
-        let Some(active) = state_ref.active.as_mut() else {
+        if let Some((bucket, seq)) = adopt {
+            let file = self
+                .storage
+                .open_append(&segment_path(&self.dir, bucket, seq), false)?;
+            let header_len = SEGMENT_HEADER_LEN as u64;
+            state.active = Some(Active {
+                bucket,
+                file: Some(file),
+                appended_len: header_len,
+                synced_len: header_len,
+                group_mark: None,
+            });
+        } else if !state.segments.is_empty() {
+            self.roll_over(&mut state, bucket)?;
+        }
+        Ok(())
+    }
+
+    /// Seals the active segment: after everything in it is fsynced (the caller made
+    /// sure), a seal vouching for every byte before it is written and fsynced. Every
+    /// segment but the newest ends with one, so a segment cut short at a frame boundary
+    /// is found out.
+    fn seal_active(&self, state: &mut WriterState) -> Result<()> {
+        let Some(active) = state.active.as_mut() else {
             return Ok(());
         };
-        if !state_ref.buffer.is_empty() || active.synced_len != active.appended_len {
+        let Some(file) = active.file.as_mut() else {
+            unreachable!("no leader runs while the segment is sealed");
+        };
+        let position = active.appended_len;
+        debug_assert_eq!(active.synced_len, position, "sealed only when synced");
+        let mut seal = Vec::with_capacity(MARK_FRAME_LEN);
+        encode_mark(&mut seal, self.seed, position, position, true);
+        file.append(&seal)
+            .and_then(|()| file.sync())
+            .map_err(|err| self.poison(err))?;
+        let len = seal.len() as u64;
+        active.appended_len += len;
+        active.synced_len += len;
+        state.appended += len;
+        state.written += len;
+        state.synced += len;
+        self.fsyncs.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(len, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// A clean close after a flush: if the active segment holds frames, seal it and
+    /// start an empty one of the same bucket.
+    fn close(&self) -> Result<()> {
+        let mut state = self.state.lock();
+        self.check_writable()?;
+        let Some(active) = state.active.as_ref() else {
+            return Ok(());
+        };
+        if active.appended_len == SEGMENT_HEADER_LEN as u64 || state.synced < state.appended {
             return Ok(());
         }
-        let position = active.appended_len;
-        encode_mark(&mut state_ref.buffer, self.seed, position, position, true);
-        active.appended_len += MARK_FRAME_LEN as u64;
-        // The seal is its own group: its mark is the seal, not a placeholder to patch.
-        active.group_mark = None;
-        state_ref.appended += MARK_FRAME_LEN as u64;
-        let target = state_ref.appended;
-        self.persist(&mut state, target, true)
+        let bucket = active.bucket;
+        self.roll_over(&mut state, bucket)
     }
 
     fn run_flusher(&self, interval: Duration) {

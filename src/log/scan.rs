@@ -25,6 +25,8 @@ pub(crate) struct Scan<'a> {
     pub(crate) durable: u64,
     /// A valid seal closes the segment: every byte before it was fsynced.
     pub(crate) sealed: bool,
+    /// The segment's last frame is a seal ending at the end of the file.
+    pub(crate) ends_sealed: bool,
     pub(crate) len: u64,
 }
 
@@ -53,6 +55,7 @@ pub(crate) fn scan(bytes: &[u8], seed: u64) -> Scan<'_> {
         damage: Vec::new(),
         durable: SEGMENT_HEADER_LEN as u64,
         sealed: false,
+        ends_sealed: false,
         len: bytes.len() as u64,
     };
     let mut offset = SEGMENT_HEADER_LEN;
@@ -83,6 +86,10 @@ pub(crate) fn scan(bytes: &[u8], seed: u64) -> Scan<'_> {
             }
         }
     }
+    scan.ends_sealed = scan.damage.is_empty()
+        && scan.frames.last().is_some_and(|(frame, entry)| {
+            matches!(entry, DecodedEntry::Mark { seal: true, .. }) && frame.end == bytes.len()
+        });
     scan
 }
 
@@ -105,10 +112,18 @@ impl<'a> Scan<'a> {
     }
 
     /// The meaning of the first damage. Every segment but the newest was fsynced whole
-    /// before the next was created, so damage there is corruption. In the newest, damage
-    /// below the durable length is corruption; at or past it, a torn tail.
+    /// and sealed before the next was created, so damage there, or a missing seal, is
+    /// corruption. In the newest, damage below the durable length is corruption; at or
+    /// past it, a torn tail.
     pub(crate) fn verdict(&self, newest: bool) -> Verdict {
         let Some(first) = self.damage.first() else {
+            if !newest && !self.ends_sealed {
+                // Every segment but the newest was sealed before the next was created.
+                return Verdict::Corrupted {
+                    offset: self.len,
+                    reason: "segment does not end with its seal: it was cut short",
+                };
+            }
             return Verdict::Clean;
         };
         if !newest || first.start < self.durable {
@@ -128,11 +143,5 @@ impl<'a> Scan<'a> {
             offset: first.start,
             frames_dropped,
         }
-    }
-
-    /// Whether the segment ends without damage and without a seal: its last commit group
-    /// is vouched for by nothing after it.
-    pub(crate) fn open_ended(&self) -> bool {
-        !self.sealed
     }
 }

@@ -148,7 +148,7 @@ fn baseline() -> &'static [(PathBuf, Vec<u8>)] {
         files.sort();
         assert_eq!(
             files.len(),
-            6,
+            7,
             "{:?}",
             files.iter().map(|f| &f.0).collect::<Vec<_>>()
         );
