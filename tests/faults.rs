@@ -90,7 +90,16 @@ fn clean_run_calls() -> u64 {
     storage.calls()
 }
 
-fn run_with_fault(call: u64, persistent: bool, power_loss: bool) {
+/// What ends the process after the workload.
+#[derive(Debug, Clone, Copy)]
+enum End {
+    ProcessCrash,
+    PowerLoss,
+    /// A power loss that tears unsynced appends, with this seed.
+    TornPowerLoss(u64),
+}
+
+fn run_with_fault(call: u64, persistent: bool, end: End) {
     let disk = MemStorage::new();
     let faulty = FaultyStorage::new(Arc::new(disk.clone()));
     faulty.fail_at(call, persistent);
@@ -115,10 +124,10 @@ fn run_with_fault(call: u64, persistent: bool, power_loss: bool) {
         }
         Err(_) => assert!(faulty.failures() > 0, "open failed without a fault"),
     }
-    if power_loss {
-        disk.power_loss();
-    } else {
-        disk.process_crash();
+    match end {
+        End::ProcessCrash => disk.process_crash(),
+        End::PowerLoss => disk.power_loss(),
+        End::TornPowerLoss(seed) => disk.torn_power_loss(seed),
     }
     verify(Arc::new(disk), &clock, &acked);
 }
@@ -131,8 +140,9 @@ fn every_single_fault_is_reported_and_recovered() {
         "the workload should make many I/O calls, made {calls}"
     );
     for call in 1..=calls + 1 {
-        run_with_fault(call, false, false);
-        run_with_fault(call, false, true);
+        run_with_fault(call, false, End::ProcessCrash);
+        run_with_fault(call, false, End::PowerLoss);
+        run_with_fault(call, false, End::TornPowerLoss(call));
     }
 }
 
@@ -140,8 +150,9 @@ fn every_single_fault_is_reported_and_recovered() {
 fn every_persistent_fault_is_reported_and_recovered() {
     let calls = clean_run_calls();
     for call in 1..=calls + 1 {
-        run_with_fault(call, true, false);
-        run_with_fault(call, true, true);
+        run_with_fault(call, true, End::ProcessCrash);
+        run_with_fault(call, true, End::PowerLoss);
+        run_with_fault(call, true, End::TornPowerLoss(call ^ 0x5eed));
     }
 }
 
@@ -188,4 +199,30 @@ fn interval_mode_loses_at_most_unflushed_writes_on_power_loss() {
         !db.contains(b"unflushed").unwrap(),
         "nothing synced it within the interval"
     );
+}
+
+#[test]
+fn torn_power_losses_keep_every_synced_write_and_report_the_tear() {
+    let mut torn = 0;
+    for seed in 0..48 {
+        let disk = MemStorage::new();
+        let clock = manual_clock();
+        let mut acked = Acked::default();
+        {
+            let options = options(Arc::new(disk.clone()), &clock).durability(Durability::Buffered);
+            let db = Db::open(options).unwrap();
+            workload(&db, &clock, &mut acked).unwrap();
+            // Written, never synced: a power loss may tear these in any way.
+            for i in 0..300u32 {
+                db.insert_if_absent(&(90_000 + i).to_le_bytes()).unwrap();
+            }
+            std::mem::forget(db);
+        }
+        disk.torn_power_loss(seed);
+        let db = Db::open(options(Arc::new(disk.clone()), &clock)).unwrap();
+        torn += u64::from(!db.recovery_report().unwrap().torn_tails.is_empty());
+        drop(db);
+        verify(Arc::new(disk), &clock, &acked);
+    }
+    assert!(torn > 0, "some tears must leave a torn tail to cut");
 }

@@ -3,7 +3,10 @@
 //! Each file keeps its bytes as last synced; each directory keeps its entries as last
 //! synced. [`MemStorage::power_loss`] rolls everything back to that synced state: unsynced
 //! appends vanish, files created or renamed without a directory sync disappear, and files
-//! removed without one come back.
+//! removed without one come back. [`MemStorage::torn_power_loss`] does the same to
+//! directories but tears each file's unsynced appends the way a disk may: it keeps a
+//! prefix of them, zero-fills a range inside what it keeps, or keeps later pages while
+//! dropping (zeroing) earlier ones.
 
 #![expect(
     clippy::cast_possible_truncation,
@@ -83,6 +86,29 @@ impl MemStorage {
         disk.locks.clear();
     }
 
+    /// Simulates a power loss that tears unsynced appends; `seed` picks how, per file:
+    /// - drop them all (as [`MemStorage::power_loss`]);
+    /// - keep a prefix of them, cut anywhere;
+    /// - keep a prefix, with a range inside it reading as zeros;
+    /// - keep some 4 KiB pages (by file offset) and not others: pages not kept read as
+    ///   zeros when a later page was kept, and the file ends after the last kept page.
+    ///
+    /// Bytes that were synced are never changed. Directory entries roll back as in
+    /// [`MemStorage::power_loss`].
+    pub fn torn_power_loss(&self, seed: u64) {
+        let mut disk = self.disk.lock();
+        disk.names = disk.synced_names.clone();
+        let live: BTreeSet<FileId> = disk.names.values().copied().collect();
+        disk.files.retain(|id, _| live.contains(id));
+        let mut random = SplitMix(seed);
+        for file in disk.files.values_mut() {
+            let torn = tear(&file.synced, &file.current, &mut random);
+            file.current = torn.clone();
+            file.synced = torn;
+        }
+        disk.locks.clear();
+    }
+
     /// Simulates a process crash: all writes survive (the page cache is the kernel's),
     /// only the locks are released.
     pub fn process_crash(&self) {
@@ -118,6 +144,66 @@ impl MemStorage {
             },
         );
     }
+}
+
+/// A small deterministic generator for tears.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A value in `0..=max`.
+    fn upto(&mut self, max: usize) -> usize {
+        (self.next() % (max as u64 + 1)) as usize
+    }
+}
+
+const PAGE: usize = 4096;
+
+/// What a power loss leaves of a file whose synced bytes are `synced` and whose bytes
+/// before the loss were `current`.
+fn tear(synced: &[u8], current: &[u8], random: &mut SplitMix) -> Vec<u8> {
+    let Some(unsynced) = current.strip_prefix(synced).filter(|rest| !rest.is_empty()) else {
+        // Nothing appended since the sync (or a truncation not yet synced): the synced
+        // bytes are what the disk has.
+        return synced.to_vec();
+    };
+    let mut out = synced.to_vec();
+    match random.next() % 4 {
+        0 => {}
+        1 => out.extend_from_slice(&unsynced[..random.upto(unsynced.len())]),
+        2 => {
+            let keep = &unsynced[..random.upto(unsynced.len())];
+            let zero_from = random.upto(keep.len());
+            let zero_to = zero_from + random.upto(keep.len() - zero_from);
+            out.extend_from_slice(keep);
+            out[synced.len() + zero_from..synced.len() + zero_to].fill(0);
+        }
+        _ => {
+            // Pages by file offset: the first unsynced page may share a page with
+            // synced bytes; only its unsynced part can be lost.
+            let mut kept_end = synced.len();
+            let mut at = synced.len();
+            out.resize(current.len(), 0);
+            while at < current.len() {
+                let page_end = ((at / PAGE) + 1) * PAGE;
+                let end = page_end.min(current.len());
+                if random.next() % 2 == 0 {
+                    out[at..end].copy_from_slice(&current[at..end]);
+                    kept_end = end;
+                }
+                at = end;
+            }
+            out.truncate(kept_end);
+        }
+    }
+    out
 }
 
 struct MemFile {
@@ -279,6 +365,35 @@ mod tests {
             storage.contents(&b).is_none(),
             "b's directory entry was never synced"
         );
+    }
+
+    #[test]
+    fn torn_power_loss_keeps_synced_bytes_and_tears_the_rest() {
+        let dir = Path::new("/db");
+        let mut shapes = BTreeSet::new();
+        for seed in 0..64 {
+            let storage = MemStorage::new();
+            storage.create_dir_all(dir).unwrap();
+            let a = dir.join("a");
+            let mut file = storage.open_append(&a, true).unwrap();
+            file.append(&[1; 5000]).unwrap();
+            file.sync().unwrap();
+            storage.sync_dir(dir).unwrap();
+            file.append(&[2; 10_000]).unwrap();
+            storage.torn_power_loss(seed);
+            let after = storage.contents(&a).unwrap();
+            assert!(after.len() >= 5000 && after.len() <= 15_000);
+            assert_eq!(&after[..5000], &[1; 5000][..], "synced bytes never change");
+            assert!(after[5000..].iter().all(|&b| b == 0 || b == 2));
+            let zeros_then_data = after[5000..]
+                .iter()
+                .position(|&b| b == 2)
+                .is_some_and(|first| {
+                    after[5000..first + 5000].iter().all(|&b| b == 0) && first > 0
+                });
+            shapes.insert((after.len() == 5000, after.len() == 15_000, zeros_then_data));
+        }
+        assert!(shapes.len() >= 3, "tears of several shapes: {shapes:?}");
     }
 
     #[test]
