@@ -249,9 +249,10 @@ fn a_batch_costs_one_fsync_and_writers_share_fsyncs() {
     });
     let fsyncs = db.stats().fsyncs - before;
     let writes = u64::from(per_thread) * threads;
-    // Group commit can only merge; it never needs more than one fsync per write.
-    assert!(fsyncs <= writes, "{fsyncs} fsyncs for {writes} writes");
-    assert!(fsyncs >= 1);
+    eprintln!("{fsyncs} fsyncs for {writes} writes");
+    // Writers arriving while a leader syncs share the next fsync: with 16 writers a
+    // group holds several writes. One fsync per write would mean no group commit.
+    assert!(fsyncs * 3 <= writes, "{fsyncs} fsyncs for {writes} writes");
 }
 
 #[test]
@@ -259,4 +260,56 @@ fn in_memory_flush_is_a_no_op_and_open_needs_no_directory() {
     let db = Db::open(Options::in_memory()).unwrap();
     db.flush().unwrap();
     assert_eq!(db.stats().fsyncs, 0);
+}
+
+#[test]
+fn segments_stay_within_their_limit_and_roll_over_once_per_boundary() {
+    const MAX: u64 = 4096;
+    // The largest append: a finish frame with a 900-byte response and its group's mark.
+    const LARGEST_APPEND: u64 = 20 + 36 + 900 + 28;
+    const SEAL: u64 = 28;
+    let dir = tempfile::tempdir().unwrap();
+    let clock = manual_clock();
+    let options = durable_options(dir.path(), &clock)
+        .durability(Durability::Sync)
+        .segment_max_bytes(MAX);
+    {
+        let db = Db::open(options.clone()).unwrap();
+        let scope = Scope::new("org", "big");
+        std::thread::scope(|s| {
+            for t in 0..8u32 {
+                let (db, scope) = (&db, &scope);
+                s.spawn(move || {
+                    for i in 0..60u32 {
+                        let key = format!("{t}-{i}");
+                        let Reservation::Acquired(lease) =
+                            db.reserve(scope, key.as_bytes(), b"r").unwrap()
+                        else {
+                            panic!("fresh key");
+                        };
+                        let len = 100 + (t * 131 + i * 37) % 801;
+                        lease.complete(&vec![7; len as usize]).unwrap();
+                    }
+                });
+            }
+        });
+    }
+    let sizes: Vec<u64> = segment_files(dir.path())
+        .iter()
+        .map(|name| std::fs::metadata(dir.path().join(name)).unwrap().len())
+        .collect();
+    assert!(sizes.len() > 20, "{sizes:?}");
+    for &size in &sizes {
+        assert!(size <= MAX + SEAL, "a segment of {size} bytes passed the limit: {sizes:?}");
+    }
+    // Each segment rolled over only when the next append did not fit: none but the last
+    // data segment and the empty one a clean close starts is far from full.
+    for &size in &sizes[..sizes.len() - 2] {
+        assert!(
+            size + LARGEST_APPEND + SEAL >= MAX,
+            "a segment of {size} bytes was rolled over early: {sizes:?}"
+        );
+    }
+    let db = Db::open(options).unwrap();
+    assert_eq!(db.stats().live_records, 8 * 60);
 }

@@ -445,3 +445,181 @@ impl Replay<'_> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Replay of logs that the writer can produce under races, crafted frame by frame.
+
+    use std::path::Path;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use super::*;
+    use crate::base::config::{Durability, FullPolicy};
+    use crate::base::fingerprint::Hasher;
+    use crate::base::time::ManualClock;
+    use crate::engine::Reservation;
+    use crate::index::records::Status;
+    use crate::io::MemStorage;
+    use crate::log::entry::LogEntry;
+
+    const WIDTH_MS: u64 = 1_000;
+    const SPAN: u64 = 4;
+    const START: u64 = 1_700_000_000;
+
+    fn config(disk: &MemStorage, clock: &ManualClock) -> Config {
+        Config {
+            dir: Some("/db".into()),
+            window: Window::new(SPAN * WIDTH_MS, WIDTH_MS),
+            durability: Durability::Sync,
+            clock: Arc::new(clock.clone()),
+            shards: 4,
+            expected_keys: 0,
+            max_key_bytes: 64,
+            max_response_bytes: 64,
+            segment_max_bytes: 1 << 20,
+            storage: Arc::new(disk.clone()),
+            shard_capacity: None,
+            full_policy: FullPolicy::Reject,
+            recovery_mode: RecoveryMode::Strict,
+        }
+    }
+
+    fn clock_at(bucket: u64) -> ManualClock {
+        ManualClock::new(UNIX_EPOCH + Duration::from_millis(bucket * WIDTH_MS))
+    }
+
+    fn set_bucket(clock: &ManualClock, bucket: u64) {
+        clock.set(UNIX_EPOCH + Duration::from_millis(bucket * WIDTH_MS));
+    }
+
+    /// Appends `entries` to the newest segment of `/db` as if the writer had.
+    fn append_to_newest(disk: &MemStorage, entries: &[LogEntry<'_>]) -> Hasher {
+        let dir = Path::new("/db");
+        let manifest = Manifest::load(disk, dir).unwrap().unwrap();
+        let seed = frame_seed(manifest.secret);
+        let newest = disk
+            .list(dir)
+            .unwrap()
+            .into_iter()
+            .filter(|path| parse_segment_name(path).is_some())
+            .max()
+            .unwrap();
+        let mut bytes = disk.contents(&newest).unwrap();
+        for entry in entries {
+            let position = bytes.len() as u64;
+            entry.encode(&mut bytes, seed, position);
+        }
+        disk.set_contents(&newest, bytes);
+        Hasher::new(manifest.secret)
+    }
+
+    fn secret_hasher(disk: &MemStorage) -> Hasher {
+        Hasher::new(Manifest::load(disk, Path::new("/db")).unwrap().unwrap().secret)
+    }
+
+    /// A reserve that reached the log after a newer reserve and completion of the same
+    /// key (its thread stalled between the index and the log) must not undo them.
+    #[test]
+    fn a_late_reserve_never_replaces_a_newer_record() {
+        let disk = MemStorage::new();
+        let clock = clock_at(START);
+        let key = b"\x00\x01t\x00\x01ok";
+        let engine = Engine::open(&config(&disk, &clock)).unwrap();
+        let Reservation::Acquired { lease_id: old, .. } = engine.reserve(key, b"req").unwrap()
+        else {
+            panic!("first reserve acquires");
+        };
+        // The first record expires; a second attempt reserves afresh and completes.
+        set_bucket(&clock, START + SPAN + 1);
+        let Reservation::Acquired {
+            fingerprint,
+            lease_id: new,
+            ..
+        } = engine.reserve(key, b"req").unwrap()
+        else {
+            panic!("reserve after expiry acquires");
+        };
+        assert!(new > old);
+        engine
+            .finish(fingerprint, new, Finish::Complete(Arc::from(&b"done"[..])))
+            .unwrap();
+        drop(engine);
+        let hasher = secret_hasher(&disk);
+        let request_hash = hasher.request(b"req");
+        // The stalled first reserve, as it would reach the log: its own stamp, and one
+        // stamped in the live bucket (an event-time clock can do that).
+        for bucket in [START, START + SPAN + 1] {
+            let late = LogEntry::Reserve {
+                fingerprint,
+                lease_id: old,
+                request_hash,
+                created_ms: START * WIDTH_MS,
+                bucket,
+                scoped_key: key,
+            };
+            append_to_newest(&disk, &[late]);
+            let engine = Engine::open(&config(&disk, &clock)).unwrap();
+            let record = engine.get(key).unwrap().unwrap();
+            assert_eq!(record.status, Status::Completed, "late reserve at bucket {bucket}");
+            assert_eq!(record.response.as_deref(), Some(&b"done"[..]));
+        }
+    }
+
+    /// Replay stamps each key with the bucket it was admitted in, not with the bucket of
+    /// the segment it reached: a restart neither lengthens nor shortens a window.
+    #[test]
+    fn keys_replay_with_their_own_bucket() {
+        let disk = MemStorage::new();
+        let clock = clock_at(START);
+        let engine = Engine::open(&config(&disk, &clock)).unwrap();
+        assert!(engine.insert_if_absent(b"early").unwrap());
+        set_bucket(&clock, START + 3);
+        assert!(engine.insert_if_absent(b"late").unwrap());
+        drop(engine);
+        let hasher = secret_hasher(&disk);
+        let stalled = hasher.key(b"stalled");
+        // Admitted in bucket START, logged after the writer moved to bucket START + 3.
+        append_to_newest(
+            &disk,
+            &[LogEntry::Keys {
+                bucket: START,
+                fingerprints: &[stalled],
+            }],
+        );
+        set_bucket(&clock, START + SPAN);
+        let engine = Engine::open(&config(&disk, &clock)).unwrap();
+        assert!(engine.contains(b"stalled").unwrap(), "still inside its window");
+        drop(engine);
+        set_bucket(&clock, START + SPAN + 1);
+        let engine = Engine::open(&config(&disk, &clock)).unwrap();
+        assert!(!engine.contains(b"early").unwrap());
+        assert!(
+            !engine.contains(b"stalled").unwrap(),
+            "its window ended with bucket START + SPAN, whatever segment holds it"
+        );
+        assert!(engine.contains(b"late").unwrap());
+    }
+
+    /// An entry stamped after its segment's bucket cannot come from the writer.
+    #[test]
+    fn an_entry_stamped_after_its_segment_is_corruption() {
+        let disk = MemStorage::new();
+        let clock = clock_at(START);
+        let engine = Engine::open(&config(&disk, &clock)).unwrap();
+        assert!(engine.insert_if_absent(b"k").unwrap());
+        drop(engine);
+        let stamp = START + 2;
+        let hasher = secret_hasher(&disk);
+        append_to_newest(
+            &disk,
+            &[LogEntry::Keys {
+                bucket: stamp,
+                fingerprints: &[hasher.key(b"future")],
+            }],
+        );
+        assert!(matches!(
+            Engine::open(&config(&disk, &clock)),
+            Err(Error::Corrupted { .. })
+        ));
+    }
+}
