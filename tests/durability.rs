@@ -300,7 +300,10 @@ fn segments_stay_within_their_limit_and_roll_over_once_per_boundary() {
         .collect();
     assert!(sizes.len() > 20, "{sizes:?}");
     for &size in &sizes {
-        assert!(size <= MAX + SEAL, "a segment of {size} bytes passed the limit: {sizes:?}");
+        assert!(
+            size <= MAX + SEAL,
+            "a segment of {size} bytes passed the limit: {sizes:?}"
+        );
     }
     // Each segment rolled over only when the next append did not fit: none but the last
     // data segment and the empty one a clean close starts is far from full.

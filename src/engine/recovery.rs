@@ -514,7 +514,12 @@ mod tests {
     }
 
     fn secret_hasher(disk: &MemStorage) -> Hasher {
-        Hasher::new(Manifest::load(disk, Path::new("/db")).unwrap().unwrap().secret)
+        Hasher::new(
+            Manifest::load(disk, Path::new("/db"))
+                .unwrap()
+                .unwrap()
+                .secret,
+        )
     }
 
     /// A reserve that reached the log after a newer reserve and completion of the same
@@ -560,7 +565,11 @@ mod tests {
             append_to_newest(&disk, &[late]);
             let engine = Engine::open(&config(&disk, &clock)).unwrap();
             let record = engine.get(key).unwrap().unwrap();
-            assert_eq!(record.status, Status::Completed, "late reserve at bucket {bucket}");
+            assert_eq!(
+                record.status,
+                Status::Completed,
+                "late reserve at bucket {bucket}"
+            );
             assert_eq!(record.response.as_deref(), Some(&b"done"[..]));
         }
     }
@@ -588,7 +597,10 @@ mod tests {
         );
         set_bucket(&clock, START + SPAN);
         let engine = Engine::open(&config(&disk, &clock)).unwrap();
-        assert!(engine.contains(b"stalled").unwrap(), "still inside its window");
+        assert!(
+            engine.contains(b"stalled").unwrap(),
+            "still inside its window"
+        );
         drop(engine);
         set_bucket(&clock, START + SPAN + 1);
         let engine = Engine::open(&config(&disk, &clock)).unwrap();
