@@ -194,7 +194,7 @@ fn tear(synced: &[u8], current: &[u8], random: &mut SplitMix) -> Vec<u8> {
             while at < current.len() {
                 let page_end = ((at / PAGE) + 1) * PAGE;
                 let end = page_end.min(current.len());
-                if random.next() % 2 == 0 {
+                if random.next().is_multiple_of(2) {
                     out[at..end].copy_from_slice(&current[at..end]);
                     kept_end = end;
                 }
