@@ -7,12 +7,22 @@
 //!   replayed to retries.
 //! - Keys live in time buckets; a bucket that leaves the window is dropped whole.
 //! - [`Options::new`] stores everything in append-only segment files with the chosen
-//!   [`Durability`]. Recovery keeps every write acknowledged as durable by that mode, or
-//!   fails with [`Error::Corrupted`] naming the file and byte when damage reached one:
-//!   it never drops an acknowledged write silently. The one exception is damage inside
-//!   the last commit group before a crash, which cannot be told apart from a torn write
-//!   and is cut and reported ([`Db::recovery_report`]); see `docs/guarantees.md`.
+//!   [`Durability`].
 //! - [`verify`] checks a store's files without changing them.
+//!
+//! # What survives which damage
+//!
+//! | damage | `Sync` | `Buffered` | `Interval(d)` |
+//! |---|---|---|---|
+//! | process crash (`kill -9`) | everything acknowledged | everything acknowledged | all but the last `d` |
+//! | power loss | everything acknowledged | everything up to the last fsync (`flush`, roll-over, close) | all but the last `d` |
+//! | a flipped or lost byte that an fsync covered | [`Error::Corrupted`] naming the file and byte ([`RecoveryMode::Strict`]), or every frame that still verifies kept and the skipped ranges reported ([`RecoveryMode::Salvage`]) | the same | the same |
+//! | damage past the last fsync of the newest segment (a torn write) | cut, fsynced and reported in [`Db::recovery_report`]: never acknowledged as durable | the same | the same |
+//!
+//! Recovery never drops an acknowledged write silently. The cases no check can tell from
+//! a torn write are damage inside the last commit group written before a crash (cut and
+//! reported) and the newest segment of a crashed store cut exactly at a frame boundary;
+//! `docs/guarantees.md` has the details and the tests behind each line.
 //!
 //! # Layering
 //!
