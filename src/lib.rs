@@ -66,12 +66,14 @@ mod log;
 
 pub use api::db::{Db, verify, verify_with};
 pub use api::options::Options;
-pub use api::record::{Lease, LeaseError, Record, RecordStatus, Reservation, Scope};
+pub use api::record::{
+    Advance, InFlight, Lease, LeaseError, Record, RecordStatus, Reservation, Scope,
+};
 pub use api::stats::Stats;
 pub use base::config::{Durability, FullPolicy, RecoveryMode};
 pub use base::error::{Error, Result};
 pub use base::limits::{
-    MAX_BATCH_KEYS, MAX_BUCKETS_PER_WINDOW, MAX_EXPECTED_KEYS, MAX_KEY_BYTES_LIMIT,
+    MAX_BATCH_KEYS, MAX_BUCKETS_PER_WINDOW, MAX_EXPECTED_KEYS, MAX_KEY_BYTES_LIMIT, MAX_NOTE_BYTES,
     MAX_RESPONSE_BYTES_LIMIT, MAX_SCOPE_PART_BYTES, MAX_SEGMENT_BYTES_LIMIT, MAX_SHARDS,
 };
 pub use base::time::{Clock, ManualClock, SystemClock};

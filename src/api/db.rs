@@ -4,11 +4,12 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::options::Options;
-use super::record::{Lease, Record, Reservation, Scope};
+use super::record::{Advance, InFlight, Lease, Record, Reservation, Scope};
 use super::stats::Stats;
 use crate::base::error::Result;
-use crate::base::time::ms_to_system_time;
-use crate::engine::{self, Engine};
+use crate::base::time::{duration_to_ms, ms_to_system_time};
+use crate::engine::{self, Engine, TakenOver};
+use crate::index::marks::Advanced;
 use crate::log::report::{RecoveryReport, VerifyReport};
 
 /// An embedded store of dedup keys and idempotency records over a sliding time window.
@@ -98,6 +99,75 @@ impl Db {
         self.engine.check_key(key)?;
         let scoped_key = scope.encode_key(key)?;
         Ok(self.engine.get(&scoped_key)?.map(Record::from))
+    }
+
+    /// Records in flight for at least `older_than` (by the database clock): stuck
+    /// records whose outcome is unknown, for a reconciliation worker. Each shard is
+    /// locked only while its own records are copied.
+    pub fn in_flight(&self, older_than: std::time::Duration) -> Vec<InFlight> {
+        self.engine
+            .in_flight(duration_to_ms(older_than))
+            .into_iter()
+            .filter_map(|record| {
+                let (scope, key) = Scope::decode_key(&record.scoped_key)?;
+                Some(InFlight {
+                    scope,
+                    key: key.to_vec(),
+                    since: ms_to_system_time(record.since_ms),
+                    epoch: record.lease_id,
+                    note: record.note.map(|note| note.to_vec()),
+                })
+            })
+            .collect()
+    }
+
+    /// Takes over the record of `key` in `scope` if it is in flight: a new lease with a
+    /// higher fencing epoch. From then on the old lease's `complete`, `fail`, `release`
+    /// and `note` return [`Error::Fenced`](crate::Error::Fenced) and change nothing; the
+    /// new lease finishes the record as usual. The take-over is logged like a reserve,
+    /// so fencing holds across a reopen and a crash. `None` if the record is not in
+    /// flight (absent, completed or failed). Of concurrent take-overs, each gets a
+    /// lease, and only the last one's epoch holds the record.
+    pub fn take_over(&self, scope: &Scope, key: &[u8]) -> Result<Option<Lease>> {
+        self.engine.check_key(key)?;
+        let scoped_key = scope.encode_key(key)?;
+        Ok(self
+            .engine
+            .take_over(&scoped_key)?
+            .map(|taken| self.lease(taken)))
+    }
+
+    /// The lease of epoch `epoch` on the record of `key` in `scope`, for a worker that
+    /// restarted and kept its epoch ([`Lease::epoch`]). `Error::Fenced` if the record was
+    /// taken over since, `Error::LeaseLost` if it is no longer in flight.
+    pub fn resume(&self, scope: &Scope, key: &[u8], epoch: u64) -> Result<Lease> {
+        self.engine.check_key(key)?;
+        let scoped_key = scope.encode_key(key)?;
+        Ok(self.lease(self.engine.resume(&scoped_key, epoch)?))
+    }
+
+    fn lease(&self, taken: TakenOver) -> Lease {
+        Lease {
+            engine: Arc::clone(&self.engine),
+            fingerprint: taken.fingerprint,
+            lease_id: taken.lease_id,
+            since_ms: taken.since_ms,
+        }
+    }
+
+    /// The ordering guard: keeps a version high-water mark per aggregate (`aggregate_id`
+    /// in `scope`) inside the window and says what to do with an event of `version`;
+    /// see [`Advance`]. Atomic under races like every other call and durable like keys.
+    /// An aggregate without a live mark accepts any version as its first.
+    pub fn advance(&self, scope: &Scope, aggregate_id: &[u8], version: u64) -> Result<Advance> {
+        self.engine.check_key(aggregate_id)?;
+        let scoped_key = scope.encode_key(aggregate_id)?;
+        Ok(match self.engine.advance(&scoped_key, version)? {
+            Advanced::Applied => Advance::Applied,
+            Advanced::Duplicate => Advance::Duplicate,
+            Advanced::Stale { current } => Advance::Stale { current },
+            Advanced::Gap { expected } => Advance::Gap { expected },
+        })
     }
 
     /// Durability barrier: when it returns, everything acknowledged before the call is on

@@ -33,6 +33,7 @@ pub struct Options {
     pub(crate) max_keys: Option<u64>,
     pub(crate) full_policy: FullPolicy,
     pub(crate) recovery_mode: RecoveryMode,
+    pub(crate) stuck_after_ms: u64,
 }
 
 impl fmt::Debug for Options {
@@ -50,6 +51,7 @@ impl fmt::Debug for Options {
             .field("max_keys", &self.max_keys)
             .field("full_policy", &self.full_policy)
             .field("recovery_mode", &self.recovery_mode)
+            .field("stuck_after_ms", &self.stuck_after_ms)
             .finish_non_exhaustive()
     }
 }
@@ -80,6 +82,7 @@ impl Options {
             max_keys: None,
             full_policy: FullPolicy::Reject,
             recovery_mode: RecoveryMode::Strict,
+            stuck_after_ms: 5 * 60 * 1000,
         }
     }
 
@@ -173,6 +176,13 @@ impl Options {
         self
     }
 
+    /// A record in flight at least this long counts as stuck in
+    /// [`Stats::stuck_records`](crate::Stats). Default 5 minutes.
+    pub fn stuck_after(mut self, age: Duration) -> Self {
+        self.stuck_after_ms = duration_to_ms(age);
+        self
+    }
+
     /// The per-shard share of `max_keys`.
     fn shard_capacity(&self) -> Option<u64> {
         self.max_keys
@@ -196,6 +206,7 @@ impl Options {
             shard_capacity: self.shard_capacity(),
             full_policy: self.full_policy,
             recovery_mode: self.recovery_mode,
+            stuck_after_ms: self.stuck_after_ms,
         })
     }
 

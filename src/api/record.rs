@@ -60,6 +60,22 @@ impl Scope {
     }
 }
 
+impl Scope {
+    /// The scope and key an encoded scoped key holds, or `None` if it is malformed.
+    pub(crate) fn decode_key(bytes: &[u8]) -> Option<(Scope, &[u8])> {
+        let (tenant, rest) = split_part(bytes)?;
+        let (operation, key) = split_part(rest)?;
+        Some((Scope::new(tenant, operation), key))
+    }
+}
+
+/// A length-prefixed part and what follows it.
+fn split_part(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
+    let len = usize::from(u16::from_le_bytes([*bytes.first()?, *bytes.get(1)?]));
+    let part = bytes.get(2..2 + len)?;
+    Some((part, bytes.get(2 + len..)?))
+}
+
 impl fmt::Debug for Scope {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Scope")
@@ -242,6 +258,22 @@ impl Lease {
         self.end(Finish::Release)
     }
 
+    /// Attaches a short note (at most [`MAX_NOTE_BYTES`](crate::MAX_NOTE_BYTES)) to the
+    /// record while it is in flight, durably: for example
+    /// `provider_outcome_unknown` after a provider timeout, for the reconciliation worker
+    /// that [`Db::in_flight`](crate::Db::in_flight) shows it to. A later note replaces
+    /// an earlier one. After a take-over, [`Error::Fenced`](crate::Error::Fenced).
+    pub fn note(&self, note: &[u8]) -> Result<()> {
+        self.engine.note(self.fingerprint, self.lease_id, note)
+    }
+
+    /// The lease's fencing epoch: unique in the database and higher than the epoch of
+    /// every earlier lease on the same record. A worker that persists it can come back
+    /// with [`Db::resume`](crate::Db::resume).
+    pub fn epoch(&self) -> u64 {
+        self.lease_id
+    }
+
     fn end(self, finish: Finish) -> Result<(), LeaseError> {
         match self.engine.finish(self.fingerprint, self.lease_id, finish) {
             Ok(()) => Ok(()),
@@ -258,8 +290,47 @@ impl Lease {
 impl fmt::Debug for Lease {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Lease")
-            .field("lease_id", &self.lease_id)
+            .field("epoch", &self.lease_id)
             .field("since_ms", &self.since_ms)
             .finish_non_exhaustive()
     }
+}
+
+/// A record still in flight, as [`Db::in_flight`](crate::Db::in_flight) lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct InFlight {
+    /// The record's scope.
+    pub scope: Scope,
+    /// The record's key.
+    pub key: Vec<u8>,
+    /// When the record was reserved.
+    pub since: SystemTime,
+    /// The fencing epoch of the lease that holds it.
+    pub epoch: u64,
+    /// The note its lease holder attached, if any.
+    pub note: Option<Vec<u8>>,
+}
+
+/// The answer of [`Db::advance`](crate::Db::advance), the ordering guard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "the answer says whether to apply, skip, reject or buffer the event"]
+pub enum Advance {
+    /// The version is the next one (or the aggregate has no version inside the window):
+    /// it is now the aggregate's version. Apply the event.
+    Applied,
+    /// The version equals the aggregate's version: a redelivery. Skip it.
+    Duplicate,
+    /// The version is older than the aggregate's: an out-of-order or replayed event.
+    /// Skip or reject it.
+    Stale {
+        /// The aggregate's version.
+        current: u64,
+    },
+    /// A version was skipped: buffer this event and wait for `expected`, or refetch the
+    /// aggregate. Nothing changed.
+    Gap {
+        /// The version that would be applied next.
+        expected: u64,
+    },
 }

@@ -31,6 +31,22 @@ pub struct Stats {
     pub released: u64,
     /// Lease endings refused because the record had expired or the lease had ended.
     pub leases_lost: u64,
+    /// Lease calls refused with `Error::Fenced` (the record was taken over).
+    pub fenced: u64,
+    /// Records taken over by `Db::take_over`.
+    pub take_overs: u64,
+    /// Records in flight at least `Options::stuck_after` (as of the call).
+    pub stuck_records: u64,
+    /// Ordering guard: versions applied.
+    pub versions_applied: u64,
+    /// Ordering guard: versions answered `Duplicate`.
+    pub versions_duplicate: u64,
+    /// Ordering guard: versions answered `Stale`.
+    pub versions_stale: u64,
+    /// Ordering guard: versions answered `Gap`.
+    pub versions_gap: u64,
+    /// Ordering guard: aggregates with a version inside the window.
+    pub live_aggregates: u64,
     /// Writes refused with `Error::Full`.
     pub full_rejections: u64,
     /// Buckets dropped early (per shard) by `FullPolicy::EvictOldest`.
@@ -86,6 +102,14 @@ impl Stats {
             failed: counters.failed,
             released: counters.released,
             leases_lost: counters.leases_lost,
+            fenced: counters.fenced,
+            take_overs: counters.take_overs,
+            stuck_records: engine.stuck_records,
+            versions_applied: counters.advance_applied,
+            versions_duplicate: counters.advance_duplicates,
+            versions_stale: counters.advance_stale,
+            versions_gap: counters.advance_gaps,
+            live_aggregates: index.live_marks,
             full_rejections: counters.full_rejections,
             buckets_evicted: counters.buckets_evicted,
             keys_evicted: counters.keys_evicted,

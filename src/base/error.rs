@@ -46,8 +46,17 @@ pub enum Error {
         /// The limit.
         max: usize,
     },
-    /// The lease no longer owns its record: the record expired with its window.
+    /// The lease no longer owns its record: the record expired with its window, was
+    /// released, or was already finished by this lease.
     LeaseLost,
+    /// A newer lease took the record over ([`Db::take_over`](crate::Db::take_over)):
+    /// this lease's calls change nothing.
+    Fenced,
+    /// A note is longer than [`MAX_NOTE_BYTES`](crate::MAX_NOTE_BYTES).
+    NoteTooLong {
+        /// Length of the rejected note in bytes.
+        len: usize,
+    },
     /// Two different scoped keys share a 128-bit fingerprint; the operation was refused
     /// rather than mixing their records. With a seeded 128-bit hash this is not expected
     /// to happen in the lifetime of any deployment.
@@ -100,6 +109,12 @@ impl fmt::Display for Error {
                 write!(f, "batch of {len} keys exceeds the limit of {max} keys")
             }
             Error::LeaseLost => write!(f, "the lease's record has expired or was removed"),
+            Error::Fenced => write!(f, "the record was taken over by a newer lease"),
+            Error::NoteTooLong { len } => write!(
+                f,
+                "note of {len} bytes exceeds the limit of {} bytes",
+                crate::base::limits::MAX_NOTE_BYTES
+            ),
             Error::FingerprintCollision => {
                 write!(f, "two different keys share a 128-bit fingerprint")
             }

@@ -14,6 +14,7 @@ pub(crate) struct Hasher {
     key_seed: u64,
     record_seed: u64,
     request_seed: u64,
+    mark_seed: u64,
 }
 
 impl Hasher {
@@ -22,6 +23,7 @@ impl Hasher {
             key_seed: secret,
             record_seed: secret.rotate_left(21) ^ 0x9e37_79b9_7f4a_7c15,
             request_seed: secret.rotate_left(42) ^ 0xc2b2_ae3d_27d4_eb4f,
+            mark_seed: secret.rotate_left(53) ^ 0x1656_67b1_9e37_79f9,
         }
     }
 
@@ -33,6 +35,11 @@ impl Hasher {
     /// Fingerprint of an encoded scope + key.
     pub(crate) fn record(&self, scoped_key: &[u8]) -> Fingerprint {
         Fingerprint(xxh3_128_with_seed(scoped_key, self.record_seed))
+    }
+
+    /// Fingerprint of an encoded scope + aggregate id (the ordering guard).
+    pub(crate) fn mark(&self, scoped_key: &[u8]) -> Fingerprint {
+        Fingerprint(xxh3_128_with_seed(scoped_key, self.mark_seed))
     }
 
     /// Binding hash of a canonical request body.

@@ -19,6 +19,9 @@ pub const MAX_SHARDS: usize = 4096;
 /// would not fit any machine's memory.
 pub const MAX_EXPECTED_KEYS: u64 = 1 << 34;
 
+/// Longest note a lease may attach to its record (`Lease::note`).
+pub const MAX_NOTE_BYTES: usize = 1024;
+
 /// Longest encoded scoped key: two length-prefixed scope parts and a key.
 pub(crate) const MAX_SCOPED_KEY_BYTES: usize =
     2 + MAX_SCOPE_PART_BYTES + 2 + MAX_SCOPE_PART_BYTES + MAX_KEY_BYTES_LIMIT;

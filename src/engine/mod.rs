@@ -21,11 +21,12 @@ use crate::base::config::{Durability, FullPolicy, RecoveryMode};
 use crate::base::error::{Error, Result};
 use crate::base::fingerprint::{Fingerprint, Hasher, random_secret};
 use crate::base::finish::Finish;
-use crate::base::limits::{LEASE_ID_LIMIT, MAX_BATCH_KEYS};
+use crate::base::limits::{LEASE_ID_LIMIT, MAX_BATCH_KEYS, MAX_NOTE_BYTES};
 use crate::base::time::Clock;
 use crate::base::window::Window;
+use crate::index::marks::Advanced;
 use crate::index::records::RecordSnapshot;
-use crate::index::shard::{Reserved, Shard};
+use crate::index::shard::{InFlightRecord, Reserved, Shard};
 use crate::index::{Index, IndexConfig, IndexStats, touch_group};
 use crate::io::Storage;
 use crate::log::entry::LogEntry;
@@ -48,6 +49,8 @@ pub(crate) struct Config {
     pub(crate) shard_capacity: Option<u64>,
     pub(crate) full_policy: FullPolicy,
     pub(crate) recovery_mode: RecoveryMode,
+    /// Records in flight this long are counted as stuck in the stats.
+    pub(crate) stuck_after_ms: u64,
 }
 
 impl Config {
@@ -93,6 +96,7 @@ pub(crate) struct Engine {
     next_lease: AtomicU64,
     max_key_bytes: usize,
     max_response_bytes: usize,
+    stuck_after_ms: u64,
     journal: Option<Journal>,
     recovery: Option<RecoveryReport>,
 }
@@ -102,6 +106,15 @@ pub(crate) struct EngineStats {
     pub(crate) index: IndexStats,
     pub(crate) journal: Option<JournalStats>,
     pub(crate) buckets_dropped: u64,
+    /// Records in flight for at least the configured stuck age.
+    pub(crate) stuck_records: u64,
+}
+
+/// A lease handed out by a take-over.
+pub(crate) struct TakenOver {
+    pub(crate) fingerprint: Fingerprint,
+    pub(crate) lease_id: u64,
+    pub(crate) since_ms: u64,
 }
 
 /// What a reserve found, with the lease id and creation time of an acquired record.
@@ -152,6 +165,7 @@ impl Engine {
             next_lease: AtomicU64::new(parts.next_lease),
             max_key_bytes: config.max_key_bytes,
             max_response_bytes: config.max_response_bytes,
+            stuck_after_ms: config.stuck_after_ms,
             journal: parts.journal,
             recovery: parts.recovery,
         }
@@ -424,6 +438,104 @@ impl Engine {
         self.wait(ticket)
     }
 
+    /// Attaches `note` to the record lease `lease_id` holds in flight, durably.
+    pub(crate) fn note(&self, fingerprint: Fingerprint, lease_id: u64, note: &[u8]) -> Result<()> {
+        if note.len() > MAX_NOTE_BYTES {
+            return Err(Error::NoteTooLong { len: note.len() });
+        }
+        self.check_writable()?;
+        let note: Arc<[u8]> = Arc::from(note);
+        let bucket = self.current_bucket();
+        let ticket = {
+            let mut shard = self.index.lock(fingerprint, bucket);
+            shard.note(fingerprint, lease_id, &note)?;
+            self.enqueue(&[LogEntry::Note {
+                fingerprint,
+                lease_id,
+                note: &note,
+            }])?
+        };
+        self.wait(ticket)
+    }
+
+    /// A new, higher lease on the record of `scoped_key` if it is in flight; the old
+    /// lease is fenced from then on, across reopens too (the take-over is logged under
+    /// the shard lock, like the reserve it follows).
+    pub(crate) fn take_over(&self, scoped_key: &[u8]) -> Result<Option<TakenOver>> {
+        self.check_writable()?;
+        let fingerprint = self.hasher.record(scoped_key);
+        let now_ms = self.clock.now_ms();
+        let bucket = self.current_bucket();
+        let (taken, ticket) = {
+            let mut shard = self.index.lock(fingerprint, bucket);
+            match shard.take_over(fingerprint, scoped_key, || self.next_lease_id())? {
+                None => (None, None),
+                Some((old, new, since_ms)) => {
+                    let ticket = self.enqueue(&[LogEntry::TakeOver {
+                        fingerprint,
+                        old,
+                        new,
+                        at_ms: now_ms,
+                    }])?;
+                    let taken = TakenOver {
+                        fingerprint,
+                        lease_id: new,
+                        since_ms,
+                    };
+                    (Some(taken), ticket)
+                }
+            }
+        };
+        self.wait(ticket)?;
+        Ok(taken)
+    }
+
+    /// The lease `lease_id` on the record of `scoped_key`, if it still holds it in
+    /// flight: `Fenced` if a newer lease does, `LeaseLost` if none does.
+    pub(crate) fn resume(&self, scoped_key: &[u8], lease_id: u64) -> Result<TakenOver> {
+        let fingerprint = self.hasher.record(scoped_key);
+        let bucket = self.current_bucket();
+        let since_ms =
+            self.index
+                .lock(fingerprint, bucket)
+                .check_lease(fingerprint, scoped_key, lease_id)?;
+        Ok(TakenOver {
+            fingerprint,
+            lease_id,
+            since_ms,
+        })
+    }
+
+    /// Records in flight for at least `older_than_ms`, one shard locked at a time.
+    pub(crate) fn in_flight(&self, older_than_ms: u64) -> Vec<InFlightRecord> {
+        let before_ms = self.clock.now_ms().saturating_sub(older_than_ms);
+        self.index.in_flight(self.current_bucket(), before_ms)
+    }
+
+    /// The ordering guard for the aggregate of `scoped_key`; an applied version is
+    /// logged under the shard lock, stamped with its bucket.
+    pub(crate) fn advance(&self, scoped_key: &[u8], version: u64) -> Result<Advanced> {
+        self.check_writable()?;
+        let fingerprint = self.hasher.mark(scoped_key);
+        let bucket = self.current_bucket();
+        let (answer, ticket) = {
+            let mut shard = self.index.lock(fingerprint, bucket);
+            let answer = shard.advance_version(fingerprint, scoped_key, version)?;
+            let ticket = match answer {
+                Advanced::Applied => self.enqueue(&[LogEntry::Advance {
+                    fingerprint,
+                    version,
+                    bucket: shard.current(),
+                    scoped_key,
+                }])?,
+                _ => None,
+            };
+            (answer, ticket)
+        };
+        self.wait(ticket)?;
+        Ok(answer)
+    }
+
     /// Durability barrier.
     pub(crate) fn flush(&self) -> Result<()> {
         match &self.journal {
@@ -438,10 +550,12 @@ impl Engine {
 
     pub(crate) fn stats(&self) -> EngineStats {
         let bucket = self.current_bucket();
+        let stuck_before = self.clock.now_ms().saturating_sub(self.stuck_after_ms);
         EngineStats {
             index: self.index.stats(bucket),
             journal: self.journal.as_ref().map(Journal::stats),
             buckets_dropped: bucket - self.opened_bucket,
+            stuck_records: self.index.count_in_flight(bucket, stuck_before),
         }
     }
 }

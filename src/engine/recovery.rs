@@ -140,8 +140,11 @@ fn count_logged_keys(storage: &dyn Storage, dir: &Path, segments: &[(u64, u32)],
         for (_, entry) in scan(&bytes, seed).frames {
             keys += match entry {
                 DecodedEntry::Keys { fingerprints, .. } => fingerprints.len() as u64,
-                DecodedEntry::Reserve { .. } => 1,
-                DecodedEntry::Finish { .. } | DecodedEntry::Mark { .. } => 0,
+                DecodedEntry::Reserve { .. } | DecodedEntry::Advance { .. } => 1,
+                DecodedEntry::Finish { .. }
+                | DecodedEntry::Mark { .. }
+                | DecodedEntry::Note { .. }
+                | DecodedEntry::TakeOver { .. } => 0,
             };
         }
     }
@@ -276,6 +279,10 @@ impl Replay<'_> {
                 for damage in &scanned.damage {
                     self.skipped(path, damage.start, damage.end, damage.reason);
                 }
+                if scanned.damage.is_empty() {
+                    // Nothing to skip, but something to report: a missing seal.
+                    self.skipped(path, offset, offset, reason);
+                }
                 self.apply_all(segment, &scanned, u64::MAX)?;
                 return Ok(true);
             }
@@ -386,8 +393,13 @@ impl Replay<'_> {
     /// Applies one entry of a segment of bucket `segment_bucket`.
     fn apply(&mut self, segment_bucket: u64, entry: &DecodedEntry<'_>) -> Result<(), &'static str> {
         let stamp = match entry {
-            DecodedEntry::Keys { bucket, .. } | DecodedEntry::Reserve { bucket, .. } => *bucket,
-            DecodedEntry::Finish { .. } | DecodedEntry::Mark { .. } => segment_bucket,
+            DecodedEntry::Keys { bucket, .. }
+            | DecodedEntry::Reserve { bucket, .. }
+            | DecodedEntry::Advance { bucket, .. } => *bucket,
+            DecodedEntry::Finish { .. }
+            | DecodedEntry::Mark { .. }
+            | DecodedEntry::Note { .. }
+            | DecodedEntry::TakeOver { .. } => segment_bucket,
         };
         if stamp > segment_bucket {
             return Err("entry is stamped later than its segment's bucket");
@@ -439,6 +451,40 @@ impl Replay<'_> {
                     *at_ms,
                 );
             }
+            DecodedEntry::Note {
+                fingerprint,
+                lease_id,
+                note,
+            } => {
+                let note = Arc::from(*note);
+                self.index
+                    .lock(*fingerprint, 0)
+                    .restore_note(*fingerprint, *lease_id, &note);
+            }
+            DecodedEntry::TakeOver {
+                fingerprint,
+                old,
+                new,
+                ..
+            } => {
+                self.max_lease = self.max_lease.max(*new);
+                self.index
+                    .lock(*fingerprint, 0)
+                    .restore_take_over(*fingerprint, *old, *new);
+            }
+            DecodedEntry::Advance {
+                fingerprint,
+                version,
+                bucket,
+                scoped_key,
+            } => {
+                self.index.lock(*fingerprint, *bucket).restore_mark(
+                    *fingerprint,
+                    scoped_key,
+                    *version,
+                    *bucket,
+                );
+            }
             DecodedEntry::Mark { .. } => return Ok(()),
         }
         self.report.entries_replayed += 1;
@@ -481,6 +527,7 @@ mod tests {
             shard_capacity: None,
             full_policy: FullPolicy::Reject,
             recovery_mode: RecoveryMode::Strict,
+            stuck_after_ms: 60_000,
         }
     }
 

@@ -17,6 +17,12 @@ pub(crate) struct Counters {
     pub(crate) full_rejections: u64,
     pub(crate) buckets_evicted: u64,
     pub(crate) keys_evicted: u64,
+    pub(crate) fenced: u64,
+    pub(crate) take_overs: u64,
+    pub(crate) advance_applied: u64,
+    pub(crate) advance_duplicates: u64,
+    pub(crate) advance_stale: u64,
+    pub(crate) advance_gaps: u64,
 }
 
 impl Counters {
@@ -34,5 +40,11 @@ impl Counters {
         self.full_rejections += other.full_rejections;
         self.buckets_evicted += other.buckets_evicted;
         self.keys_evicted += other.keys_evicted;
+        self.fenced += other.fenced;
+        self.take_overs += other.take_overs;
+        self.advance_applied += other.advance_applied;
+        self.advance_duplicates += other.advance_duplicates;
+        self.advance_stale += other.advance_stale;
+        self.advance_gaps += other.advance_gaps;
     }
 }

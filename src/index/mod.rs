@@ -13,6 +13,7 @@
 )]
 
 pub(crate) mod counters;
+pub(crate) mod marks;
 pub(crate) mod records;
 pub(crate) mod shard;
 pub(crate) mod table;
@@ -47,6 +48,7 @@ pub(crate) struct IndexStats {
     pub(crate) counters: Counters,
     pub(crate) live_keys: u64,
     pub(crate) live_records: u64,
+    pub(crate) live_marks: u64,
     pub(crate) table_slots_used: u64,
     pub(crate) table_probes: u64,
     pub(crate) heap_bytes: u64,
@@ -154,6 +156,29 @@ impl Index {
         }
     }
 
+    /// Records in flight reserved at or before `before_ms`, one shard locked at a time.
+    pub(crate) fn in_flight(&self, bucket: u64, before_ms: u64) -> Vec<shard::InFlightRecord> {
+        let mut found = Vec::new();
+        for padded in self.shards.iter() {
+            let mut shard = padded.0.lock();
+            shard.advance(bucket);
+            found.extend(shard.in_flight(before_ms));
+        }
+        found
+    }
+
+    /// How many records are in flight since at or before `before_ms`.
+    pub(crate) fn count_in_flight(&self, bucket: u64, before_ms: u64) -> u64 {
+        self.shards
+            .iter()
+            .map(|padded| {
+                let mut shard = padded.0.lock();
+                shard.advance(bucket);
+                shard.count_in_flight(before_ms)
+            })
+            .sum()
+    }
+
     /// Sums every shard, each moved to `bucket` first.
     pub(crate) fn stats(&self, bucket: u64) -> IndexStats {
         let mut stats = IndexStats::default();
@@ -164,6 +189,7 @@ impl Index {
             stats.counters.add(&shard.counters);
             stats.live_keys += shard.live_keys();
             stats.live_records += shard.live_records();
+            stats.live_marks += shard.live_marks();
             stats.table_slots_used += shard.table_slots_used() as u64;
             stats.table_probes += shard.table_probes();
             stats.heap_bytes += shard.heap_bytes() as u64;

@@ -30,7 +30,12 @@ pub(crate) struct StoredRecord {
     /// The lease the record was created under; kept after it ends, so that replay can
     /// tell an older reserve from a newer one.
     pub(crate) lease_id: u64,
+    /// The lease the record was created under: leases from it up to `lease_id` belong
+    /// to this record (take-overs raised them); older ones to an earlier record.
+    pub(crate) first_lease: u64,
     pub(crate) state: State,
+    /// A short note a lease holder attached while in flight.
+    pub(crate) note: Option<Arc<[u8]>>,
 }
 
 /// The lifecycle state of a record as the index reports it.
@@ -67,6 +72,12 @@ impl StoredRecord {
             created_ms: self.created_ms,
             finished_ms,
         }
+    }
+
+    /// Whether `lease_id` was taken over on this record (rather than belonging to an
+    /// earlier record of the same key, or being the current lease).
+    pub(crate) fn fences(&self, lease_id: u64) -> bool {
+        self.first_lease <= lease_id && lease_id < self.lease_id
     }
 
     /// Whether the record is in flight under `lease_id`.
@@ -148,6 +159,26 @@ impl RecordMap {
         self.map.remove(&fingerprint)
     }
 
+    /// Live records in flight that were reserved at or before `before_ms`.
+    pub(crate) fn in_flight(
+        &self,
+        before_ms: u64,
+        window: Window,
+        current: u64,
+    ) -> Vec<super::shard::InFlightRecord> {
+        self.map
+            .values()
+            .filter(|r| r.state == State::InFlight && r.created_ms <= before_ms)
+            .filter(|r| window.is_live(r.bucket, current))
+            .map(|r| super::shard::InFlightRecord {
+                scoped_key: r.scoped_key.clone(),
+                since_ms: r.created_ms,
+                lease_id: r.lease_id,
+                note: r.note.clone(),
+            })
+            .collect()
+    }
+
     /// Removes up to `budget` records whose bucket has left the window.
     pub(crate) fn expire(&mut self, budget: usize, window: Window, current: u64) {
         for _ in 0..budget {
@@ -189,6 +220,7 @@ impl RecordMap {
                         }
                         State::InFlight => 0,
                     }
+                    + r.note.as_ref().map_or(0, |note| note.len())
             })
             .sum();
         self.map.capacity() * per_entry + self.expiry.capacity() * 24 + payload
@@ -206,7 +238,9 @@ mod tests {
             bucket,
             created_ms: bucket,
             lease_id: 1,
+            first_lease: 1,
             state: State::InFlight,
+            note: None,
         }
     }
 

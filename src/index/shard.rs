@@ -12,6 +12,7 @@
 use std::collections::TryReserveError;
 
 use super::counters::Counters;
+use super::marks::{Advanced, MarkMap};
 use super::records::{RecordMap, RecordSnapshot, State, StoredRecord};
 use super::table::{DedupTable, Inserted};
 use crate::base::config::FullPolicy;
@@ -59,6 +60,22 @@ pub(crate) struct NewRecord<'a> {
 struct BucketCount {
     keys: u32,
     records: u32,
+    marks: u32,
+}
+
+impl BucketCount {
+    fn is_empty(self) -> bool {
+        self.keys == 0 && self.records == 0 && self.marks == 0
+    }
+}
+
+/// A record still in flight, as `in_flight` lists it.
+#[derive(Debug, Clone)]
+pub(crate) struct InFlightRecord {
+    pub(crate) scoped_key: Box<[u8]>,
+    pub(crate) since_ms: u64,
+    pub(crate) lease_id: u64,
+    pub(crate) note: Option<std::sync::Arc<[u8]>>,
 }
 
 #[derive(Debug)]
@@ -74,6 +91,8 @@ pub(crate) struct Shard {
     current_ring_index: usize,
     live_keys: u64,
     live_records: u64,
+    live_marks: u64,
+    marks: MarkMap,
     /// No table entry is older than this bucket.
     oldest_bucket: u64,
     /// `current` when the running sweep pass started.
@@ -103,6 +122,8 @@ impl Shard {
             current_ring_index: (current % window.live_buckets()) as usize,
             live_keys: 0,
             live_records: 0,
+            live_marks: 0,
+            marks: MarkMap::default(),
             oldest_bucket: current,
             sweep_started: current,
             evicted_below: 0,
@@ -132,7 +153,7 @@ impl Shard {
         let Some(capacity) = self.capacity else {
             return Ok(());
         };
-        while self.live_keys + self.live_records + new_entries > capacity {
+        while self.live_keys + self.live_records + self.live_marks + new_entries > capacity {
             if self.policy == FullPolicy::Reject || !self.evict_oldest_bucket() {
                 self.counters.full_rejections += 1;
                 return Err(Error::Full);
@@ -149,7 +170,7 @@ impl Shard {
             .max(self.evicted_below);
         let Some(oldest) = (first..self.current).find(|&b| {
             let count = self.ring[self.ring_index(b)];
-            count.keys > 0 || count.records > 0
+            !count.is_empty()
         }) else {
             return false;
         };
@@ -159,7 +180,8 @@ impl Shard {
             let count = std::mem::take(&mut self.ring[index]);
             self.live_keys -= u64::from(count.keys);
             self.live_records -= u64::from(count.records);
-            evicted += u64::from(count.keys) + u64::from(count.records);
+            self.live_marks -= u64::from(count.marks);
+            evicted += u64::from(count.keys) + u64::from(count.records) + u64::from(count.marks);
         }
         self.evicted_below = oldest + 1;
         self.counters.buckets_evicted += 1;
@@ -187,12 +209,14 @@ impl Shard {
             self.ring.fill(BucketCount::default());
             self.live_keys = 0;
             self.live_records = 0;
+            self.live_marks = 0;
         } else {
             for bucket in first_leaving..end_leaving {
                 let index = self.ring_index(bucket);
                 let count = std::mem::take(&mut self.ring[index]);
                 self.live_keys -= u64::from(count.keys);
                 self.live_records -= u64::from(count.records);
+                self.live_marks -= u64::from(count.marks);
             }
         }
         self.current = now;
@@ -230,6 +254,8 @@ impl Shard {
         }
         let (window, current) = (self.view(), self.current);
         self.records
+            .expire(EXPIRE_RECORDS_PER_WRITE * writes, window, current);
+        self.marks
             .expire(EXPIRE_RECORDS_PER_WRITE * writes, window, current);
     }
 
@@ -388,7 +414,9 @@ impl Shard {
             bucket: stamp,
             created_ms: new.created_ms,
             lease_id: new.lease_id,
+            first_lease: new.lease_id,
             state: State::InFlight,
+            note: None,
         };
         if let Some(old) = self.records.insert(new.fingerprint.0, record) {
             self.uncount_record(old.bucket);
@@ -435,14 +463,7 @@ impl Shard {
         finish: &Finish,
         now_ms: u64,
     ) -> Result<()> {
-        let (window, current) = (self.view(), self.current);
-        let record = self
-            .records
-            .live_mut(fingerprint.0, None, window, current)?;
-        let Some(record) = record.filter(|r| r.in_flight_under(lease_id)) else {
-            self.counters.leases_lost += 1;
-            return Err(Error::LeaseLost);
-        };
+        let record = self.owned_record(fingerprint, lease_id)?;
         match finish {
             Finish::Complete(response) => {
                 record.state = State::Completed {
@@ -467,6 +488,193 @@ impl Shard {
         }
         self.after_writes(1);
         Ok(())
+    }
+
+    /// The live record that lease `lease_id` holds in flight. A newer lease on the same
+    /// record (a take-over) makes this `Fenced`; a record that expired (even if the key
+    /// was reserved again since), was released, or already ended under this lease makes
+    /// it `LeaseLost`. Either way nothing changes.
+    fn owned_record(
+        &mut self,
+        fingerprint: Fingerprint,
+        lease_id: u64,
+    ) -> Result<&mut StoredRecord> {
+        let (window, current) = (self.view(), self.current);
+        let fenced = self
+            .records
+            .live_mut(fingerprint.0, None, window, current)?
+            .is_some_and(|record| record.fences(lease_id));
+        if fenced {
+            self.counters.fenced += 1;
+            return Err(Error::Fenced);
+        }
+        match self
+            .records
+            .live_mut(fingerprint.0, None, window, current)?
+        {
+            Some(record) if record.in_flight_under(lease_id) => Ok(record),
+            _ => {
+                self.counters.leases_lost += 1;
+                Err(Error::LeaseLost)
+            }
+        }
+    }
+
+    /// Attaches `note` to the record lease `lease_id` holds in flight.
+    pub(crate) fn note(
+        &mut self,
+        fingerprint: Fingerprint,
+        lease_id: u64,
+        note: &std::sync::Arc<[u8]>,
+    ) -> Result<()> {
+        self.owned_record(fingerprint, lease_id)?.note = Some(note.clone());
+        Ok(())
+    }
+
+    /// Whether lease `lease_id` holds the record of `scoped_key` in flight (for resuming
+    /// a lease by its epoch): `Fenced` if a newer lease does, `LeaseLost` if none does.
+    pub(crate) fn check_lease(
+        &mut self,
+        fingerprint: Fingerprint,
+        scoped_key: &[u8],
+        lease_id: u64,
+    ) -> Result<u64> {
+        let (window, current) = (self.view(), self.current);
+        if self
+            .records
+            .live_mut(fingerprint.0, Some(scoped_key), window, current)?
+            .is_none()
+        {
+            return Err(Error::LeaseLost);
+        }
+        self.owned_record(fingerprint, lease_id)
+            .map(|record| record.created_ms)
+    }
+
+    /// A new lease on the record of `scoped_key` if it is in flight: the record's lease
+    /// id becomes `next_lease()`, higher than every earlier one, which fences the old
+    /// lease. Returns the old and new lease ids and when the record was reserved.
+    pub(crate) fn take_over(
+        &mut self,
+        fingerprint: Fingerprint,
+        scoped_key: &[u8],
+        next_lease: impl FnOnce() -> Result<u64>,
+    ) -> Result<Option<(u64, u64, u64)>> {
+        let (window, current) = (self.view(), self.current);
+        let Some(record) = self
+            .records
+            .live_mut(fingerprint.0, Some(scoped_key), window, current)?
+            .filter(|record| record.state == State::InFlight)
+        else {
+            return Ok(None);
+        };
+        let old = record.lease_id;
+        let new = next_lease()?;
+        record.lease_id = new;
+        let since_ms = record.created_ms;
+        self.counters.take_overs += 1;
+        self.after_writes(1);
+        Ok(Some((old, new, since_ms)))
+    }
+
+    /// Recovery: a logged take-over moves the record from lease `old` to lease `new`.
+    pub(crate) fn restore_take_over(&mut self, fingerprint: Fingerprint, old: u64, new: u64) {
+        let (window, current) = (self.view(), self.current);
+        if let Ok(Some(record)) = self.records.live_mut(fingerprint.0, None, window, current)
+            && record.in_flight_under(old)
+        {
+            record.lease_id = new;
+        }
+    }
+
+    /// Recovery: a logged note.
+    pub(crate) fn restore_note(
+        &mut self,
+        fingerprint: Fingerprint,
+        lease_id: u64,
+        note: &std::sync::Arc<[u8]>,
+    ) {
+        let before = self.counters;
+        let _ = self.note(fingerprint, lease_id, note);
+        self.counters = before;
+    }
+
+    /// Records in flight reserved at or before `before_ms`.
+    pub(crate) fn in_flight(&mut self, before_ms: u64) -> Vec<InFlightRecord> {
+        let (window, current) = (self.view(), self.current);
+        self.records.in_flight(before_ms, window, current)
+    }
+
+    /// The ordering guard: answers `version` for the aggregate of `scoped_key` and, if it
+    /// is applied, makes it the mark, stamped with the current bucket.
+    pub(crate) fn advance_version(
+        &mut self,
+        fingerprint: Fingerprint,
+        scoped_key: &[u8],
+        version: u64,
+    ) -> Result<Advanced> {
+        let (window, current) = (self.view(), self.current);
+        let (answer, old_bucket) =
+            self.marks
+                .check(fingerprint.0, scoped_key, version, window, current)?;
+        if answer == Advanced::Applied {
+            if old_bucket.is_none() {
+                self.make_room(1)?;
+            }
+            self.set_mark(fingerprint, scoped_key, version, current);
+        }
+        let counters = &mut self.counters;
+        match answer {
+            Advanced::Applied => counters.advance_applied += 1,
+            Advanced::Duplicate => counters.advance_duplicates += 1,
+            Advanced::Stale { .. } => counters.advance_stale += 1,
+            Advanced::Gap { .. } => counters.advance_gaps += 1,
+        }
+        self.after_writes(1);
+        Ok(answer)
+    }
+
+    fn set_mark(&mut self, fingerprint: Fingerprint, scoped_key: &[u8], version: u64, stamp: u64) {
+        if let Some(old) = self.marks.set(fingerprint.0, scoped_key, version, stamp)
+            && self.view().is_live(old, self.current)
+        {
+            let index = self.ring_index(old);
+            self.ring[index].marks -= 1;
+            self.live_marks -= 1;
+        }
+        let index = self.ring_index(stamp);
+        self.ring[index].marks += 1;
+        self.live_marks += 1;
+    }
+
+    /// Recovery: a logged applied version stamped `stamp`; a mark only moves forward.
+    pub(crate) fn restore_mark(
+        &mut self,
+        fingerprint: Fingerprint,
+        scoped_key: &[u8],
+        version: u64,
+        stamp: u64,
+    ) {
+        let (window, current) = (self.view(), self.current);
+        if !window.is_live(stamp, current) {
+            return;
+        }
+        let existing = self
+            .marks
+            .version(fingerprint.0, scoped_key, window, current);
+        if existing.is_none_or(|existing| existing < version) {
+            self.set_mark(fingerprint, scoped_key, version, stamp);
+        }
+    }
+
+    /// Stuck records: in flight since at or before `before_ms`.
+    pub(crate) fn count_in_flight(&mut self, before_ms: u64) -> u64 {
+        self.in_flight(before_ms).len() as u64
+    }
+
+    /// Live ordering marks.
+    pub(crate) fn live_marks(&self) -> u64 {
+        self.live_marks
     }
 
     /// Applies a logged lease ending during recovery; a record that is gone is skipped.
@@ -505,12 +713,15 @@ impl Shard {
     /// Marks `live[i]` for every ring position holding a live entry.
     pub(crate) fn mark_live_buckets(&self, live: &mut [bool]) {
         for (mark, count) in live.iter_mut().zip(self.ring.iter()) {
-            *mark |= count.keys > 0 || count.records > 0;
+            *mark |= !count.is_empty();
         }
     }
 
     pub(crate) fn heap_bytes(&self) -> usize {
-        self.table.heap_bytes() + self.records.heap_bytes() + self.ring.len() * 8
+        self.table.heap_bytes()
+            + self.records.heap_bytes()
+            + self.marks.heap_bytes()
+            + self.ring.len() * size_of::<BucketCount>()
     }
 
     pub(crate) fn table_probes(&self) -> u64 {

@@ -8,7 +8,7 @@ use super::format::{FRAME_HEADER_LEN, encode_frame, get_u32, get_u64, get_u128};
 use crate::base::fingerprint::Fingerprint;
 use crate::base::finish::Finish;
 use crate::base::limits::{
-    LEASE_ID_LIMIT, MAX_BATCH_KEYS, MAX_RESPONSE_BYTES_LIMIT, MAX_SCOPED_KEY_BYTES,
+    LEASE_ID_LIMIT, MAX_BATCH_KEYS, MAX_NOTE_BYTES, MAX_RESPONSE_BYTES_LIMIT, MAX_SCOPED_KEY_BYTES,
 };
 
 pub(crate) const KIND_KEYS: u8 = 1;
@@ -18,6 +18,9 @@ pub(crate) const KIND_FAIL: u8 = 4;
 pub(crate) const KIND_RELEASE: u8 = 5;
 pub(crate) const KIND_MARK: u8 = 6;
 pub(crate) const KIND_SEAL: u8 = 7;
+pub(crate) const KIND_NOTE: u8 = 8;
+pub(crate) const KIND_TAKE_OVER: u8 = 9;
+pub(crate) const KIND_ADVANCE: u8 = 10;
 
 /// Fixed part of a keys payload: bucket u64, count u32.
 const KEYS_FIXED: usize = 8 + 4;
@@ -26,6 +29,12 @@ const KEYS_FIXED: usize = 8 + 4;
 const RESERVE_FIXED: usize = 16 + 8 + 16 + 8 + 8 + 4;
 /// Fixed part of a finish payload: fingerprint, lease id, at_ms, response length.
 const FINISH_FIXED: usize = 16 + 8 + 8 + 4;
+/// Fixed part of a note payload: fingerprint, lease id, note length.
+const NOTE_FIXED: usize = 16 + 8 + 4;
+/// A take-over payload: fingerprint, old lease id, new lease id, at_ms.
+const TAKE_OVER_LEN: usize = 16 + 8 + 8 + 8;
+/// Fixed part of an advance payload: fingerprint, version, bucket, key length.
+const ADVANCE_FIXED: usize = 16 + 8 + 8 + 4;
 
 /// An entry to append.
 #[derive(Debug)]
@@ -52,6 +61,26 @@ pub(crate) enum LogEntry<'a> {
         at_ms: u64,
         finish: &'a Finish,
     },
+    /// A lease attached a note to its record.
+    Note {
+        fingerprint: Fingerprint,
+        lease_id: u64,
+        note: &'a [u8],
+    },
+    /// A record in flight under lease `old` was taken over by lease `new`.
+    TakeOver {
+        fingerprint: Fingerprint,
+        old: u64,
+        new: u64,
+        at_ms: u64,
+    },
+    /// The ordering guard applied `version` to an aggregate, stamped with `bucket`.
+    Advance {
+        fingerprint: Fingerprint,
+        version: u64,
+        bucket: u64,
+        scoped_key: &'a [u8],
+    },
 }
 
 impl LogEntry<'_> {
@@ -62,6 +91,9 @@ impl LogEntry<'_> {
                 LogEntry::Keys { fingerprints, .. } => KEYS_FIXED + 16 * fingerprints.len(),
                 LogEntry::Reserve { scoped_key, .. } => RESERVE_FIXED + scoped_key.len(),
                 LogEntry::Finish { finish, .. } => FINISH_FIXED + finish.response().len(),
+                LogEntry::Note { note, .. } => NOTE_FIXED + note.len(),
+                LogEntry::TakeOver { .. } => TAKE_OVER_LEN,
+                LogEntry::Advance { scoped_key, .. } => ADVANCE_FIXED + scoped_key.len(),
             }
     }
 
@@ -131,6 +163,54 @@ impl LogEntry<'_> {
                     out.extend_from_slice(response);
                 });
             }
+            LogEntry::Note {
+                fingerprint,
+                lease_id,
+                note,
+            } => {
+                assert!(note.len() <= MAX_NOTE_BYTES, "note over the limit");
+                encode_frame(out, seed, position, KIND_NOTE, |out| {
+                    out.extend_from_slice(&fingerprint.0.to_le_bytes());
+                    out.extend_from_slice(&lease_id.to_le_bytes());
+                    out.extend_from_slice(&len_u32(note.len()).to_le_bytes());
+                    out.extend_from_slice(note);
+                });
+            }
+            LogEntry::TakeOver {
+                fingerprint,
+                old,
+                new,
+                at_ms,
+            } => {
+                assert!(
+                    old < new && *new < LEASE_ID_LIMIT,
+                    "a take-over raises the lease"
+                );
+                encode_frame(out, seed, position, KIND_TAKE_OVER, |out| {
+                    out.extend_from_slice(&fingerprint.0.to_le_bytes());
+                    out.extend_from_slice(&old.to_le_bytes());
+                    out.extend_from_slice(&new.to_le_bytes());
+                    out.extend_from_slice(&at_ms.to_le_bytes());
+                });
+            }
+            LogEntry::Advance {
+                fingerprint,
+                version,
+                bucket,
+                scoped_key,
+            } => {
+                assert!(
+                    scoped_key.len() <= MAX_SCOPED_KEY_BYTES,
+                    "scoped key over the limit"
+                );
+                encode_frame(out, seed, position, KIND_ADVANCE, |out| {
+                    out.extend_from_slice(&fingerprint.0.to_le_bytes());
+                    out.extend_from_slice(&version.to_le_bytes());
+                    out.extend_from_slice(&bucket.to_le_bytes());
+                    out.extend_from_slice(&len_u32(scoped_key.len()).to_le_bytes());
+                    out.extend_from_slice(scoped_key);
+                });
+            }
         }
     }
 }
@@ -185,6 +265,23 @@ pub(crate) enum DecodedEntry<'a> {
     },
     /// Bytes `0..durable` of the segment were fsynced before this frame was written.
     Mark { durable: u64, seal: bool },
+    Note {
+        fingerprint: Fingerprint,
+        lease_id: u64,
+        note: &'a [u8],
+    },
+    TakeOver {
+        fingerprint: Fingerprint,
+        old: u64,
+        new: u64,
+        at_ms: u64,
+    },
+    Advance {
+        fingerprint: Fingerprint,
+        version: u64,
+        bucket: u64,
+        scoped_key: &'a [u8],
+    },
 }
 
 /// The fingerprints of a `Keys` entry, decoded lazily.
@@ -215,6 +312,9 @@ pub(crate) fn decode_entry(
         KIND_KEYS => decode_keys(payload),
         KIND_RESERVE => decode_reserve(payload),
         KIND_COMPLETE | KIND_FAIL | KIND_RELEASE => decode_finish(kind, payload),
+        KIND_NOTE => decode_note(payload),
+        KIND_TAKE_OVER => decode_take_over(payload),
+        KIND_ADVANCE => decode_advance(payload),
         KIND_MARK | KIND_SEAL => {
             if payload.len() != 8 {
                 return Err("mark entry has the wrong length");
@@ -295,6 +395,59 @@ fn decode_finish(kind: u8, payload: &[u8]) -> Result<DecodedEntry<'_>, &'static 
         lease_id: get_u64(payload, 16).ok_or(SHORT)?,
         at_ms: get_u64(payload, 24).ok_or(SHORT)?,
         finish,
+    })
+}
+
+fn decode_note(payload: &[u8]) -> Result<DecodedEntry<'_>, &'static str> {
+    const SHORT: &str = "note entry is too short";
+    let note_len = get_u32(payload, NOTE_FIXED - 4).ok_or(SHORT)? as usize;
+    if note_len > MAX_NOTE_BYTES {
+        return Err("note entry exceeds the note limit");
+    }
+    let note = payload.get(NOTE_FIXED..).ok_or(SHORT)?;
+    if note.len() != note_len {
+        return Err("note entry length does not match");
+    }
+    Ok(DecodedEntry::Note {
+        fingerprint: Fingerprint(get_u128(payload, 0).ok_or(SHORT)?),
+        lease_id: get_u64(payload, 16).ok_or(SHORT)?,
+        note,
+    })
+}
+
+fn decode_take_over(payload: &[u8]) -> Result<DecodedEntry<'_>, &'static str> {
+    const SHORT: &str = "take-over entry is too short";
+    if payload.len() != TAKE_OVER_LEN {
+        return Err("take-over entry has the wrong length");
+    }
+    let old = get_u64(payload, 16).ok_or(SHORT)?;
+    let new = get_u64(payload, 24).ok_or(SHORT)?;
+    if old >= new || new >= LEASE_ID_LIMIT {
+        return Err("take-over entry does not raise the lease");
+    }
+    Ok(DecodedEntry::TakeOver {
+        fingerprint: Fingerprint(get_u128(payload, 0).ok_or(SHORT)?),
+        old,
+        new,
+        at_ms: get_u64(payload, 32).ok_or(SHORT)?,
+    })
+}
+
+fn decode_advance(payload: &[u8]) -> Result<DecodedEntry<'_>, &'static str> {
+    const SHORT: &str = "advance entry is too short";
+    let key_len = get_u32(payload, ADVANCE_FIXED - 4).ok_or(SHORT)? as usize;
+    if key_len > MAX_SCOPED_KEY_BYTES {
+        return Err("advance entry key exceeds the key limit");
+    }
+    let scoped_key = payload.get(ADVANCE_FIXED..).ok_or(SHORT)?;
+    if scoped_key.len() != key_len {
+        return Err("advance entry key length does not match");
+    }
+    Ok(DecodedEntry::Advance {
+        fingerprint: Fingerprint(get_u128(payload, 0).ok_or(SHORT)?),
+        version: get_u64(payload, 16).ok_or(SHORT)?,
+        bucket: get_u64(payload, 24).ok_or(SHORT)?,
+        scoped_key,
     })
 }
 
@@ -382,6 +535,69 @@ mod tests {
                 );
             },
         );
+    }
+
+    #[test]
+    fn note_take_over_and_advance_round_trip() {
+        decoded(
+            &LogEntry::Note {
+                fingerprint: Fingerprint(3),
+                lease_id: 9,
+                note: b"provider_outcome_unknown",
+            },
+            |entry| {
+                assert_eq!(
+                    entry,
+                    DecodedEntry::Note {
+                        fingerprint: Fingerprint(3),
+                        lease_id: 9,
+                        note: b"provider_outcome_unknown",
+                    }
+                );
+            },
+        );
+        decoded(
+            &LogEntry::TakeOver {
+                fingerprint: Fingerprint(3),
+                old: 9,
+                new: 12,
+                at_ms: 77,
+            },
+            |entry| {
+                assert_eq!(
+                    entry,
+                    DecodedEntry::TakeOver {
+                        fingerprint: Fingerprint(3),
+                        old: 9,
+                        new: 12,
+                        at_ms: 77,
+                    }
+                );
+            },
+        );
+        decoded(
+            &LogEntry::Advance {
+                fingerprint: Fingerprint(4),
+                version: 41,
+                bucket: 6,
+                scoped_key: b"agg",
+            },
+            |entry| {
+                assert_eq!(
+                    entry,
+                    DecodedEntry::Advance {
+                        fingerprint: Fingerprint(4),
+                        version: 41,
+                        bucket: 6,
+                        scoped_key: b"agg",
+                    }
+                );
+            },
+        );
+        let mut lowering = vec![0u8; TAKE_OVER_LEN];
+        lowering[16..24].copy_from_slice(&5u64.to_le_bytes());
+        lowering[24..32].copy_from_slice(&5u64.to_le_bytes());
+        assert!(decode_entry(KIND_TAKE_OVER, &lowering, 0).is_err());
     }
 
     #[test]

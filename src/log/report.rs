@@ -91,6 +91,8 @@ pub struct SegmentReport {
     pub records: u64,
     /// Lease endings (complete, fail, release).
     pub finishes: u64,
+    /// Versions applied by the ordering guard.
+    pub versions: u64,
     /// Lowest and highest bucket stamp of its entries, if it holds any.
     pub stamps: Option<(u64, u64)>,
     /// Closed cleanly with a seal.

@@ -91,6 +91,7 @@ fn verify_segment(
         keys: 0,
         records: 0,
         finishes: 0,
+        versions: 0,
         stamps: None,
         sealed: false,
         state: SegmentState::Clean,
@@ -131,7 +132,13 @@ fn verify_segment(
                 segment.finishes += 1;
                 None
             }
-            DecodedEntry::Mark { .. } => None,
+            DecodedEntry::Advance { bucket, .. } => {
+                segment.versions += 1;
+                Some(*bucket)
+            }
+            DecodedEntry::Mark { .. }
+            | DecodedEntry::Note { .. }
+            | DecodedEntry::TakeOver { .. } => None,
         };
         if let Some(stamp) = stamp {
             let (low, high) = segment.stamps.unwrap_or((stamp, stamp));

@@ -1,0 +1,175 @@
+//! The ordering guard of one shard: per-aggregate version high-water marks, keyed by
+//! fingerprint with full keys compared, expiring with the bucket of their last change.
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasherDefault;
+
+use super::records::FingerprintHasher;
+use crate::base::error::{Error, Result};
+use crate::base::window::Window;
+
+/// One aggregate's mark.
+#[derive(Debug, Clone)]
+pub(crate) struct Mark {
+    pub(crate) scoped_key: Box<[u8]>,
+    pub(crate) version: u64,
+    /// Bucket of the last applied version; the mark expires with it.
+    pub(crate) bucket: u64,
+}
+
+/// What an `advance` found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Advanced {
+    /// The version was the next one (or the aggregate had no live mark): it is now the
+    /// mark.
+    Applied,
+    /// The version equals the mark.
+    Duplicate,
+    /// The version is older than the mark.
+    Stale { current: u64 },
+    /// A version was skipped; nothing changed.
+    Gap { expected: u64 },
+}
+
+/// Marks plus an expiry queue in stamping order, drained a few entries per operation.
+#[derive(Debug, Default)]
+pub(crate) struct MarkMap {
+    map: HashMap<u128, Mark, BuildHasherDefault<FingerprintHasher>>,
+    expiry: VecDeque<(u64, u128)>,
+}
+
+impl MarkMap {
+    /// The live mark of `fingerprint`, checking that it belongs to `scoped_key`.
+    fn live(
+        &mut self,
+        fingerprint: u128,
+        scoped_key: &[u8],
+        window: Window,
+        current: u64,
+    ) -> Result<Option<&mut Mark>> {
+        let expired = match self.map.get(&fingerprint) {
+            None => return Ok(None),
+            Some(mark) => !window.is_live(mark.bucket, current),
+        };
+        if expired {
+            self.map.remove(&fingerprint);
+            return Ok(None);
+        }
+        match self.map.get_mut(&fingerprint) {
+            Some(mark) if *mark.scoped_key != *scoped_key => Err(Error::FingerprintCollision),
+            other => Ok(other),
+        }
+    }
+
+    /// The answer to `version` for the aggregate, without changing anything.
+    pub(crate) fn check(
+        &mut self,
+        fingerprint: u128,
+        scoped_key: &[u8],
+        version: u64,
+        window: Window,
+        current: u64,
+    ) -> Result<(Advanced, Option<u64>)> {
+        let Some(mark) = self.live(fingerprint, scoped_key, window, current)? else {
+            return Ok((Advanced::Applied, None));
+        };
+        let answer = match version.checked_sub(mark.version) {
+            Some(1) => Advanced::Applied,
+            Some(0) => Advanced::Duplicate,
+            None => Advanced::Stale {
+                current: mark.version,
+            },
+            Some(_) => Advanced::Gap {
+                expected: mark.version + 1,
+            },
+        };
+        Ok((answer, Some(mark.bucket)))
+    }
+
+    /// Sets the mark of `fingerprint` to `version`, stamped `bucket`; returns the
+    /// replaced mark's bucket.
+    pub(crate) fn set(
+        &mut self,
+        fingerprint: u128,
+        scoped_key: &[u8],
+        version: u64,
+        bucket: u64,
+    ) -> Option<u64> {
+        self.expiry.push_back((bucket, fingerprint));
+        let mark = Mark {
+            scoped_key: scoped_key.into(),
+            version,
+            bucket,
+        };
+        self.map.insert(fingerprint, mark).map(|old| old.bucket)
+    }
+
+    /// The live mark's version, for recovery.
+    pub(crate) fn version(
+        &mut self,
+        fingerprint: u128,
+        scoped_key: &[u8],
+        window: Window,
+        current: u64,
+    ) -> Option<u64> {
+        self.live(fingerprint, scoped_key, window, current)
+            .ok()
+            .flatten()
+            .map(|mark| mark.version)
+    }
+
+    /// Removes up to `budget` marks whose bucket has left the window.
+    pub(crate) fn expire(&mut self, budget: usize, window: Window, current: u64) {
+        for _ in 0..budget {
+            let Some(&(bucket, fingerprint)) = self.expiry.front() else {
+                return;
+            };
+            if window.is_live(bucket, current) {
+                return;
+            }
+            self.expiry.pop_front();
+            if self
+                .map
+                .get(&fingerprint)
+                .is_some_and(|m| m.bucket == bucket)
+            {
+                self.map.remove(&fingerprint);
+            }
+        }
+    }
+
+    /// Approximate heap bytes held.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        let keys: usize = self.map.values().map(|m| m.scoped_key.len()).sum();
+        self.map.capacity() * (size_of::<(u128, Mark)>() + 1) + self.expiry.capacity() * 24 + keys
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_follow_the_mark() {
+        let window = Window::new(4, 1);
+        let mut marks = MarkMap::default();
+        let check =
+            |marks: &mut MarkMap, version| marks.check(1, b"a", version, window, 0).unwrap().0;
+        assert_eq!(check(&mut marks, 7), Advanced::Applied);
+        marks.set(1, b"a", 7, 0);
+        assert_eq!(check(&mut marks, 8), Advanced::Applied);
+        assert_eq!(check(&mut marks, 7), Advanced::Duplicate);
+        assert_eq!(check(&mut marks, 6), Advanced::Stale { current: 7 });
+        assert_eq!(check(&mut marks, 10), Advanced::Gap { expected: 8 });
+        assert_eq!(check(&mut marks, u64::MAX), Advanced::Gap { expected: 8 });
+        assert!(matches!(
+            marks.check(1, b"b", 8, window, 0),
+            Err(Error::FingerprintCollision)
+        ));
+        // Past the window the mark is gone and any version starts afresh.
+        assert_eq!(
+            marks.check(1, b"a", 3, window, 5).unwrap().0,
+            Advanced::Applied
+        );
+    }
+}
