@@ -316,3 +316,32 @@ fn segments_stay_within_their_limit_and_roll_over_once_per_boundary() {
     let db = Db::open(options).unwrap();
     assert_eq!(db.stats().live_records, 8 * 60);
 }
+
+#[test]
+fn stats_report_bytes_on_disk_and_fsync_latency() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = manual_clock();
+    let db = Db::open(
+        durable_options(dir.path(), &clock)
+            .durability(Durability::Sync)
+            .segment_max_bytes(4096),
+    )
+    .unwrap();
+    for i in 0..300u32 {
+        db.insert_if_absent(&i.to_le_bytes()).unwrap();
+    }
+    clock.advance(BUCKET);
+    db.insert_if_absent(b"next bucket").unwrap();
+    let stats = db.stats();
+    let files = segment_files(dir.path());
+    let on_disk: u64 = files
+        .iter()
+        .map(|name| std::fs::metadata(dir.path().join(name)).unwrap().len())
+        .sum::<u64>()
+        + std::fs::metadata(dir.path().join("MANIFEST")).unwrap().len();
+    assert_eq!(stats.segments, files.len() as u64);
+    assert_eq!(stats.bytes_on_disk, on_disk);
+    assert!(stats.fsyncs >= 301, "{stats:?}");
+    assert!(stats.fsync_p50_us > 0 && stats.fsync_p50_us <= stats.fsync_p99_us);
+    assert!(stats.fsync_p99_us <= stats.fsync_max_us);
+}

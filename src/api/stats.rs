@@ -80,6 +80,38 @@ pub struct Stats {
     pub recovery_skipped_ranges: u64,
     /// Durable stores: segment files of expired buckets deleted since open.
     pub segments_deleted: u64,
+    /// Durable stores: segment files on disk.
+    pub segments: u64,
+    /// Durable stores: bytes on disk (segment files and the manifest).
+    pub bytes_on_disk: u64,
+    /// Durable stores: fsync latency percentiles since open, in microseconds, as the
+    /// upper bound of a power-of-two bucket (so within a factor of two): median.
+    pub fsync_p50_us: u64,
+    /// 99th percentile of fsync latency (see `fsync_p50_us`).
+    pub fsync_p99_us: u64,
+    /// Slowest fsync since open (bucket upper bound, see `fsync_p50_us`).
+    pub fsync_max_us: u64,
+}
+
+/// The upper bound, in µs, of the histogram bucket holding the quantile `per_mille` /
+/// 1000 of `buckets` (`buckets[i]` counts values below `2^i` and at least `2^(i-1)`).
+pub(crate) fn quantile_us(buckets: &[u64], per_mille: u64) -> u64 {
+    let total: u64 = buckets.iter().sum();
+    if total == 0 {
+        return 0;
+    }
+    let rank = total.saturating_mul(per_mille).div_ceil(1000).clamp(1, total);
+    let mut seen = 0;
+    for (i, &count) in buckets.iter().enumerate() {
+        seen += count;
+        if seen >= rank {
+            return u32::try_from(i)
+                .ok()
+                .and_then(|i| 1u64.checked_shl(i))
+                .unwrap_or(u64::MAX);
+        }
+    }
+    u64::MAX
 }
 
 impl Stats {
@@ -125,6 +157,11 @@ impl Stats {
             stats.log_records = journal.log_records;
             stats.log_bytes = journal.log_bytes;
             stats.segments_deleted = journal.segments_deleted;
+            stats.segments = journal.segment_count;
+            stats.bytes_on_disk = journal.segment_bytes + crate::log::manifest::MANIFEST_LEN as u64;
+            stats.fsync_p50_us = quantile_us(&journal.fsync_micros, 500);
+            stats.fsync_p99_us = quantile_us(&journal.fsync_micros, 990);
+            stats.fsync_max_us = quantile_us(&journal.fsync_micros, 1000);
         }
         if let Some(report) = recovery {
             stats.recovered_records = report.entries_replayed;
@@ -134,5 +171,23 @@ impl Stats {
             stats.recovery_skipped_ranges = report.skipped.len() as u64;
         }
         stats
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::quantile_us;
+
+    #[test]
+    fn quantiles_are_bucket_upper_bounds() {
+        assert_eq!(quantile_us(&[0; 8], 500), 0);
+        // 90 syncs under 16 µs (bucket 4), 9 under 1024 µs (bucket 10), 1 under 2^20.
+        let mut buckets = [0u64; 32];
+        buckets[4] = 90;
+        buckets[10] = 9;
+        buckets[20] = 1;
+        assert_eq!(quantile_us(&buckets, 500), 16);
+        assert_eq!(quantile_us(&buckets, 990), 1024);
+        assert_eq!(quantile_us(&buckets, 1000), 1 << 20);
     }
 }

@@ -2,7 +2,7 @@
 //! Recovery builds an index, replays the log into it, starts the journal, and hands the
 //! parts to [`Engine::from_parts`]: it sets no field of a finished engine.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -87,7 +87,7 @@ pub(crate) fn open(config: &Config) -> Result<Engine> {
         adopt: None,
         report,
     };
-    let mut kept = BTreeSet::new();
+    let mut kept = BTreeMap::new();
     for (position, &(bucket, seq)) in live.iter().enumerate() {
         let segment = Segment {
             path: segment_path(&dir, bucket, seq),
@@ -95,8 +95,8 @@ pub(crate) fn open(config: &Config) -> Result<Engine> {
             seq,
             newest: position + 1 == live.len(),
         };
-        if replay.segment(&segment)? {
-            kept.insert((bucket, seq));
+        if let Some(len) = replay.segment(&segment)? {
+            kept.insert((bucket, seq), len);
         }
     }
     let (max_lease, adopt, report) = (replay.max_lease, replay.adopt, replay.report);
@@ -237,9 +237,9 @@ fn corrupted(path: &Path, offset: u64, reason: &str) -> Error {
 }
 
 impl Replay<'_> {
-    /// Replays one segment. Returns false if the newest segment had no valid header and
-    /// was removed (a crash while creating it).
-    fn segment(&mut self, segment: &Segment) -> Result<bool> {
+    /// Replays one segment and returns its length afterwards, or `None` if the newest
+    /// segment had no valid header and was removed (a crash while creating it).
+    fn segment(&mut self, segment: &Segment) -> Result<Option<u64>> {
         let path = &segment.path;
         let bytes = match self.storage.read(path, MAX_SEGMENT_FILE_BYTES) {
             Ok(bytes) => bytes,
@@ -284,7 +284,7 @@ impl Replay<'_> {
                     self.skipped(path, offset, offset, reason);
                 }
                 self.apply_all(segment, &scanned, u64::MAX)?;
-                return Ok(true);
+                return Ok(Some(scanned.len));
             }
         };
         if segment.newest {
@@ -292,10 +292,10 @@ impl Replay<'_> {
                 self.adopt = Some((segment.bucket, segment.seq));
             } else {
                 let sealed = end == scanned.len && scanned.ends_sealed;
-                self.seal_newest(path, sealed)?;
+                return self.seal_newest(path, sealed).map(Some);
             }
         }
-        Ok(true)
+        Ok(Some(end))
     }
 
     /// Under `Strict`, damage is an error; under `Salvage`, it is reported and skipped.
@@ -324,7 +324,7 @@ impl Replay<'_> {
         });
     }
 
-    fn remove_torn_header(&mut self, path: &Path, len: u64) -> Result<bool> {
+    fn remove_torn_header(&mut self, path: &Path, len: u64) -> Result<Option<u64>> {
         log::warn!(
             "oncedb: removing {} ({len} bytes): its header was torn",
             path.display()
@@ -338,7 +338,7 @@ impl Replay<'_> {
             bytes: len,
             frames_dropped: 0,
         });
-        Ok(false)
+        Ok(None)
     }
 
     fn cut_tail(&mut self, path: &Path, offset: u64, len: u64, frames_dropped: u64) -> Result<()> {
@@ -363,7 +363,7 @@ impl Replay<'_> {
     /// unsynced appends in the page cache) and seals it unless it ends with a seal, so
     /// its last commit group is vouched for from now on. The journal then starts a new
     /// segment: every segment but the newest ends with a seal.
-    fn seal_newest(&mut self, path: &Path, sealed: bool) -> Result<()> {
+    fn seal_newest(&mut self, path: &Path, sealed: bool) -> Result<u64> {
         let mut file = self.storage.open_append(path, false)?;
         file.sync()?;
         if !sealed {
@@ -373,7 +373,7 @@ impl Replay<'_> {
             file.append(&seal)?;
             file.sync()?;
         }
-        Ok(())
+        Ok(file.len()?)
     }
 
     /// Applies every valid frame that starts before `end`.

@@ -7,7 +7,8 @@
 //! from damage to acknowledged bytes (see `docs/design.md`).
 
 use std::any::Any;
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
+use std::time::Instant;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -36,8 +37,8 @@ pub(crate) struct JournalConfig {
     pub(crate) database_id: u64,
     pub(crate) frame_seed: u64,
     pub(crate) segment_max_bytes: u64,
-    /// Segments on disk after recovery, as (bucket, seq).
-    pub(crate) segments: BTreeSet<(u64, u32)>,
+    /// Segments on disk after recovery, as (bucket, seq) → length in bytes.
+    pub(crate) segments: BTreeMap<(u64, u32), u64>,
     pub(crate) lock: Box<dyn Any + Send + Sync>,
     pub(crate) segments_deleted: u64,
     /// The newest segment, if it holds only its header: appends continue in it.
@@ -55,6 +56,42 @@ pub(crate) struct JournalStats {
     pub(crate) log_records: u64,
     pub(crate) log_bytes: u64,
     pub(crate) segments_deleted: u64,
+    /// Bytes of all segment files.
+    pub(crate) segment_bytes: u64,
+    /// Segment files.
+    pub(crate) segment_count: u64,
+    /// fsync latencies: `fsync_micros[i]` counts syncs that took less than `2^i` µs
+    /// (and at least `2^(i-1)`).
+    pub(crate) fsync_micros: [u64; FSYNC_BUCKETS],
+}
+
+/// Buckets of the fsync latency histogram: powers of two up to about 35 minutes.
+pub(crate) const FSYNC_BUCKETS: usize = 32;
+
+/// A histogram of fsync latencies in power-of-two microsecond buckets; lock-free.
+struct SyncTimes([AtomicU64; FSYNC_BUCKETS]);
+
+impl SyncTimes {
+    fn new() -> Self {
+        SyncTimes(std::array::from_fn(|_| AtomicU64::new(0)))
+    }
+
+    /// Runs `sync`, counting it and its duration.
+    fn time<T>(&self, fsyncs: &AtomicU64, sync: impl FnOnce() -> T) -> T {
+        let started = Instant::now();
+        let result = sync();
+        let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let bucket = (u64::BITS - micros.leading_zeros()) as usize;
+        if let Some(count) = self.0.get(bucket.min(FSYNC_BUCKETS - 1)) {
+            count.fetch_add(1, Ordering::Relaxed);
+        }
+        fsyncs.fetch_add(1, Ordering::Relaxed);
+        result
+    }
+
+    fn snapshot(&self) -> [u64; FSYNC_BUCKETS] {
+        std::array::from_fn(|i| self.0.get(i).map_or(0, |c| c.load(Ordering::Relaxed)))
+    }
 }
 
 /// A position in the log to wait for: everything appended up to it.
@@ -64,6 +101,7 @@ pub(crate) struct Ticket(u64);
 
 struct Active {
     bucket: u64,
+    seq: u32,
     /// Taken by the group-commit leader while it writes outside the lock.
     file: Option<Box<dyn StorageFile>>,
     /// Segment offset past everything appended: written, being written, or buffered.
@@ -83,7 +121,8 @@ struct WriterState {
     synced: u64,
     leader: bool,
     active: Option<Active>,
-    segments: BTreeSet<(u64, u32)>,
+    /// Every segment on disk, as (bucket, seq) → length in bytes.
+    segments: BTreeMap<(u64, u32), u64>,
 }
 
 struct Shared {
@@ -104,6 +143,7 @@ struct Shared {
     records: AtomicU64,
     bytes: AtomicU64,
     segments_deleted: AtomicU64,
+    sync_times: SyncTimes,
 }
 
 /// The append side of a durable store.
@@ -140,6 +180,7 @@ impl Journal {
             records: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
             segments_deleted: AtomicU64::new(config.segments_deleted),
+            sync_times: SyncTimes::new(),
         });
         shared.start(config.adopt, config.bucket)?;
         let flusher = match config.durability {
@@ -235,7 +276,14 @@ impl Journal {
 
     pub(crate) fn stats(&self) -> JournalStats {
         let shared = &*self.shared;
+        let (segment_bytes, segment_count) = {
+            let state = shared.state.lock();
+            (state.segments.values().sum(), state.segments.len() as u64)
+        };
         JournalStats {
+            segment_bytes,
+            segment_count,
+            fsync_micros: shared.sync_times.snapshot(),
             fsyncs: shared.fsyncs.load(Ordering::Relaxed),
             log_records: shared.records.load(Ordering::Relaxed),
             log_bytes: shared.bytes.load(Ordering::Relaxed),
@@ -323,15 +371,19 @@ impl Shared {
                 file.append(&data)?;
             }
             if sync {
-                file.sync()?;
+                self.sync_times.time(&self.fsyncs, || file.sync())?;
             }
             Ok(())
         });
         state.leader = false;
-        if let Some(active) = state.active.as_mut() {
+        let state_ref = &mut **state;
+        if let Some(active) = state_ref.active.as_mut() {
             active.file = Some(file);
-            if sync && result.is_ok() {
-                active.synced_len = segment_end;
+            if result.is_ok() {
+                *state_ref.segments.entry((active.bucket, active.seq)).or_default() += data.len() as u64;
+                if sync {
+                    active.synced_len = segment_end;
+                }
             }
         }
         self.changed.notify_all();
@@ -341,7 +393,6 @@ impl Shared {
         state.written = end;
         if sync {
             state.synced = end;
-            self.fsyncs.fetch_add(1, Ordering::Relaxed);
         }
         if state.buffer.is_empty() {
             let mut data = data;
@@ -400,7 +451,7 @@ impl Shared {
             .segments
             .range((bucket, 0)..=(bucket, u32::MAX))
             .next_back()
-            .map_or(Some(0), |&(_, seq)| seq.checked_add(1))
+            .map_or(Some(0), |(&(_, seq), _)| seq.checked_add(1))
             .ok_or_else(|| {
                 self.poison(std::io::Error::other(
                     "segment sequence numbers of this bucket are exhausted",
@@ -409,10 +460,11 @@ impl Shared {
         let file = self
             .create_segment(bucket, seq)
             .map_err(|err| self.poison(err))?;
-        state.segments.insert((bucket, seq));
         let header_len = SEGMENT_HEADER_LEN as u64;
+        state.segments.insert((bucket, seq), header_len);
         state.active = Some(Active {
             bucket,
+            seq,
             file: Some(file),
             appended_len: header_len,
             synced_len: header_len,
@@ -431,9 +483,9 @@ impl Shared {
             database_id: self.database_id,
         };
         file.append(&header.encode())?;
-        file.sync()?;
-        self.storage.sync_dir(&self.dir)?;
-        self.fsyncs.fetch_add(2, Ordering::Relaxed);
+        self.sync_times.time(&self.fsyncs, || file.sync())?;
+        self.sync_times
+            .time(&self.fsyncs, || self.storage.sync_dir(&self.dir))?;
         Ok(file)
     }
 
@@ -442,7 +494,7 @@ impl Shared {
     fn delete_expired(&self, state: &mut WriterState, current: u64) -> std::io::Result<()> {
         let expired: Vec<(u64, u32)> = state
             .segments
-            .iter()
+            .keys()
             .copied()
             .take_while(|&(bucket, _)| !self.window.is_live(bucket, current))
             .collect();
@@ -454,7 +506,8 @@ impl Shared {
             state.segments.remove(&(bucket, seq));
             self.segments_deleted.fetch_add(1, Ordering::Relaxed);
         }
-        self.storage.sync_dir(&self.dir)
+        self.sync_times
+            .time(&self.fsyncs, || self.storage.sync_dir(&self.dir))
     }
 
     /// The segment appends go to after open: the empty newest segment, or a new one if
@@ -468,6 +521,7 @@ impl Shared {
             let header_len = SEGMENT_HEADER_LEN as u64;
             state.active = Some(Active {
                 bucket,
+                seq,
                 file: Some(file),
                 appended_len: header_len,
                 synced_len: header_len,
@@ -495,15 +549,15 @@ impl Shared {
         let mut seal = Vec::with_capacity(MARK_FRAME_LEN);
         encode_mark(&mut seal, self.seed, position, position, true);
         file.append(&seal)
-            .and_then(|()| file.sync())
+            .and_then(|()| self.sync_times.time(&self.fsyncs, || file.sync()))
             .map_err(|err| self.poison(err))?;
         let len = seal.len() as u64;
+        *state.segments.entry((active.bucket, active.seq)).or_default() += len;
         active.appended_len += len;
         active.synced_len += len;
         state.appended += len;
         state.written += len;
         state.synced += len;
-        self.fsyncs.fetch_add(1, Ordering::Relaxed);
         self.bytes.fetch_add(len, Ordering::Relaxed);
         Ok(())
     }
