@@ -338,7 +338,9 @@ fn stats_report_bytes_on_disk_and_fsync_latency() {
         .iter()
         .map(|name| std::fs::metadata(dir.path().join(name)).unwrap().len())
         .sum::<u64>()
-        + std::fs::metadata(dir.path().join("MANIFEST")).unwrap().len();
+        + std::fs::metadata(dir.path().join("MANIFEST"))
+            .unwrap()
+            .len();
     assert_eq!(stats.segments, files.len() as u64);
     assert_eq!(stats.bytes_on_disk, on_disk);
     assert!(stats.fsyncs >= 301, "{stats:?}");

@@ -3,6 +3,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use super::observe;
 use super::options::Options;
 use super::record::{Advance, InFlight, Lease, Record, Reservation, Scope};
 use super::stats::Stats;
@@ -37,7 +38,9 @@ impl Db {
     /// (admitted), `false` for a duplicate. Atomic: of any number of concurrent callers
     /// with one key, exactly one gets `true`.
     pub fn insert_if_absent(&self, key: &[u8]) -> Result<bool> {
-        self.engine.insert_if_absent(key)
+        let admitted = self.engine.insert_if_absent(key)?;
+        observe::keys(u64::from(admitted), u64::from(!admitted));
+        Ok(admitted)
     }
 
     /// [`insert_if_absent`](Db::insert_if_absent) for many keys at once: the answers are
@@ -58,7 +61,10 @@ impl Db {
         keys: &[K],
         admitted: &mut Vec<bool>,
     ) -> Result<()> {
-        self.engine.insert_many(keys, admitted)
+        self.engine.insert_many(keys, admitted)?;
+        let new = admitted.iter().filter(|&&yes| yes).count() as u64;
+        observe::keys(new, admitted.len() as u64 - new);
+        Ok(())
     }
 
     /// Whether `key` is inside the window. Read only.
@@ -74,24 +80,29 @@ impl Db {
     pub fn reserve(&self, scope: &Scope, key: &[u8], request: &[u8]) -> Result<Reservation> {
         self.engine.check_key(key)?;
         let scoped_key = scope.encode_key(key)?;
-        Ok(match self.engine.reserve(&scoped_key, request)? {
+        let answer = match self.engine.reserve(&scoped_key, request)? {
             engine::Reservation::Acquired {
                 fingerprint,
                 lease_id,
                 since_ms,
-            } => Reservation::Acquired(Lease {
-                engine: Arc::clone(&self.engine),
-                fingerprint,
-                lease_id,
-                since_ms,
-            }),
+            } => Reservation::Acquired(self.lease(
+                scope,
+                key,
+                TakenOver {
+                    fingerprint,
+                    lease_id,
+                    since_ms,
+                },
+            )),
             engine::Reservation::InFlight { since_ms } => Reservation::InFlight {
                 since: ms_to_system_time(since_ms),
             },
             engine::Reservation::Completed(record) => Reservation::Completed(record.into()),
             engine::Reservation::Failed(record) => Reservation::Failed(record.into()),
             engine::Reservation::Mismatch => Reservation::Mismatch,
-        })
+        };
+        observe::reservation(scope, key, &answer);
+        Ok(answer)
     }
 
     /// The record of `key` in `scope`, if one is inside the window.
@@ -131,10 +142,11 @@ impl Db {
     pub fn take_over(&self, scope: &Scope, key: &[u8]) -> Result<Option<Lease>> {
         self.engine.check_key(key)?;
         let scoped_key = scope.encode_key(key)?;
-        Ok(self
-            .engine
-            .take_over(&scoped_key)?
-            .map(|taken| self.lease(taken)))
+        let taken = self.engine.take_over(&scoped_key)?;
+        Ok(taken.map(|taken| {
+            observe::take_over(scope, key, taken.lease_id);
+            self.lease(scope, key, taken)
+        }))
     }
 
     /// The lease of epoch `epoch` on the record of `key` in `scope`, for a worker that
@@ -143,12 +155,14 @@ impl Db {
     pub fn resume(&self, scope: &Scope, key: &[u8], epoch: u64) -> Result<Lease> {
         self.engine.check_key(key)?;
         let scoped_key = scope.encode_key(key)?;
-        Ok(self.lease(self.engine.resume(&scoped_key, epoch)?))
+        Ok(self.lease(scope, key, self.engine.resume(&scoped_key, epoch)?))
     }
 
-    fn lease(&self, taken: TakenOver) -> Lease {
+    fn lease(&self, scope: &Scope, key: &[u8], taken: TakenOver) -> Lease {
         Lease {
             engine: Arc::clone(&self.engine),
+            scope: scope.clone(),
+            key_hash: observe::key_hash_of(key),
             fingerprint: taken.fingerprint,
             lease_id: taken.lease_id,
             since_ms: taken.since_ms,
@@ -162,12 +176,14 @@ impl Db {
     pub fn advance(&self, scope: &Scope, aggregate_id: &[u8], version: u64) -> Result<Advance> {
         self.engine.check_key(aggregate_id)?;
         let scoped_key = scope.encode_key(aggregate_id)?;
-        Ok(match self.engine.advance(&scoped_key, version)? {
+        let answer = match self.engine.advance(&scoped_key, version)? {
             Advanced::Applied => Advance::Applied,
             Advanced::Duplicate => Advance::Duplicate,
             Advanced::Stale { current } => Advance::Stale { current },
             Advanced::Gap { expected } => Advance::Gap { expected },
-        })
+        };
+        observe::version(scope, answer);
+        Ok(answer)
     }
 
     /// Durability barrier: when it returns, everything acknowledged before the call is on
@@ -185,7 +201,9 @@ impl Db {
 
     /// Counters and sizes; see [`Stats`].
     pub fn stats(&self) -> Stats {
-        Stats::from_engine(&self.engine.stats(), self.engine.recovery_report())
+        let stats = Stats::from_engine(&self.engine.stats(), self.engine.recovery_report());
+        observe::gauges(&stats);
+        stats
     }
 }
 

@@ -3,6 +3,7 @@
 //! engine's answers into public types.
 
 pub(crate) mod db;
+pub(crate) mod observe;
 pub(crate) mod options;
 pub(crate) mod record;
 pub(crate) mod stats;

@@ -186,6 +186,10 @@ pub enum Reservation {
 #[must_use = "a dropped lease leaves its record in flight until the window expires"]
 pub struct Lease {
     pub(crate) engine: Arc<Engine>,
+    /// For metrics and events.
+    pub(crate) scope: Scope,
+    /// For events: see `observe::key_hash_of`.
+    pub(crate) key_hash: u64,
     pub(crate) fingerprint: Fingerprint,
     pub(crate) lease_id: u64,
     pub(crate) since_ms: u64,
@@ -198,7 +202,8 @@ pub struct Lease {
 #[derive(Debug)]
 pub struct LeaseError {
     error: crate::Error,
-    lease: Lease,
+    /// Boxed: the error path pays for the allocation, not every `Ok`.
+    lease: Box<Lease>,
 }
 
 impl LeaseError {
@@ -210,7 +215,7 @@ impl LeaseError {
     /// The lease, to try again. After an error other than an input error (the lease had
     /// ended, the store is poisoned) every further call is refused too.
     pub fn into_lease(self) -> Lease {
-        self.lease
+        *self.lease
     }
 }
 
@@ -238,24 +243,30 @@ impl Lease {
     /// A refused call changes nothing and hands the lease back in the [`LeaseError`].
     pub fn complete(self, response: &[u8]) -> Result<(), LeaseError> {
         if let Err(error) = self.engine.check_response(response) {
-            return Err(LeaseError { error, lease: self });
+            return Err(LeaseError {
+                error,
+                lease: Box::new(self),
+            });
         }
-        self.end(Finish::Complete(Arc::from(response)))
+        self.end(Finish::Complete(Arc::from(response)), "completed")
     }
 
     /// Stores a deterministic failure for replay and marks the record failed. A refused
     /// call hands the lease back, as for [`Lease::complete`].
     pub fn fail(self, response: &[u8]) -> Result<(), LeaseError> {
         if let Err(error) = self.engine.check_response(response) {
-            return Err(LeaseError { error, lease: self });
+            return Err(LeaseError {
+                error,
+                lease: Box::new(self),
+            });
         }
-        self.end(Finish::Fail(Arc::from(response)))
+        self.end(Finish::Fail(Arc::from(response)), "failed")
     }
 
     /// Deletes the record so that a retry may run the operation again. Use only when the
     /// operation certainly had no effect.
     pub fn release(self) -> Result<(), LeaseError> {
-        self.end(Finish::Release)
+        self.end(Finish::Release, "released")
     }
 
     /// Attaches a short note (at most [`MAX_NOTE_BYTES`](crate::MAX_NOTE_BYTES)) to the
@@ -264,7 +275,9 @@ impl Lease {
     /// that [`Db::in_flight`](crate::Db::in_flight) shows it to. A later note replaces
     /// an earlier one. After a take-over, [`Error::Fenced`](crate::Error::Fenced).
     pub fn note(&self, note: &[u8]) -> Result<()> {
-        self.engine.note(self.fingerprint, self.lease_id, note)
+        let result = self.engine.note(self.fingerprint, self.lease_id, note);
+        self.observe(&result, "noted");
+        result
     }
 
     /// The lease's fencing epoch: unique in the database and higher than the epoch of
@@ -274,11 +287,26 @@ impl Lease {
         self.lease_id
     }
 
-    fn end(self, finish: Finish) -> Result<(), LeaseError> {
-        match self.engine.finish(self.fingerprint, self.lease_id, finish) {
+    fn end(self, finish: Finish, ending: &'static str) -> Result<(), LeaseError> {
+        let result = self.engine.finish(self.fingerprint, self.lease_id, finish);
+        self.observe(&result, ending);
+        match result {
             Ok(()) => Ok(()),
-            Err(error) => Err(LeaseError { error, lease: self }),
+            Err(error) => Err(LeaseError {
+                error,
+                lease: Box::new(self),
+            }),
         }
+    }
+
+    fn observe(&self, result: &Result<()>, ending: &'static str) {
+        let ending = match result {
+            Ok(()) => ending,
+            Err(crate::Error::Fenced) => "fenced",
+            Err(crate::Error::LeaseLost) => "lost",
+            Err(_) => return,
+        };
+        super::observe::lease_ending(&self.scope, self.key_hash, ending);
     }
 
     /// When the record was reserved.

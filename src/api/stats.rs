@@ -100,7 +100,10 @@ pub(crate) fn quantile_us(buckets: &[u64], per_mille: u64) -> u64 {
     if total == 0 {
         return 0;
     }
-    let rank = total.saturating_mul(per_mille).div_ceil(1000).clamp(1, total);
+    let rank = total
+        .saturating_mul(per_mille)
+        .div_ceil(1000)
+        .clamp(1, total);
     let mut seen = 0;
     for (i, &count) in buckets.iter().enumerate() {
         seen += count;

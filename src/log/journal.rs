@@ -8,12 +8,12 @@
 
 use std::any::Any;
 use std::collections::BTreeMap;
-use std::time::Instant;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
+use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
@@ -80,7 +80,10 @@ impl SyncTimes {
     fn time<T>(&self, fsyncs: &AtomicU64, sync: impl FnOnce() -> T) -> T {
         let started = Instant::now();
         let result = sync();
-        let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let elapsed = started.elapsed();
+        #[cfg(feature = "metrics")]
+        metrics::histogram!("oncedb_fsync_seconds").record(elapsed.as_secs_f64());
+        let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
         let bucket = (u64::BITS - micros.leading_zeros()) as usize;
         if let Some(count) = self.0.get(bucket.min(FSYNC_BUCKETS - 1)) {
             count.fetch_add(1, Ordering::Relaxed);
@@ -380,7 +383,10 @@ impl Shared {
         if let Some(active) = state_ref.active.as_mut() {
             active.file = Some(file);
             if result.is_ok() {
-                *state_ref.segments.entry((active.bucket, active.seq)).or_default() += data.len() as u64;
+                *state_ref
+                    .segments
+                    .entry((active.bucket, active.seq))
+                    .or_default() += data.len() as u64;
                 if sync {
                     active.synced_len = segment_end;
                 }
@@ -552,7 +558,10 @@ impl Shared {
             .and_then(|()| self.sync_times.time(&self.fsyncs, || file.sync()))
             .map_err(|err| self.poison(err))?;
         let len = seal.len() as u64;
-        *state.segments.entry((active.bucket, active.seq)).or_default() += len;
+        *state
+            .segments
+            .entry((active.bucket, active.seq))
+            .or_default() += len;
         active.appended_len += len;
         active.synced_len += len;
         state.appended += len;
