@@ -64,7 +64,7 @@ mod index;
 pub mod io;
 mod log;
 
-pub use api::db::{Db, verify, verify_with};
+pub use api::db::{BucketInfo, Db, verify, verify_with};
 pub use api::options::Options;
 pub use api::record::{
     Advance, InFlight, Lease, LeaseError, Record, RecordStatus, Reservation, Scope,

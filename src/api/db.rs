@@ -186,6 +186,29 @@ impl Db {
         Ok(answer)
     }
 
+    /// The time buckets that hold live entries or segment files, oldest first: what
+    /// `oncedb inspect` shows. Each shard is locked only while its counts are read.
+    pub fn buckets(&self) -> Vec<BucketInfo> {
+        let window = self.engine.window();
+        self.engine
+            .buckets()
+            .into_iter()
+            .map(|(bucket, [keys, records, aggregates], bytes)| BucketInfo {
+                start: ms_to_system_time(bucket.saturating_mul(window.width_ms)),
+                end: ms_to_system_time(bucket.saturating_add(1).saturating_mul(window.width_ms)),
+                expires: ms_to_system_time(
+                    bucket
+                        .saturating_add(window.span + 1)
+                        .saturating_mul(window.width_ms),
+                ),
+                keys,
+                records,
+                aggregates,
+                bytes,
+            })
+            .collect()
+    }
+
     /// Durability barrier: when it returns, everything acknowledged before the call is on
     /// stable storage. A no-op for in-memory stores.
     pub fn flush(&self) -> Result<()> {
@@ -205,6 +228,27 @@ impl Db {
         observe::gauges(&stats);
         stats
     }
+}
+
+/// One time bucket of a store, as [`Db::buckets`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BucketInfo {
+    /// When the bucket begins.
+    pub start: std::time::SystemTime,
+    /// When the next bucket begins.
+    pub end: std::time::SystemTime,
+    /// When everything admitted in this bucket is forgotten (the bucket leaves the
+    /// window and its segment files are deleted).
+    pub expires: std::time::SystemTime,
+    /// Live dedup keys admitted in the bucket.
+    pub keys: u64,
+    /// Live records reserved in the bucket.
+    pub records: u64,
+    /// Ordering-guard aggregates last advanced in the bucket.
+    pub aggregates: u64,
+    /// Bytes of the bucket's segment files.
+    pub bytes: u64,
 }
 
 /// Checks every file of the store in `dir` without changing anything (no truncation, no

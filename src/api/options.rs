@@ -65,6 +65,36 @@ impl Options {
         }
     }
 
+    /// Options for the existing durable store in `dir`: the window and bucket width it
+    /// was created with (read from its manifest), every other setting at its default.
+    /// `Error::Corrupted` if the manifest is damaged, `Error::Io` (not found) if `dir`
+    /// holds no store.
+    pub fn from_dir(dir: impl AsRef<Path>) -> Result<Self> {
+        let dir = dir.as_ref();
+        let manifest =
+            crate::log::manifest::Manifest::load(&StdStorage, dir)?.ok_or_else(|| {
+                Error::Io(std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    format!("{} holds no oncedb store (no MANIFEST)", dir.display()),
+                ))
+            })?;
+        Ok(Options {
+            window_ms: manifest.window_ms,
+            bucket_width_ms: manifest.bucket_width_ms,
+            ..Options::new(dir)
+        })
+    }
+
+    /// The window, as configured.
+    pub fn window_length(&self) -> Duration {
+        Duration::from_millis(self.window_ms)
+    }
+
+    /// The bucket width, as configured.
+    pub fn bucket_length(&self) -> Duration {
+        Duration::from_millis(self.bucket_width_ms)
+    }
+
     /// A store held in memory only; everything is lost when the last handle drops.
     pub fn in_memory() -> Self {
         Options {

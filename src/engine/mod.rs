@@ -536,6 +536,27 @@ impl Engine {
         Ok(answer)
     }
 
+    /// Per live bucket: its number, live keys, records and aggregates, and the bytes of
+    /// its segment files.
+    pub(crate) fn buckets(&self) -> Vec<(u64, [u64; 3], u64)> {
+        let mut counts = self.index.bucket_counts(self.current_bucket());
+        let mut bytes = std::collections::BTreeMap::<u64, u64>::new();
+        if let Some(journal) = &self.journal {
+            for ((bucket, _), len) in journal.segment_sizes() {
+                *bytes.entry(bucket).or_default() += len;
+                counts.entry(bucket).or_default();
+            }
+        }
+        counts
+            .into_iter()
+            .map(|(bucket, count)| (bucket, count, bytes.get(&bucket).copied().unwrap_or(0)))
+            .collect()
+    }
+
+    pub(crate) fn window(&self) -> Window {
+        self.window
+    }
+
     /// Durability barrier.
     pub(crate) fn flush(&self) -> Result<()> {
         match &self.journal {

@@ -179,6 +179,18 @@ impl Index {
             .sum()
     }
 
+    /// Live keys, records and aggregates per absolute bucket, every shard moved to
+    /// `bucket` first.
+    pub(crate) fn bucket_counts(&self, bucket: u64) -> std::collections::BTreeMap<u64, [u64; 3]> {
+        let mut counts = std::collections::BTreeMap::new();
+        for padded in self.shards.iter() {
+            let mut shard = padded.0.lock();
+            shard.advance(bucket);
+            shard.add_bucket_counts(&mut counts);
+        }
+        counts
+    }
+
     /// Sums every shard, each moved to `bucket` first.
     pub(crate) fn stats(&self, bucket: u64) -> IndexStats {
         let mut stats = IndexStats::default();

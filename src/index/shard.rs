@@ -710,6 +710,21 @@ impl Shard {
         self.live_records
     }
 
+    /// Adds this shard's live counts per bucket (keys, records, aggregates) to `out`,
+    /// keyed by absolute bucket number.
+    pub(crate) fn add_bucket_counts(&self, out: &mut std::collections::BTreeMap<u64, [u64; 3]>) {
+        let first = self.current.saturating_sub(self.view().span);
+        for bucket in first..=self.current {
+            let count = self.ring[self.ring_index(bucket)];
+            if !count.is_empty() {
+                let entry = out.entry(bucket).or_default();
+                entry[0] += u64::from(count.keys);
+                entry[1] += u64::from(count.records);
+                entry[2] += u64::from(count.marks);
+            }
+        }
+    }
+
     /// Marks `live[i]` for every ring position holding a live entry.
     pub(crate) fn mark_live_buckets(&self, live: &mut [bool]) {
         for (mark, count) in live.iter_mut().zip(self.ring.iter()) {

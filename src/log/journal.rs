@@ -277,6 +277,12 @@ impl Journal {
         shared.persist(&mut state, target, true)
     }
 
+    /// Every segment on disk: (bucket, seq) and its length.
+    pub(crate) fn segment_sizes(&self) -> Vec<((u64, u32), u64)> {
+        let state = self.shared.state.lock();
+        state.segments.iter().map(|(&id, &len)| (id, len)).collect()
+    }
+
     pub(crate) fn stats(&self) -> JournalStats {
         let shared = &*self.shared;
         let (segment_bytes, segment_count) = {

@@ -1,8 +1,12 @@
-//! `oncedb`: command-line tools for oncedb. `oncedb bench` measures throughput, latency,
-//! memory per key and fsync batching on this machine; `oncedb verify` checks a store's
-//! files without changing them.
+//! `oncedb`: command-line tools for oncedb. `oncedb dedup` is a persistent `uniq` for
+//! event streams; `oncedb inspect` shows what a store holds; `oncedb verify` checks a
+//! store's files without changing them; `oncedb bench` measures throughput, latency,
+//! memory per key and fsync batching on this machine.
 
 mod bench;
+mod dedup;
+mod duration;
+mod inspect;
 mod verify;
 mod workload;
 
@@ -28,18 +32,42 @@ enum Command {
     /// Check every file of a store without changing it. Exits 0 when clean, 1 when
     /// damaged, 2 on bad arguments or a directory that cannot be read or is in use.
     Verify(verify::VerifyArgs),
+    /// Pass each stdin line whose key was not seen within the window to stdout, and
+    /// remember the keys across runs.
+    Dedup(dedup::DedupArgs),
+    /// Show a store's buckets, records in flight and settings.
+    Inspect(inspect::InspectArgs),
 }
 
+/// Exit code for bad arguments.
+const USAGE: u8 = 2;
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    match cli.command {
-        Command::Bench(args) => match bench::run(&args) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(err) => {
-                eprintln!("oncedb: {err}");
-                ExitCode::FAILURE
-            }
-        },
-        Command::Verify(args) => verify::run(&args),
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) if !err.use_stderr() => {
+            // --help and --version.
+            let _ = err.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(err) => {
+            let text = err.to_string();
+            let first = text.lines().next().unwrap_or("bad arguments");
+            eprintln!("oncedb: {}", first.trim_start_matches("error: "));
+            return ExitCode::from(USAGE);
+        }
+    };
+    let (name, result) = match cli.command {
+        Command::Bench(args) => ("bench", bench::run(&args).map_err(|err| err.to_string())),
+        Command::Verify(args) => return verify::run(&args),
+        Command::Dedup(args) => ("dedup", dedup::run(&args)),
+        Command::Inspect(args) => ("inspect", inspect::run(&args)),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("oncedb {name}: {err}");
+            ExitCode::FAILURE
+        }
     }
 }

@@ -1,0 +1,352 @@
+//! `oncedb dedup`: a persistent `uniq` for event streams. Lines on stdin whose key has
+//! not been seen inside the window go to stdout, in input order; the store in `--dir`
+//! remembers keys across runs.
+
+use std::borrow::Cow;
+use std::io::{BufRead, BufReader, BufWriter, IsTerminal, Read, Write};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use oncedb::{Db, Durability, MAX_BATCH_KEYS, MAX_KEY_BYTES_LIMIT, Options};
+
+use crate::duration;
+
+/// Arguments of `oncedb dedup`.
+#[derive(clap::Args, Debug)]
+pub struct DedupArgs {
+    /// The store's directory (created if missing).
+    #[arg(long)]
+    dir: PathBuf,
+    /// How long a key is remembered: 90s, 15m, 24h, 7d.
+    #[arg(long, value_parser = duration::parse)]
+    window: Duration,
+    /// Width of one time bucket (the window must be a whole multiple of it). Default:
+    /// the window divided into up to 96 buckets.
+    #[arg(long, value_parser = duration::parse)]
+    bucket: Option<Duration>,
+    /// What identifies a line: `line` (the whole line), `json:FIELD.PATH` (a field of a
+    /// JSON object; numbers in the path index arrays) or `regex:PATTERN` (the first
+    /// capture group, or the whole match).
+    #[arg(long, default_value = "line", value_parser = KeySpec::parse)]
+    key: KeySpec,
+    /// `sync`, `buffered` or `interval:MS`.
+    #[arg(long, default_value = "interval:200", value_parser = parse_durability)]
+    durability: Durability,
+    /// Drop lines whose key cannot be extracted instead of passing them through.
+    #[arg(long)]
+    drop_keyless: bool,
+    /// Most lines checked in one call.
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=MAX_BATCH_KEYS as i64))]
+    batch: u32,
+}
+
+/// How a line's key is found.
+#[derive(Debug, Clone)]
+pub enum KeySpec {
+    Line,
+    Json(Vec<String>),
+    Regex(regex::bytes::Regex),
+}
+
+impl KeySpec {
+    fn parse(text: &str) -> Result<KeySpec, String> {
+        if text == "line" {
+            return Ok(KeySpec::Line);
+        }
+        if let Some(path) = text.strip_prefix("json:") {
+            if path.is_empty() || path.split('.').any(str::is_empty) {
+                return Err(format!("`{path}` is not a field path like `event.id`"));
+            }
+            return Ok(KeySpec::Json(path.split('.').map(str::to_owned).collect()));
+        }
+        if let Some(pattern) = text.strip_prefix("regex:") {
+            return regex::bytes::Regex::new(pattern)
+                .map(KeySpec::Regex)
+                .map_err(|err| format!("bad pattern: {}", err.to_string().replace('\n', " ")));
+        }
+        Err(format!(
+            "`{text}` is not a key: use `line`, `json:FIELD.PATH` or `regex:PATTERN`"
+        ))
+    }
+
+    /// The key of `line`, or `None` if it has none.
+    fn extract<'a>(&self, line: &'a [u8]) -> Option<Cow<'a, [u8]>> {
+        let key: Cow<'a, [u8]> = match self {
+            KeySpec::Line => Cow::Borrowed(line),
+            KeySpec::Json(path) => {
+                let value: serde_json::Value = serde_json::from_slice(line).ok()?;
+                let mut at = &value;
+                for segment in path {
+                    at = match at {
+                        serde_json::Value::Object(map) => map.get(segment)?,
+                        serde_json::Value::Array(items) => {
+                            items.get(segment.parse::<usize>().ok()?)?
+                        }
+                        _ => return None,
+                    };
+                }
+                match at {
+                    serde_json::Value::Null => return None,
+                    serde_json::Value::String(text) => Cow::Owned(text.as_bytes().to_vec()),
+                    other => Cow::Owned(other.to_string().into_bytes()),
+                }
+            }
+            KeySpec::Regex(regex) => {
+                let captures = regex.captures(line)?;
+                let found = captures.get(1).or_else(|| captures.get(0))?;
+                Cow::Borrowed(found.as_bytes())
+            }
+        };
+        if key.is_empty() {
+            return None;
+        }
+        if key.len() > MAX_KEY_BYTES_LIMIT {
+            // Longer keys are stored by a 128-bit hash of their bytes.
+            let hash = xxhash_rust::xxh3::xxh3_128(&key);
+            return Some(Cow::Owned(hash.to_le_bytes().to_vec()));
+        }
+        Some(key)
+    }
+}
+
+fn parse_durability(text: &str) -> Result<Durability, String> {
+    match text {
+        "sync" => Ok(Durability::Sync),
+        "buffered" => Ok(Durability::Buffered),
+        _ => {
+            let ms = text
+                .strip_prefix("interval:")
+                .and_then(|ms| ms.parse::<u64>().ok())
+                .filter(|&ms| ms > 0)
+                .ok_or_else(|| format!("`{text}` is not sync, buffered or interval:MS"))?;
+            Ok(Durability::Interval(Duration::from_millis(ms)))
+        }
+    }
+}
+
+/// The bucket width when none is given: the smallest round width (1 s, 5 s, 10 s, 15 s,
+/// 30 s, 1 m, 5 m, 10 m, 15 m, 30 m, 1 h, 6 h, 1 d) that divides the window into at most
+/// 96 buckets, or else the window in up to 96 whole buckets.
+fn default_bucket(window: Duration) -> Duration {
+    const ROUND_MS: [u64; 13] = [
+        1_000, 5_000, 10_000, 15_000, 30_000, 60_000, 300_000, 600_000, 900_000, 1_800_000,
+        3_600_000, 21_600_000, 86_400_000,
+    ];
+    let window_ms = u64::try_from(window.as_millis()).unwrap_or(u64::MAX);
+    let round = ROUND_MS
+        .iter()
+        .copied()
+        .find(|&width| window_ms.is_multiple_of(width) && window_ms / width <= 96);
+    let width = round.unwrap_or_else(|| {
+        let buckets = (1..=96u64)
+            .rev()
+            .find(|n| window_ms.is_multiple_of(*n))
+            .unwrap_or(1);
+        window_ms / buckets
+    });
+    Duration::from_millis(width)
+}
+
+/// What a run saw.
+#[derive(Debug, Default)]
+struct Counts {
+    lines: u64,
+    emitted: u64,
+    duplicates: u64,
+    keyless: u64,
+}
+
+/// Runs the filter; errors are reported by the caller in one line.
+pub fn run(args: &DedupArgs) -> Result<(), String> {
+    let bucket = args.bucket.unwrap_or_else(|| default_bucket(args.window));
+    let options = Options::new(&args.dir)
+        .window(args.window)
+        .bucket_width(bucket)
+        .durability(args.durability)
+        .max_key_bytes(MAX_KEY_BYTES_LIMIT);
+    let db = Db::open(options).map_err(|err| err.to_string())?;
+    let progress = progress_bar();
+    let mut counts = Counts::default();
+    let result = filter(&db, args, &progress, &mut counts);
+    progress.finish_and_clear();
+    let flushed = db.flush().map_err(|err| err.to_string());
+    eprintln!(
+        "oncedb dedup: {} lines, {} emitted, {} duplicates, {} without a key",
+        counts.lines, counts.emitted, counts.duplicates, counts.keyless
+    );
+    result.and(flushed)
+}
+
+fn progress_bar() -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {pos} lines, {per_sec} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
+    bar
+}
+
+/// One batch of lines: their bytes back to back, and where each ends.
+#[derive(Default)]
+struct Batch {
+    bytes: Vec<u8>,
+    /// End of each line's content, and whether a newline followed it.
+    lines: Vec<(usize, bool)>,
+}
+
+impl Batch {
+    fn line(&self, index: usize) -> (&[u8], bool) {
+        let start = index.checked_sub(1).map_or(0, |i| {
+            self.lines.get(i).map_or(0, |l| l.0 + usize::from(l.1))
+        });
+        let (end, newline) = self.lines.get(index).copied().unwrap_or((start, false));
+        (self.bytes.get(start..end).unwrap_or_default(), newline)
+    }
+}
+
+fn filter(
+    db: &Db,
+    args: &DedupArgs,
+    progress: &ProgressBar,
+    counts: &mut Counts,
+) -> Result<(), String> {
+    let mut input = BufReader::with_capacity(1 << 20, std::io::stdin().lock());
+    let mut output = BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
+    let mut batch = Batch::default();
+    let mut admitted = Vec::new();
+    loop {
+        let more = read_batch(&mut input, &mut batch, args.batch as usize)?;
+        if batch.lines.is_empty() {
+            break;
+        }
+        let keys: Vec<Option<Cow<'_, [u8]>>> = (0..batch.lines.len())
+            .map(|i| args.key.extract(batch.line(i).0))
+            .collect();
+        let present: Vec<&Cow<'_, [u8]>> = keys.iter().flatten().collect();
+        db.insert_many_into(&present, &mut admitted)
+            .map_err(|err| err.to_string())?;
+        let mut answers = admitted.iter();
+        for (i, key) in keys.iter().enumerate() {
+            counts.lines += 1;
+            let emit = match key {
+                None => {
+                    counts.keyless += 1;
+                    !args.drop_keyless
+                }
+                Some(_) if answers.next().copied().unwrap_or(false) => true,
+                Some(_) => {
+                    counts.duplicates += 1;
+                    false
+                }
+            };
+            if emit {
+                counts.emitted += 1;
+                let (line, newline) = batch.line(i);
+                if write_line(&mut output, line, newline).is_err() {
+                    // The reader went away (`| head`): stop quietly, like `uniq`.
+                    return Ok(());
+                }
+            }
+        }
+        progress.set_position(counts.lines);
+        if input.buffer().is_empty() && output.flush().is_err() {
+            return Ok(());
+        }
+        if !more {
+            break;
+        }
+    }
+    let _ = output.flush();
+    Ok(())
+}
+
+fn write_line(output: &mut impl Write, line: &[u8], newline: bool) -> std::io::Result<()> {
+    output.write_all(line)?;
+    if newline {
+        output.write_all(b"\n")?;
+    }
+    Ok(())
+}
+
+/// Reads lines into `batch` (cleared first) until `max` lines, the end of the input, or
+/// the end of what is buffered without blocking (after at least one line), so that a
+/// slow stream is answered line by line and a fast one in large batches. Returns false
+/// at the end of the input.
+fn read_batch(
+    input: &mut BufReader<impl Read>,
+    batch: &mut Batch,
+    max: usize,
+) -> Result<bool, String> {
+    batch.bytes.clear();
+    batch.lines.clear();
+    while batch.lines.len() < max {
+        let before = batch.bytes.len();
+        let read = input
+            .read_until(b'\n', &mut batch.bytes)
+            .map_err(|err| format!("reading stdin: {err}"))?;
+        if read == 0 {
+            return Ok(false);
+        }
+        let newline = batch.bytes.last() == Some(&b'\n');
+        let end = batch.bytes.len() - usize::from(newline);
+        debug_assert!(end >= before);
+        batch.lines.push((end, newline));
+        if input.buffer().is_empty() {
+            break;
+        }
+    }
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_extracted_or_absent() {
+        let json = KeySpec::parse("json:event.id").unwrap();
+        assert_eq!(
+            json.extract(br#"{"event":{"id":"a1"}}"#).as_deref(),
+            Some(&b"a1"[..])
+        );
+        assert_eq!(
+            json.extract(br#"{"event":{"id":42}}"#).as_deref(),
+            Some(&b"42"[..])
+        );
+        assert_eq!(json.extract(br#"{"event":{}}"#), None);
+        assert_eq!(json.extract(b"not json"), None);
+        let array = KeySpec::parse("json:items.1").unwrap();
+        assert_eq!(
+            array.extract(br#"{"items":["x","y"]}"#).as_deref(),
+            Some(&b"y"[..])
+        );
+        let regex = KeySpec::parse("regex:id=(\\w+)").unwrap();
+        assert_eq!(regex.extract(b"a id=77 b").as_deref(), Some(&b"77"[..]));
+        assert_eq!(regex.extract(b"none"), None);
+        assert_eq!(KeySpec::Line.extract(b""), None);
+        assert!(KeySpec::parse("json:").is_err());
+        assert!(KeySpec::parse("regex:(").is_err());
+        assert!(KeySpec::parse("column:3").is_err());
+    }
+
+    #[test]
+    fn default_buckets_divide_the_window() {
+        let secs = Duration::from_secs;
+        assert_eq!(default_bucket(secs(86_400)), secs(900));
+        assert_eq!(default_bucket(secs(3_600)), secs(60));
+        assert_eq!(default_bucket(secs(90)), secs(1));
+        assert_eq!(default_bucket(secs(7 * 86_400)), secs(6 * 3_600));
+        assert_eq!(
+            default_bucket(Duration::from_millis(7)),
+            Duration::from_millis(1)
+        );
+        assert_eq!(
+            default_bucket(Duration::from_millis(1_500)),
+            Duration::from_millis(250)
+        );
+    }
+}

@@ -1,0 +1,200 @@
+//! `oncedb dedup` and `oncedb inspect` as processes on real directories.
+
+#![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use oncedb::{Db, Options, Reservation, Scope};
+
+fn oncedb(args: &[&str], stdin: &[u8]) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_oncedb"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Feed stdin from another thread: the child's stdout fills while we write.
+    let mut input = child.stdin.take().unwrap();
+    let stdin = stdin.to_vec();
+    let feeder = std::thread::spawn(move || {
+        // The child may exit before reading everything (bad arguments).
+        let _ = input.write_all(&stdin);
+    });
+    let output = child.wait_with_output().unwrap();
+    feeder.join().unwrap();
+    output
+}
+
+fn dedup(dir: &Path, extra: &[&str], stdin: &str) -> (i32, String, String) {
+    let mut args = vec!["dedup", "--dir", dir.to_str().unwrap(), "--window", "24h"];
+    args.extend_from_slice(extra);
+    let out = oncedb(&args, stdin.as_bytes());
+    (
+        out.status.code().unwrap(),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+#[test]
+fn lines_are_deduplicated_in_order_and_remembered_across_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let (code, out, err) = dedup(&store, &[], "a\nb\na\nc\nb\n\nlast");
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, "a\nb\nc\n\nlast");
+    assert!(
+        err.contains("7 lines, 5 emitted, 2 duplicates, 1 without a key"),
+        "{err}"
+    );
+    // A second run remembers the first, in every durability mode.
+    for durability in ["sync", "buffered", "interval:5"] {
+        let (code, out, err) = dedup(&store, &["--durability", durability], "c\nd\na\n");
+        assert_eq!(code, 0, "{err}");
+        let expected = if durability == "sync" { "d\n" } else { "" };
+        assert_eq!(out, expected, "{durability}");
+    }
+}
+
+#[test]
+fn keys_come_from_json_fields_and_regexes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("json");
+    let input = concat!(
+        "{\"event\":{\"id\":\"e1\"},\"n\":1}\n",
+        "{\"event\":{\"id\":\"e1\"},\"n\":2}\n",
+        "not json at all\n",
+        "{\"event\":{}}\n",
+        "{\"event\":{\"id\":7}}\n",
+    );
+    let (code, out, err) = dedup(&store, &["--key", "json:event.id"], input);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        out,
+        concat!(
+            "{\"event\":{\"id\":\"e1\"},\"n\":1}\n",
+            "not json at all\n",
+            "{\"event\":{}}\n",
+            "{\"event\":{\"id\":7}}\n",
+        )
+    );
+    assert!(err.contains("2 without a key"), "{err}");
+    let (_, out, _) = dedup(
+        &store,
+        &["--key", "json:event.id", "--drop-keyless"],
+        "{\"event\":{\"id\":7}}\ngarbage\n{\"event\":{\"id\":8}}\n",
+    );
+    assert_eq!(out, "{\"event\":{\"id\":8}}\n");
+
+    let store = dir.path().join("regex");
+    let (code, out, err) = dedup(
+        &store,
+        &["--key", "regex:order=(\\d+)"],
+        "x order=1 a\ny order=1 b\nno order\nz order=2\n",
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, "x order=1 a\nno order\nz order=2\n");
+}
+
+#[test]
+fn large_inputs_are_batched_and_complete() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("big");
+    let input: String = (0..50_000)
+        .map(|i| format!("id-{}\n", i % 30_000))
+        .collect();
+    let (code, out, err) = dedup(&store, &["--batch", "1000"], &input);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.lines().count(), 30_000);
+    assert!(
+        out.lines()
+            .enumerate()
+            .all(|(i, line)| line == format!("id-{i}"))
+    );
+}
+
+#[test]
+fn bad_arguments_and_unusable_directories_give_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("s");
+    for (args, needle) in [
+        (vec!["--window", "5x"], "not a unit"),
+        (vec!["--window", "0s"], "zero"),
+        (vec!["--window", "24h", "--bucket", "7m"], "whole multiple"),
+        (vec!["--window", "24h", "--key", "column:2"], "not a key"),
+        (
+            vec!["--window", "24h", "--durability", "often"],
+            "interval:MS",
+        ),
+    ] {
+        let mut all = vec!["dedup", "--dir", store.to_str().unwrap()];
+        all.extend(args.iter().copied());
+        let out = oncedb(&all, b"");
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert_ne!(out.status.code(), Some(0), "{args:?}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    // A locked store.
+    let db = Db::open(Options::new(&store)).unwrap();
+    let (code, _, err) = dedup(&store, &[], "a\n");
+    assert_ne!(code, 0);
+    assert!(err.contains("locked"), "{err}");
+    drop(db);
+    // Another window than the store was created with.
+    let out = oncedb(
+        &["dedup", "--dir", store.to_str().unwrap(), "--window", "1h"],
+        b"",
+    );
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert_ne!(out.status.code(), Some(0));
+    assert!(err.contains("was created with window"), "{err}");
+    let unreadable = oncedb(&["inspect", "--dir", "/nonexistent/oncedb"], b"");
+    assert_ne!(unreadable.status.code(), Some(0));
+    let err = String::from_utf8(unreadable.stderr).unwrap();
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+}
+
+#[test]
+fn inspect_shows_buckets_records_in_flight_and_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("s");
+    {
+        let db = Db::open(
+            Options::new(&store)
+                .window(std::time::Duration::from_secs(3600))
+                .bucket_width(std::time::Duration::from_secs(60)),
+        )
+        .unwrap();
+        db.insert_many(&[b"k1", b"k2", b"k3"]).unwrap();
+        let scope = Scope::new("org_123", "create_payment");
+        let Reservation::Acquired(lease) = db.reserve(&scope, b"pay-1", b"req").unwrap() else {
+            panic!("acquire");
+        };
+        lease.note(b"provider_outcome_unknown").unwrap();
+        // The worker dies: the record stays in flight.
+    }
+    let out = oncedb(
+        &["inspect", "--dir", store.to_str().unwrap(), "--json"],
+        b"",
+    );
+    assert_eq!(out.status.code(), Some(0));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["window_ms"], 3_600_000);
+    assert_eq!(report["bucket_ms"], 60_000);
+    assert_eq!(report["live_keys"], 3);
+    assert_eq!(report["buckets"][0]["keys"], 3);
+    assert_eq!(report["buckets"][0]["records"], 1);
+    let record = &report["in_flight"][0];
+    assert_eq!(record["tenant"], "org_123");
+    assert_eq!(record["key"], "pay-1");
+    assert_eq!(record["note"], "provider_outcome_unknown");
+    let text = oncedb(&["inspect", "--dir", store.to_str().unwrap()], b"");
+    let text = String::from_utf8(text.stdout).unwrap();
+    assert!(text.contains("records in flight: 1"), "{text}");
+    assert!(text.contains("provider_outcome_unknown"), "{text}");
+}
