@@ -346,7 +346,7 @@ mod tests {
         );
         assert_eq!(
             default_bucket(Duration::from_millis(1_500)),
-            Duration::from_millis(250)
+            Duration::from_millis(20)
         );
     }
 }
