@@ -36,10 +36,12 @@ fn clean_damaged_and_unreadable() {
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("clean"), "{out}");
 
+    // The segment holding the keys (a clean close also leaves an empty newest one).
     let segment = std::fs::read_dir(dir.path())
         .unwrap()
         .map(|e| e.unwrap().path())
-        .find(|p| p.extension().is_some_and(|e| e == "log"))
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .max_by_key(|p| std::fs::metadata(p).unwrap().len())
         .unwrap();
     let mut bytes = std::fs::read(&segment).unwrap();
     let before = bytes.clone();
