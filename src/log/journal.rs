@@ -97,6 +97,21 @@ impl SyncTimes {
     }
 }
 
+/// The name of the segment after `newest` for entries of `bucket`: sequence 0 of
+/// `bucket` if it is newer, else the next sequence of the newest bucket, or sequence 0 of
+/// the bucket after it once the sequence numbers run out (a segment's bucket only needs
+/// to be at least its entries' stamps; it decides when the file is deleted). `None` only
+/// past the last bucket number.
+fn next_segment(newest: Option<(u64, u32)>, bucket: u64) -> Option<(u64, u32)> {
+    match newest {
+        Some((last, seq)) if last >= bucket => match seq.checked_add(1) {
+            Some(seq) => Some((last, seq)),
+            None => Some((last.checked_add(1)?, 0)),
+        },
+        _ => Some((bucket, 0)),
+    }
+}
+
 /// A position in the log to wait for: everything appended up to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 #[must_use = "an appended entry is acknowledged only after waiting for its ticket"]
@@ -458,17 +473,9 @@ impl Shared {
     /// Seals the active segment (all synced by the caller) and creates the next one.
     fn roll_over(&self, state: &mut WriterState, bucket: u64) -> Result<()> {
         self.seal_active(state)?;
-        let bucket = bucket.max(state.active.as_ref().map_or(0, |a| a.bucket));
-        let seq = state
-            .segments
-            .range((bucket, 0)..=(bucket, u32::MAX))
-            .next_back()
-            .map_or(Some(0), |(&(_, seq), _)| seq.checked_add(1))
-            .ok_or_else(|| {
-                self.poison(std::io::Error::other(
-                    "segment sequence numbers of this bucket are exhausted",
-                ))
-            })?;
+        let newest = state.segments.keys().next_back().copied();
+        let (bucket, seq) = next_segment(newest, bucket)
+            .ok_or_else(|| self.poison(std::io::Error::other("segment names are exhausted")))?;
         let file = self
             .create_segment(bucket, seq)
             .map_err(|err| self.poison(err))?;
@@ -605,5 +612,20 @@ impl Shared {
                 let _ = self.persist(&mut state, target, true);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::next_segment;
+
+    #[test]
+    fn segment_names_continue_past_an_exhausted_sequence() {
+        assert_eq!(next_segment(None, 7), Some((7, 0)));
+        assert_eq!(next_segment(Some((5, 3)), 7), Some((7, 0)));
+        assert_eq!(next_segment(Some((7, 3)), 7), Some((7, 4)));
+        assert_eq!(next_segment(Some((9, 3)), 7), Some((9, 4)));
+        assert_eq!(next_segment(Some((7, u32::MAX)), 7), Some((8, 0)));
+        assert_eq!(next_segment(Some((u64::MAX, u32::MAX)), 7), None);
     }
 }
