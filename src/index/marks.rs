@@ -1,10 +1,9 @@
 //! The ordering guard of one shard: per-aggregate version high-water marks, keyed by
 //! fingerprint with full keys compared, expiring with the bucket of their last change.
 
-use std::collections::{HashMap, VecDeque};
-use std::hash::BuildHasherDefault;
+use std::collections::VecDeque;
 
-use super::records::FingerprintHasher;
+use super::records::{FingerprintMap, expire_queue};
 use crate::base::error::{Error, Result};
 use crate::base::window::Window;
 
@@ -34,7 +33,7 @@ pub(crate) enum Advanced {
 /// Marks plus an expiry queue in stamping order, drained a few entries per operation.
 #[derive(Debug, Default)]
 pub(crate) struct MarkMap {
-    map: HashMap<u128, Mark, BuildHasherDefault<FingerprintHasher>>,
+    map: FingerprintMap<Mark>,
     expiry: VecDeque<(u64, u128)>,
 }
 
@@ -120,22 +119,14 @@ impl MarkMap {
 
     /// Removes up to `budget` marks whose bucket has left the window.
     pub(crate) fn expire(&mut self, budget: usize, window: Window, current: u64) {
-        for _ in 0..budget {
-            let Some(&(bucket, fingerprint)) = self.expiry.front() else {
-                return;
-            };
-            if window.is_live(bucket, current) {
-                return;
-            }
-            self.expiry.pop_front();
-            if self
-                .map
-                .get(&fingerprint)
-                .is_some_and(|m| m.bucket == bucket)
-            {
-                self.map.remove(&fingerprint);
-            }
-        }
+        expire_queue(
+            &mut self.map,
+            &mut self.expiry,
+            budget,
+            window,
+            current,
+            |m| m.bucket,
+        );
     }
 
     /// Approximate heap bytes held.

@@ -106,7 +106,35 @@ impl Hasher for FingerprintHasher {
     }
 }
 
-type FingerprintMap<V> = HashMap<u128, V, BuildHasherDefault<FingerprintHasher>>;
+pub(crate) type FingerprintMap<V> = HashMap<u128, V, BuildHasherDefault<FingerprintHasher>>;
+
+/// Drains up to `budget` entries of an expiry `queue` (in stamping order) whose bucket has
+/// left the window, removing each key from `map` only if it still carries that bucket: a
+/// key released and stored again, or re-stamped, lives on.
+pub(crate) fn expire_queue<V>(
+    map: &mut FingerprintMap<V>,
+    queue: &mut VecDeque<(u64, u128)>,
+    budget: usize,
+    window: Window,
+    current: u64,
+    bucket_of: impl Fn(&V) -> u64,
+) {
+    for _ in 0..budget {
+        let Some(&(bucket, fingerprint)) = queue.front() else {
+            return;
+        };
+        if window.is_live(bucket, current) {
+            return;
+        }
+        queue.pop_front();
+        if map
+            .get(&fingerprint)
+            .is_some_and(|v| bucket_of(v) == bucket)
+        {
+            map.remove(&fingerprint);
+        }
+    }
+}
 
 /// Records plus an expiry queue in admission order (buckets never decrease within a
 /// shard), drained a few entries per operation.
@@ -181,23 +209,14 @@ impl RecordMap {
 
     /// Removes up to `budget` records whose bucket has left the window.
     pub(crate) fn expire(&mut self, budget: usize, window: Window, current: u64) {
-        for _ in 0..budget {
-            let Some(&(bucket, fingerprint)) = self.expiry.front() else {
-                return;
-            };
-            if window.is_live(bucket, current) {
-                return;
-            }
-            self.expiry.pop_front();
-            // The key may have been released and reserved again in a later bucket.
-            if self
-                .map
-                .get(&fingerprint)
-                .is_some_and(|r| r.bucket == bucket)
-            {
-                self.map.remove(&fingerprint);
-            }
-        }
+        expire_queue(
+            &mut self.map,
+            &mut self.expiry,
+            budget,
+            window,
+            current,
+            |r| r.bucket,
+        );
     }
 
     /// Records held in memory, live or expired but not yet removed.

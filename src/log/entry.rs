@@ -169,6 +169,7 @@ impl LogEntry<'_> {
                 note,
             } => {
                 assert!(note.len() <= MAX_NOTE_BYTES, "note over the limit");
+                assert!(*lease_id < LEASE_ID_LIMIT, "lease id over the limit");
                 encode_frame(out, seed, position, KIND_NOTE, |out| {
                     out.extend_from_slice(&fingerprint.0.to_le_bytes());
                     out.extend_from_slice(&lease_id.to_le_bytes());
@@ -408,9 +409,13 @@ fn decode_note(payload: &[u8]) -> Result<DecodedEntry<'_>, &'static str> {
     if note.len() != note_len {
         return Err("note entry length does not match");
     }
+    let lease_id = get_u64(payload, 16).ok_or(SHORT)?;
+    if lease_id >= LEASE_ID_LIMIT {
+        return Err("note entry lease id exceeds the limit");
+    }
     Ok(DecodedEntry::Note {
         fingerprint: Fingerprint(get_u128(payload, 0).ok_or(SHORT)?),
-        lease_id: get_u64(payload, 16).ok_or(SHORT)?,
+        lease_id,
         note,
     })
 }

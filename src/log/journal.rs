@@ -131,6 +131,21 @@ struct Active {
     group_mark: Option<u64>,
 }
 
+impl Active {
+    /// A segment holding only its header, fsynced, to append to.
+    fn empty(bucket: u64, seq: u32, file: Box<dyn StorageFile>) -> Active {
+        let header_len = SEGMENT_HEADER_LEN as u64;
+        Active {
+            bucket,
+            seq,
+            file: Some(file),
+            appended_len: header_len,
+            synced_len: header_len,
+            group_mark: None,
+        }
+    }
+}
+
 struct WriterState {
     buffer: Vec<u8>,
     /// Log positions (bytes since open): appended to the buffer, written, synced.
@@ -479,16 +494,10 @@ impl Shared {
         let file = self
             .create_segment(bucket, seq)
             .map_err(|err| self.poison(err))?;
-        let header_len = SEGMENT_HEADER_LEN as u64;
-        state.segments.insert((bucket, seq), header_len);
-        state.active = Some(Active {
-            bucket,
-            seq,
-            file: Some(file),
-            appended_len: header_len,
-            synced_len: header_len,
-            group_mark: None,
-        });
+        state
+            .segments
+            .insert((bucket, seq), SEGMENT_HEADER_LEN as u64);
+        state.active = Some(Active::empty(bucket, seq, file));
         self.delete_expired(state, bucket)
             .map_err(|err| self.poison(err))
     }
@@ -537,15 +546,7 @@ impl Shared {
             let file = self
                 .storage
                 .open_append(&segment_path(&self.dir, bucket, seq), false)?;
-            let header_len = SEGMENT_HEADER_LEN as u64;
-            state.active = Some(Active {
-                bucket,
-                seq,
-                file: Some(file),
-                appended_len: header_len,
-                synced_len: header_len,
-                group_mark: None,
-            });
+            state.active = Some(Active::empty(bucket, seq, file));
         } else if !state.segments.is_empty() {
             self.roll_over(&mut state, bucket)?;
         }
