@@ -63,6 +63,8 @@ mod engine;
 mod index;
 pub mod io;
 mod log;
+#[cfg(feature = "async")]
+mod store;
 
 pub use api::db::{BucketInfo, Db, verify, verify_with};
 pub use api::options::Options;
@@ -80,6 +82,8 @@ pub use base::time::{Clock, ManualClock, SystemClock};
 pub use log::report::{
     RecoveryReport, SegmentReport, SegmentState, SkippedRange, TornTail, VerifyReport,
 };
+#[cfg(feature = "async")]
+pub use store::{Reserved, Store, StoreLease};
 
 /// Compiles and runs the README's examples as doc tests.
 #[cfg(doctest)]

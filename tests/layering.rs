@@ -14,6 +14,7 @@ const LEVELS: &[(&str, u32)] = &[
     ("log", 1),
     ("engine", 2),
     ("api", 3),
+    ("store", 4),
 ];
 
 fn rust_files(path: &Path, out: &mut Vec<PathBuf>) {

@@ -222,6 +222,11 @@ impl Db {
         self.engine.recovery_report()
     }
 
+    /// Whether the store keeps files (and so its writes may wait for an fsync).
+    pub fn is_durable(&self) -> bool {
+        self.engine.is_durable()
+    }
+
     /// Counters and sizes; see [`Stats`].
     pub fn stats(&self) -> Stats {
         let stats = Stats::from_engine(&self.engine.stats(), self.engine.recovery_report());

@@ -309,6 +309,19 @@ impl Lease {
         super::observe::lease_ending(&self.scope, self.key_hash, ending);
     }
 
+    /// A second handle on the same lease, for moving a `&self` call to another thread.
+    #[cfg(feature = "async")]
+    pub(crate) fn handle(&self) -> Lease {
+        Lease {
+            engine: Arc::clone(&self.engine),
+            scope: self.scope.clone(),
+            key_hash: self.key_hash,
+            fingerprint: self.fingerprint,
+            lease_id: self.lease_id,
+            since_ms: self.since_ms,
+        }
+    }
+
     /// When the record was reserved.
     pub fn since(&self) -> SystemTime {
         ms_to_system_time(self.since_ms)

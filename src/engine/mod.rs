@@ -553,6 +553,11 @@ impl Engine {
             .collect()
     }
 
+    /// Whether calls may write files (and so wait for an fsync).
+    pub(crate) fn is_durable(&self) -> bool {
+        self.journal.is_some()
+    }
+
     pub(crate) fn window(&self) -> Window {
         self.window
     }

@@ -372,8 +372,9 @@ impl Shard {
                     State::Failed { .. } => Reserved::Failed(record.snapshot()),
                 },
                 None => {
-                    self.make_room(1)?;
+                    // The id first: if ids ran out, nothing (no early eviction) happened.
                     let lease_id = next_lease()?;
+                    self.make_room(1)?;
                     self.store_record(&NewRecord {
                         fingerprint,
                         scoped_key,

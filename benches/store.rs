@@ -1,0 +1,74 @@
+//! The cost of the asynchronous `Store` interface over the embedded `Db`: a reserve and a
+//! complete per iteration, through the synchronous API on the calling thread and through
+//! `Store` on a tokio runtime, for an in-memory store (inline) and a durable `Sync` and
+//! `Interval` store (tokio's blocking pool).
+//!
+//! `cargo bench --bench store --features async`.
+
+#![expect(clippy::unwrap_used, reason = "benchmark: a failure aborts the run")]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use oncedb::{Db, Durability, Options, Reservation, Reserved, Scope, Store, StoreLease};
+
+fn stores() -> Vec<(&'static str, Db, tempfile::TempDir)> {
+    let mut out = Vec::new();
+    for (name, durability) in [
+        ("memory", None),
+        (
+            "interval",
+            Some(Durability::Interval(Duration::from_millis(10))),
+        ),
+        ("sync", Some(Durability::Sync)),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let options = match durability {
+            None => Options::in_memory(),
+            Some(durability) => Options::new(dir.path()).durability(durability),
+        };
+        out.push((name, Db::open(options).unwrap(), dir));
+    }
+    out
+}
+
+fn reserve_complete(c: &mut Criterion) {
+    let mut group = c.benchmark_group("store_reserve_complete");
+    group.sample_size(20);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .unwrap();
+    let scope = Scope::new("org", "op");
+    let next = AtomicU64::new(0);
+    for (name, db, _dir) in stores() {
+        group.bench_function(format!("{name}/sync_api"), |b| {
+            b.iter(|| {
+                let key = next.fetch_add(1, Ordering::Relaxed).to_le_bytes();
+                let Reservation::Acquired(lease) = db.reserve(&scope, &key, b"req").unwrap() else {
+                    panic!("fresh key");
+                };
+                lease.complete(b"response").unwrap();
+            });
+        });
+        group.bench_function(format!("{name}/store_trait"), |b| {
+            b.to_async(&runtime).iter(|| {
+                let key = next.fetch_add(1, Ordering::Relaxed).to_le_bytes();
+                let (db, scope) = (&db, &scope);
+                async move {
+                    let Reserved::Acquired(lease) =
+                        Store::reserve(db, scope, &key, b"req").await.unwrap()
+                    else {
+                        panic!("fresh key");
+                    };
+                    StoreLease::complete(lease, b"response").await.unwrap();
+                }
+            });
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, reserve_complete);
+criterion_main!(benches);

@@ -1,0 +1,203 @@
+//! One asynchronous interface to dedup keys and idempotency records, whatever holds them
+//! (feature `async`). The embedded [`Db`] implements it here; services written against
+//! [`Store`] can move to a shared engine without changing their request path.
+//!
+//! The embedded implementation never blocks a runtime thread on an fsync: calls on a
+//! durable store run on tokio's blocking pool (`spawn_blocking`), where a `Sync` write
+//! waits for its group commit; calls on an in-memory store, which never touch a file, run
+//! inline. `docs/scaling.md` gives the measured cost of each.
+
+use std::future::Future;
+use std::time::{Duration, SystemTime};
+
+use crate::api::db::Db;
+use crate::api::record::{Advance, InFlight, Lease, Record, Reservation, Scope};
+use crate::base::error::{Error, Result};
+
+/// What [`Store::reserve`] found: [`Reservation`] with the store's own lease type.
+#[derive(Debug)]
+#[must_use = "a reservation says whether to run the operation or replay a stored result"]
+pub enum Reserved<L> {
+    /// This caller owns the key: run the operation, then complete, fail or release.
+    Acquired(L),
+    /// Another attempt holds the key and has not finished.
+    InFlight {
+        /// When that attempt reserved the key.
+        since: SystemTime,
+    },
+    /// The operation finished; replay the stored response.
+    Completed(Record),
+    /// The operation failed deterministically; replay the stored failure.
+    Failed(Record),
+    /// The key was used with a different request.
+    Mismatch,
+}
+
+/// Keys and records behind one asynchronous interface. Every method has the semantics of
+/// the [`Db`] method of the same name.
+pub trait Store: Send + Sync + 'static {
+    /// A lease on one record in flight.
+    type Lease: StoreLease;
+
+    /// [`Db::insert_if_absent`].
+    fn insert_if_absent(&self, key: &[u8]) -> impl Future<Output = Result<bool>> + Send;
+
+    /// [`Db::insert_many`].
+    fn insert_many(&self, keys: Vec<Vec<u8>>) -> impl Future<Output = Result<Vec<bool>>> + Send;
+
+    /// [`Db::reserve`].
+    fn reserve(
+        &self,
+        scope: &Scope,
+        key: &[u8],
+        request: &[u8],
+    ) -> impl Future<Output = Result<Reserved<Self::Lease>>> + Send;
+
+    /// [`Db::get`].
+    fn get(&self, scope: &Scope, key: &[u8])
+    -> impl Future<Output = Result<Option<Record>>> + Send;
+
+    /// [`Db::in_flight`].
+    fn in_flight(&self, older_than: Duration)
+    -> impl Future<Output = Result<Vec<InFlight>>> + Send;
+
+    /// [`Db::take_over`].
+    fn take_over(
+        &self,
+        scope: &Scope,
+        key: &[u8],
+    ) -> impl Future<Output = Result<Option<Self::Lease>>> + Send;
+
+    /// [`Db::advance`].
+    fn advance(
+        &self,
+        scope: &Scope,
+        aggregate_id: &[u8],
+        version: u64,
+    ) -> impl Future<Output = Result<Advance>> + Send;
+}
+
+/// A lease of a [`Store`]: the semantics of [`Lease`]. A call refused with an input
+/// error changes nothing; the caller keeps nothing to retry with but may reserve or take
+/// over again.
+pub trait StoreLease: Send + 'static {
+    /// [`Lease::epoch`].
+    fn epoch(&self) -> u64;
+    /// [`Lease::complete`].
+    fn complete(self, response: &[u8]) -> impl Future<Output = Result<()>> + Send;
+    /// [`Lease::fail`].
+    fn fail(self, response: &[u8]) -> impl Future<Output = Result<()>> + Send;
+    /// [`Lease::release`].
+    fn release(self) -> impl Future<Output = Result<()>> + Send;
+    /// [`Lease::note`].
+    fn note(&self, note: &[u8]) -> impl Future<Output = Result<()>> + Send;
+}
+
+/// Runs `work` on the blocking pool if the store may touch files, else inline.
+async fn run<T: Send + 'static>(
+    db: &Db,
+    work: impl FnOnce(Db) -> Result<T> + Send + 'static,
+) -> Result<T> {
+    let db = db.clone();
+    if !db.is_durable() {
+        return work(db);
+    }
+    tokio::task::spawn_blocking(move || work(db))
+        .await
+        .map_err(|err| Error::Io(std::io::Error::other(err)))?
+}
+
+fn reserved(answer: Reservation) -> Reserved<Lease> {
+    match answer {
+        Reservation::Acquired(lease) => Reserved::Acquired(lease),
+        Reservation::InFlight { since } => Reserved::InFlight { since },
+        Reservation::Completed(record) => Reserved::Completed(record),
+        Reservation::Failed(record) => Reserved::Failed(record),
+        Reservation::Mismatch => Reserved::Mismatch,
+    }
+}
+
+impl Store for Db {
+    type Lease = Lease;
+
+    async fn insert_if_absent(&self, key: &[u8]) -> Result<bool> {
+        let key = key.to_vec();
+        run(self, move |db| db.insert_if_absent(&key)).await
+    }
+
+    async fn insert_many(&self, keys: Vec<Vec<u8>>) -> Result<Vec<bool>> {
+        run(self, move |db| db.insert_many(&keys)).await
+    }
+
+    async fn reserve(&self, scope: &Scope, key: &[u8], request: &[u8]) -> Result<Reserved<Lease>> {
+        let (scope, key, request) = (scope.clone(), key.to_vec(), request.to_vec());
+        run(self, move |db| {
+            db.reserve(&scope, &key, &request).map(reserved)
+        })
+        .await
+    }
+
+    async fn get(&self, scope: &Scope, key: &[u8]) -> Result<Option<Record>> {
+        // A read touches no file.
+        Db::get(self, scope, key)
+    }
+
+    async fn in_flight(&self, older_than: Duration) -> Result<Vec<InFlight>> {
+        Ok(Db::in_flight(self, older_than))
+    }
+
+    async fn take_over(&self, scope: &Scope, key: &[u8]) -> Result<Option<Lease>> {
+        let (scope, key) = (scope.clone(), key.to_vec());
+        run(self, move |db| db.take_over(&scope, &key)).await
+    }
+
+    async fn advance(&self, scope: &Scope, aggregate_id: &[u8], version: u64) -> Result<Advance> {
+        let (scope, aggregate_id) = (scope.clone(), aggregate_id.to_vec());
+        run(self, move |db| db.advance(&scope, &aggregate_id, version)).await
+    }
+}
+
+impl StoreLease for Lease {
+    fn epoch(&self) -> u64 {
+        Lease::epoch(self)
+    }
+
+    async fn complete(self, response: &[u8]) -> Result<()> {
+        let response = response.to_vec();
+        self.finish(move |lease| lease.complete(&response).map_err(Error::from))
+            .await
+    }
+
+    async fn fail(self, response: &[u8]) -> Result<()> {
+        let response = response.to_vec();
+        self.finish(move |lease| lease.fail(&response).map_err(Error::from))
+            .await
+    }
+
+    async fn release(self) -> Result<()> {
+        self.finish(move |lease| lease.release().map_err(Error::from))
+            .await
+    }
+
+    async fn note(&self, note: &[u8]) -> Result<()> {
+        if !self.engine.is_durable() {
+            return Lease::note(self, note);
+        }
+        let (lease, note) = (self.handle(), note.to_vec());
+        tokio::task::spawn_blocking(move || lease.note(&note))
+            .await
+            .map_err(|err| Error::Io(std::io::Error::other(err)))?
+    }
+}
+
+impl Lease {
+    /// Ends the lease on the blocking pool if its store may touch files, else inline.
+    async fn finish(self, end: impl FnOnce(Lease) -> Result<()> + Send + 'static) -> Result<()> {
+        if !self.engine.is_durable() {
+            return end(self);
+        }
+        tokio::task::spawn_blocking(move || end(self))
+            .await
+            .map_err(|err| Error::Io(std::io::Error::other(err)))?
+    }
+}

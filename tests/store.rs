@@ -1,0 +1,176 @@
+//! The asynchronous `Store` interface over the embedded `Db` (feature `async`): the same
+//! semantics as the synchronous API, and no fsync on a runtime thread.
+
+#![cfg(feature = "async")]
+#![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
+
+use std::any::Any;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::thread::ThreadId;
+use std::time::Duration;
+
+use oncedb::io::{MemStorage, Storage, StorageFile};
+use oncedb::{Advance, Db, Error, Options, Reserved, Scope, Store, StoreLease};
+
+/// Records the thread of every file sync.
+#[derive(Clone, Default)]
+struct SyncThreads {
+    disk: MemStorage,
+    threads: Arc<Mutex<Vec<ThreadId>>>,
+}
+
+struct File {
+    inner: Box<dyn StorageFile>,
+    threads: Arc<Mutex<Vec<ThreadId>>>,
+}
+
+impl StorageFile for File {
+    fn append(&mut self, data: &[u8]) -> std::io::Result<()> {
+        self.inner.append(data)
+    }
+    fn sync(&mut self) -> std::io::Result<()> {
+        self.threads
+            .lock()
+            .unwrap()
+            .push(std::thread::current().id());
+        self.inner.sync()
+    }
+    fn len(&self) -> std::io::Result<u64> {
+        self.inner.len()
+    }
+    fn truncate(&mut self, len: u64) -> std::io::Result<()> {
+        self.inner.truncate(len)
+    }
+}
+
+impl Storage for SyncThreads {
+    fn create_dir_all(&self, dir: &Path) -> std::io::Result<()> {
+        self.disk.create_dir_all(dir)
+    }
+    fn list(&self, dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+        self.disk.list(dir)
+    }
+    fn open_append(&self, path: &Path, create: bool) -> std::io::Result<Box<dyn StorageFile>> {
+        Ok(Box::new(File {
+            inner: self.disk.open_append(path, create)?,
+            threads: Arc::clone(&self.threads),
+        }))
+    }
+    fn read(&self, path: &Path, max_bytes: u64) -> std::io::Result<Vec<u8>> {
+        self.disk.read(path, max_bytes)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
+        self.disk.rename(from, to)
+    }
+    fn remove(&self, path: &Path) -> std::io::Result<()> {
+        self.disk.remove(path)
+    }
+    fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
+        self.threads
+            .lock()
+            .unwrap()
+            .push(std::thread::current().id());
+        self.disk.sync_dir(dir)
+    }
+    fn lock(&self, path: &Path) -> std::io::Result<Box<dyn Any + Send + Sync>> {
+        self.disk.lock(path)
+    }
+}
+
+/// Everything a service does through the trait, generic over the store.
+async fn lifecycle<S: Store>(store: &S) {
+    let scope = Scope::new("org_123", "create_payment");
+    assert!(store.insert_if_absent(b"m1").await.unwrap());
+    assert_eq!(
+        store
+            .insert_many(vec![b"m1".to_vec(), b"m2".to_vec()])
+            .await
+            .unwrap(),
+        vec![false, true]
+    );
+    let Reserved::Acquired(lease) = store.reserve(&scope, b"k", b"req").await.unwrap() else {
+        panic!("acquire");
+    };
+    lease.note(b"provider_outcome_unknown").await.unwrap();
+    assert!(matches!(
+        store.reserve(&scope, b"k", b"req").await.unwrap(),
+        Reserved::InFlight { .. }
+    ));
+    let stuck = store.in_flight(Duration::ZERO).await.unwrap();
+    let note = stuck.first().and_then(|record| record.note.as_deref());
+    assert_eq!(note, Some(&b"provider_outcome_unknown"[..]));
+    let new = store.take_over(&scope, b"k").await.unwrap().unwrap();
+    assert!(new.epoch() > lease.epoch());
+    assert!(matches!(lease.complete(b"old").await, Err(Error::Fenced)));
+    new.complete(b"done").await.unwrap();
+    let Reserved::Completed(record) = store.reserve(&scope, b"k", b"req").await.unwrap() else {
+        panic!("replay");
+    };
+    assert_eq!(record.response(), Some(&b"done"[..]));
+    assert!(matches!(
+        store.reserve(&scope, b"k", b"other").await.unwrap(),
+        Reserved::Mismatch
+    ));
+    let Reserved::Acquired(failing) = store.reserve(&scope, b"f", b"req").await.unwrap() else {
+        panic!("acquire");
+    };
+    failing.fail(b"declined").await.unwrap();
+    let Reserved::Acquired(released) = store.reserve(&scope, b"r", b"req").await.unwrap() else {
+        panic!("acquire");
+    };
+    released.release().await.unwrap();
+    assert!(store.get(&scope, b"r").await.unwrap().is_none());
+    assert_eq!(
+        store.advance(&scope, b"agg", 1).await.unwrap(),
+        Advance::Applied
+    );
+    assert_eq!(
+        store.advance(&scope, b"agg", 3).await.unwrap(),
+        Advance::Gap { expected: 2 }
+    );
+}
+
+#[test]
+fn a_durable_db_never_fsyncs_on_the_runtime_thread() {
+    let storage = SyncThreads::default();
+    let db = Db::open(Options::new("/db").storage(Arc::new(storage.clone()))).unwrap();
+    let opened = storage.threads.lock().unwrap().len();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    runtime.block_on(lifecycle(&db));
+    let runtime_thread = std::thread::current().id();
+    let threads = storage.threads.lock().unwrap();
+    assert!(threads.len() > opened + 8, "the writes were fsynced");
+    assert!(
+        threads[opened..]
+            .iter()
+            .all(|&thread| thread != runtime_thread),
+        "an fsync ran on the runtime thread"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_memory_db_serves_the_same_interface() {
+    let db = Db::open(Options::in_memory()).unwrap();
+    lifecycle(&db).await;
+    // Concurrent reservations through the trait still give one winner.
+    let scope = Scope::new("t", "op");
+    let tasks: Vec<_> = (0..16)
+        .map(|_| {
+            let (db, scope) = (db.clone(), scope.clone());
+            tokio::spawn(async move {
+                matches!(
+                    Store::reserve(&db, &scope, b"race", b"req").await.unwrap(),
+                    Reserved::Acquired(_)
+                )
+            })
+        })
+        .collect();
+    let mut winners = 0;
+    for task in tasks {
+        winners += usize::from(task.await.unwrap());
+    }
+    assert_eq!(winners, 1);
+}
