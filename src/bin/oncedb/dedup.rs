@@ -272,10 +272,16 @@ fn write_line(output: &mut impl Write, line: &[u8], newline: bool) -> std::io::R
     Ok(())
 }
 
-/// Reads lines into `batch` (cleared first) until `max` lines, the end of the input, or
-/// the end of what is buffered without blocking (after at least one line), so that a
-/// slow stream is answered line by line and a fast one in large batches. Returns false
-/// at the end of the input.
+/// Longest line accepted; a longer one stops the run with an error rather than grow
+/// memory without bound.
+const MAX_LINE_BYTES: u64 = 16 << 20;
+/// A batch ends once it holds this many bytes, whatever its line count.
+const MAX_BATCH_BYTES: usize = 8 << 20;
+
+/// Reads lines into `batch` (cleared first) until `max` lines or `MAX_BATCH_BYTES`, the
+/// end of the input, or the end of what is buffered without blocking (after at least one
+/// line), so that a slow stream is answered line by line and a fast one in large
+/// batches. Returns false at the end of the input.
 fn read_batch(
     input: &mut BufReader<impl Read>,
     batch: &mut Batch,
@@ -283,9 +289,10 @@ fn read_batch(
 ) -> Result<bool, String> {
     batch.bytes.clear();
     batch.lines.clear();
-    while batch.lines.len() < max {
+    while batch.lines.len() < max && batch.bytes.len() < MAX_BATCH_BYTES {
         let before = batch.bytes.len();
-        let read = input
+        let read = (&mut *input)
+            .take(MAX_LINE_BYTES + 1)
             .read_until(b'\n', &mut batch.bytes)
             .map_err(|err| format!("reading stdin: {err}"))?;
         if read == 0 {
@@ -293,7 +300,9 @@ fn read_batch(
         }
         let newline = batch.bytes.last() == Some(&b'\n');
         let end = batch.bytes.len() - usize::from(newline);
-        debug_assert!(end >= before);
+        if (end - before) as u64 > MAX_LINE_BYTES {
+            return Err(format!("a line is longer than {MAX_LINE_BYTES} bytes"));
+        }
         batch.lines.push((end, newline));
         if input.buffer().is_empty() {
             break;
@@ -331,6 +340,23 @@ mod tests {
         assert!(KeySpec::parse("json:").is_err());
         assert!(KeySpec::parse("regex:(").is_err());
         assert!(KeySpec::parse("column:3").is_err());
+    }
+
+    #[test]
+    fn batches_are_bounded_and_overlong_lines_refused() {
+        let mut batch = Batch::default();
+        let mut input = BufReader::new(&b"a\nbb\nccc"[..]);
+        assert!(read_batch(&mut input, &mut batch, 2).unwrap());
+        assert_eq!(
+            (batch.line(0), batch.line(1)),
+            ((&b"a"[..], true), (&b"bb"[..], true))
+        );
+        assert!(read_batch(&mut input, &mut batch, 2).unwrap());
+        assert_eq!(batch.line(0), (&b"ccc"[..], false));
+        assert!(!read_batch(&mut input, &mut batch, 2).unwrap());
+        let long = vec![b'x'; usize::try_from(MAX_LINE_BYTES).unwrap() + 2];
+        let mut input = BufReader::new(&long[..]);
+        assert!(read_batch(&mut input, &mut batch, 2).is_err());
     }
 
     #[test]
