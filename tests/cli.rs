@@ -8,6 +8,17 @@ use std::process::{Command, Output, Stdio};
 
 use oncedb::{Db, Options, Reservation, Scope};
 
+/// The tests here run one at a time: a child spawned by one test inherits, between fork
+/// and exec, the open lock file of a store another test just closed, and the lock lives
+/// as long as that copy.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn oncedb(args: &[&str], stdin: &[u8]) -> Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_oncedb"))
         .args(args)
@@ -41,6 +52,7 @@ fn dedup(dir: &Path, extra: &[&str], stdin: &str) -> (i32, String, String) {
 
 #[test]
 fn lines_are_deduplicated_in_order_and_remembered_across_runs() {
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
     let (code, out, err) = dedup(&store, &[], "a\nb\na\nc\nb\n\nlast");
@@ -61,6 +73,7 @@ fn lines_are_deduplicated_in_order_and_remembered_across_runs() {
 
 #[test]
 fn keys_come_from_json_fields_and_regexes() {
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("json");
     let input = concat!(
@@ -101,6 +114,7 @@ fn keys_come_from_json_fields_and_regexes() {
 
 #[test]
 fn large_inputs_are_batched_and_complete() {
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("big");
     let input: String = (0..50_000)
@@ -118,6 +132,7 @@ fn large_inputs_are_batched_and_complete() {
 
 #[test]
 fn bad_arguments_and_unusable_directories_give_one_line() {
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("s");
     for (args, needle) in [
@@ -161,6 +176,7 @@ fn bad_arguments_and_unusable_directories_give_one_line() {
 
 #[test]
 fn inspect_shows_buckets_records_in_flight_and_settings() {
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("s");
     {

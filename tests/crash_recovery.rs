@@ -12,6 +12,17 @@ use std::sync::Arc;
 
 use oncedb::{Db, Durability, Options, RecordStatus, Reservation, Scope};
 
+/// The tests here run one at a time: a child spawned by one test inherits, between fork
+/// and exec, the open lock file of a store another test just closed, and the lock lives
+/// as long as that copy.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 const CHILD_DIR: &str = "ONCEDB_CRASH_DIR";
 const CHILD_MODE: &str = "ONCEDB_CRASH_MODE";
 const CHILD_FIRST_KEY: &str = "ONCEDB_CRASH_FIRST_KEY";
@@ -176,10 +187,12 @@ fn crash_rounds(mode: &str, seed: u64) {
 
 #[test]
 fn sync_writes_survive_sigkill() {
+    let _serial = serial();
     crash_rounds("sync", 1);
 }
 
 #[test]
 fn buffered_writes_survive_sigkill() {
+    let _serial = serial();
     crash_rounds("buffered", 2);
 }

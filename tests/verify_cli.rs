@@ -8,6 +8,17 @@ use std::process::Command;
 
 use oncedb::{Db, Options};
 
+/// The tests here run one at a time: a child spawned by one test inherits, between fork
+/// and exec, the open lock file of a store another test just closed, and the lock lives
+/// as long as that copy.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn verify(dir: &Path) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_oncedb"))
         .args(["verify", "--dir"])
@@ -30,6 +41,7 @@ fn store(dir: &Path) {
 
 #[test]
 fn clean_damaged_and_unreadable() {
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     store(dir.path());
     let (code, out, _) = verify(dir.path());
@@ -67,6 +79,7 @@ fn clean_damaged_and_unreadable() {
 
 #[test]
 fn a_store_in_use_is_refused() {
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let db = Db::open(Options::new(dir.path())).unwrap();
     db.insert_if_absent(b"k").unwrap();
