@@ -58,6 +58,8 @@
 //! # Ok::<(), oncedb::Error>(())
 //! ```
 mod api;
+#[cfg(feature = "redis")]
+mod backend;
 mod base;
 mod engine;
 mod index;
@@ -72,6 +74,8 @@ pub use api::record::{
     Advance, InFlight, Lease, LeaseError, Record, RecordStatus, Reservation, Scope,
 };
 pub use api::stats::Stats;
+#[cfg(feature = "redis")]
+pub use backend::redis::{MAX_REDIS_VERSION, RedisLease, RedisStore};
 pub use base::config::{Durability, FullPolicy, RecoveryMode};
 pub use base::error::{Error, Result};
 pub use base::limits::{

@@ -15,6 +15,7 @@ const LEVELS: &[(&str, u32)] = &[
     ("engine", 2),
     ("api", 3),
     ("store", 4),
+    ("backend", 5),
 ];
 
 fn rust_files(path: &Path, out: &mut Vec<PathBuf>) {

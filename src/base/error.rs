@@ -84,6 +84,14 @@ pub enum Error {
     IncompatibleOptions(String),
     /// The operating system reported an I/O error.
     Io(io::Error),
+    /// A shared engine behind a [`Store`](crate) (Redis) refused a call or could not be
+    /// reached; nothing is known to have changed.
+    Backend {
+        /// Which engine.
+        engine: &'static str,
+        /// What it said.
+        message: String,
+    },
 }
 
 impl fmt::Display for Error {
@@ -136,6 +144,7 @@ impl fmt::Display for Error {
             ),
             Error::IncompatibleOptions(why) => write!(f, "incompatible options: {why}"),
             Error::Io(err) => write!(f, "I/O error: {err}"),
+            Error::Backend { engine, message } => write!(f, "{engine}: {message}"),
         }
     }
 }
