@@ -84,8 +84,8 @@ pub enum Error {
     IncompatibleOptions(String),
     /// The operating system reported an I/O error.
     Io(io::Error),
-    /// A shared engine behind a [`Store`](crate) (Redis) refused a call or could not be
-    /// reached; nothing is known to have changed.
+    /// A shared engine behind a `Store` (Redis) refused a call or could not be reached;
+    /// whether the call took effect is unknown, as for any lost reply.
     Backend {
         /// Which engine.
         engine: &'static str,
