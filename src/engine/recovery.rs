@@ -18,7 +18,7 @@ use crate::index::shard::NewRecord;
 use crate::io::Storage;
 use crate::log::entry::{DecodedEntry, DecodedFinish, encode_mark};
 use crate::log::format::{MAX_SEGMENT_FILE_BYTES, SEGMENT_HEADER_LEN, frame_seed};
-use crate::log::journal::{Journal, JournalConfig};
+use crate::log::journal::{Journal, JournalConfig, next_segment};
 use crate::log::manifest::{MANIFEST_NAME, Manifest};
 use crate::log::names::{LOCK_NAME, MANIFEST_TEMP_NAME, parse_segment_name, segment_path};
 use crate::log::report::{RecoveryReport, SkippedRange, TornTail};
@@ -100,6 +100,16 @@ pub(crate) fn open(config: &Config) -> Result<Engine> {
         }
     }
     let (max_lease, adopt, report) = (replay.max_lease, replay.adopt, replay.report);
+    // Only a crafted name can leave no successor; refuse it now rather than fail later.
+    if let Some((&(bucket, seq), _)) = kept.iter().next_back()
+        && next_segment(Some((bucket, seq)), high_water).is_none()
+    {
+        return Err(corrupted(
+            &segment_path(&dir, bucket, seq),
+            0,
+            "no segment name is left after this one",
+        ));
+    }
     let journal = Journal::new(JournalConfig {
         storage: Arc::clone(&config.storage),
         dir,

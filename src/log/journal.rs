@@ -102,7 +102,7 @@ impl SyncTimes {
 /// the bucket after it once the sequence numbers run out (a segment's bucket only needs
 /// to be at least its entries' stamps; it decides when the file is deleted). `None` only
 /// past the last bucket number.
-fn next_segment(newest: Option<(u64, u32)>, bucket: u64) -> Option<(u64, u32)> {
+pub(crate) fn next_segment(newest: Option<(u64, u32)>, bucket: u64) -> Option<(u64, u32)> {
     match newest {
         Some((last, seq)) if last >= bucket => match seq.checked_add(1) {
             Some(seq) => Some((last, seq)),
