@@ -18,7 +18,7 @@ use crate::index::shard::NewRecord;
 use crate::io::Storage;
 use crate::log::entry::{DecodedEntry, DecodedFinish, encode_mark};
 use crate::log::format::{MAX_SEGMENT_FILE_BYTES, SEGMENT_HEADER_LEN, frame_seed};
-use crate::log::journal::{Journal, JournalConfig, next_segment};
+use crate::log::journal::{Journal, JournalConfig};
 use crate::log::manifest::{MANIFEST_NAME, Manifest};
 use crate::log::names::{LOCK_NAME, MANIFEST_TEMP_NAME, parse_segment_name, segment_path};
 use crate::log::report::{RecoveryReport, SkippedRange, TornTail};
@@ -45,6 +45,14 @@ struct Replay<'a> {
     /// The newest segment, if it holds nothing but its header: the journal appends to it.
     adopt: Option<(u64, u32)>,
     report: RecoveryReport,
+}
+
+/// Segment names an open requires after the newest one.
+const MIN_NAMES_LEFT: u128 = 1 << 20;
+
+/// How many segment names come after (`bucket`, `seq`).
+fn names_left(bucket: u64, seq: u32) -> u128 {
+    u128::from(u64::MAX - bucket) * (u128::from(u32::MAX) + 1) + u128::from(u32::MAX - seq)
 }
 
 /// Opens the durable store of `config.dir`.
@@ -100,14 +108,16 @@ pub(crate) fn open(config: &Config) -> Result<Engine> {
         }
     }
     let (max_lease, adopt, report) = (replay.max_lease, replay.adopt, replay.report);
-    // Only a crafted name can leave no successor; refuse it now rather than fail later.
+    // Every open may name a segment or two, and a store never comes near the end of the
+    // 2^96 names; a name that does was crafted. Refuse it now, while a later open could
+    // still be refused for the same reason, rather than run out of names in use.
     if let Some((&(bucket, seq), _)) = kept.iter().next_back()
-        && next_segment(Some((bucket, seq)), high_water).is_none()
+        && names_left(bucket, seq) < MIN_NAMES_LEFT
     {
         return Err(corrupted(
             &segment_path(&dir, bucket, seq),
             0,
-            "no segment name is left after this one",
+            "segment name is too close to the end of the name space",
         ));
     }
     let journal = Journal::new(JournalConfig {
