@@ -21,6 +21,7 @@ use ::redis::{Cmd, Pipeline, RedisFuture, Script, Value};
 
 use crate::api::record::{Advance, InFlight, Record, RecordStatus, Scope};
 use crate::base::error::{Error, Result};
+use crate::base::limits::check_key;
 use crate::base::time::{duration_to_ms, ms_to_system_time, system_time_to_ms};
 use crate::store::{Reserved, Store, StoreLease};
 
@@ -213,16 +214,7 @@ impl RedisStore {
     }
 
     fn check_key(&self, key: &[u8]) -> Result<()> {
-        if key.is_empty() {
-            return Err(Error::EmptyKey);
-        }
-        if key.len() > self.max_key_bytes {
-            return Err(Error::KeyTooLong {
-                len: key.len(),
-                max: self.max_key_bytes,
-            });
-        }
-        Ok(())
+        check_key(key, self.max_key_bytes)
     }
 
     fn record_keys(&self, scope: &Scope, key: &[u8]) -> Result<(Vec<u8>, String, String)> {
@@ -233,7 +225,13 @@ impl RedisStore {
         Ok((scoped, record, epoch))
     }
 
-    async fn lines(&self, script: &str, keys: &[&str], args: &[&[u8]]) -> Result<Vec<Vec<u8>>> {
+    /// Runs `script` with `keys` and `args`, reading its reply as `T`.
+    async fn invoke<T: ::redis::FromRedisValue>(
+        &self,
+        script: &str,
+        keys: &[&str],
+        args: &[&[u8]],
+    ) -> Result<T> {
         let script = Script::new(script);
         let mut invocation = script.prepare_invoke();
         for key in keys {
@@ -246,17 +244,12 @@ impl RedisStore {
         invocation.invoke_async(&mut conn).await.map_err(backend)
     }
 
+    async fn lines(&self, script: &str, keys: &[&str], args: &[&[u8]]) -> Result<Vec<Vec<u8>>> {
+        self.invoke(script, keys, args).await
+    }
+
     async fn status(&self, script: &str, keys: &[&str], args: &[&[u8]]) -> Result<String> {
-        let script = Script::new(script);
-        let mut invocation = script.prepare_invoke();
-        for key in keys {
-            invocation.key(*key);
-        }
-        for arg in args {
-            invocation.arg(*arg);
-        }
-        let mut conn = self.conn.clone();
-        invocation.invoke_async(&mut conn).await.map_err(backend)
+        self.invoke(script, keys, args).await
     }
 }
 

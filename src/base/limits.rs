@@ -29,3 +29,18 @@ pub(crate) const MAX_SCOPED_KEY_BYTES: usize =
 /// counter can neither saturate nor wrap: 2^62 leases at a billion per second last 146
 /// years.
 pub(crate) const LEASE_ID_LIMIT: u64 = 1 << 62;
+
+/// Checks a key against the emptiness rule and the limit in force.
+pub(crate) fn check_key(key: &[u8], max: usize) -> crate::base::error::Result<()> {
+    use crate::base::error::Error;
+    if key.is_empty() {
+        return Err(Error::EmptyKey);
+    }
+    if key.len() > max {
+        return Err(Error::KeyTooLong {
+            len: key.len(),
+            max,
+        });
+    }
+    Ok(())
+}

@@ -183,16 +183,7 @@ impl Engine {
     }
 
     pub(crate) fn check_key(&self, key: &[u8]) -> Result<()> {
-        if key.is_empty() {
-            return Err(Error::EmptyKey);
-        }
-        if key.len() > self.max_key_bytes {
-            return Err(Error::KeyTooLong {
-                len: key.len(),
-                max: self.max_key_bytes,
-            });
-        }
-        Ok(())
+        crate::base::limits::check_key(key, self.max_key_bytes)
     }
 
     pub(crate) fn check_response(&self, response: &[u8]) -> Result<()> {
