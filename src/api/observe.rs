@@ -114,13 +114,15 @@ pub(crate) fn version(scope: &Scope, answer: Advance) {
     }
 }
 
-/// Keys answered by `insert_if_absent` or `insert_many`.
-pub(crate) fn keys(admitted: u64, duplicates: u64) {
-    let _ = (admitted, duplicates);
+/// Keys answered by `insert_if_absent` or `insert_many` (`true`: admitted).
+pub(crate) fn keys(admitted: &[bool]) {
+    let _ = admitted;
     #[cfg(feature = "metrics")]
     {
-        metrics::counter!("oncedb_keys_total", "result" => "admitted").increment(admitted);
-        metrics::counter!("oncedb_keys_total", "result" => "duplicate").increment(duplicates);
+        let new = admitted.iter().filter(|&&yes| yes).count() as u64;
+        metrics::counter!("oncedb_keys_total", "result" => "admitted").increment(new);
+        metrics::counter!("oncedb_keys_total", "result" => "duplicate")
+            .increment(admitted.len() as u64 - new);
     }
 }
 
@@ -138,9 +140,14 @@ pub(crate) fn gauges(stats: &Stats) {
     }
 }
 
-/// The stable, non-secret hash that events carry instead of a key.
+/// The stable, non-secret hash that events carry instead of a key; computed only when
+/// events are compiled in.
 pub(crate) fn key_hash_of(key: &[u8]) -> u64 {
-    xxhash_rust::xxh3::xxh3_64(key)
+    if cfg!(feature = "tracing") {
+        xxhash_rust::xxh3::xxh3_64(key)
+    } else {
+        0
+    }
 }
 
 #[cfg(feature = "tracing")]

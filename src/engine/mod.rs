@@ -273,15 +273,23 @@ impl Engine {
         admitted.resize(keys.len(), false);
         let fingerprints: Vec<Fingerprint> =
             keys.iter().map(|k| self.hasher.key(k.as_ref())).collect();
-        let mut stamps = vec![0u64; keys.len()];
+        // Bucket stamps are only needed to log the admitted keys.
+        let durable = self.journal.is_some();
+        let mut stamps = if durable {
+            vec![0u64; keys.len()]
+        } else {
+            Vec::new()
+        };
         let bucket = self.current_bucket();
         let order = self.index.group_by_shard(&fingerprints);
         let groups: Vec<&[u32]> = self.index.shard_groups(&fingerprints, &order).collect();
         let lock_group = |group: &[u32]| self.index.lock(fingerprints[group[0] as usize], bucket);
         let mut insert = |shard: &mut Shard, group: &[u32]| {
             insert_group(shard, group, &fingerprints, admitted);
-            for &index in group {
-                stamps[index as usize] = shard.current();
+            if durable {
+                for &index in group {
+                    stamps[index as usize] = shard.current();
+                }
             }
         };
         if self.index.bounded() {
@@ -304,7 +312,7 @@ impl Engine {
                 insert(&mut lock_group(group), group);
             }
         }
-        if self.journal.is_some() {
+        if durable {
             self.log_admitted(&fingerprints, &stamps, admitted)?;
         }
         Ok(())

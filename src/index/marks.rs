@@ -3,8 +3,8 @@
 
 use std::collections::VecDeque;
 
-use super::records::{FingerprintMap, expire_queue};
-use crate::base::error::{Error, Result};
+use super::records::{FingerprintMap, expire_queue, live_entry};
+use crate::base::error::Result;
 use crate::base::window::Window;
 
 /// One aggregate's mark.
@@ -46,18 +46,14 @@ impl MarkMap {
         window: Window,
         current: u64,
     ) -> Result<Option<&mut Mark>> {
-        let expired = match self.map.get(&fingerprint) {
-            None => return Ok(None),
-            Some(mark) => !window.is_live(mark.bucket, current),
-        };
-        if expired {
-            self.map.remove(&fingerprint);
-            return Ok(None);
-        }
-        match self.map.get_mut(&fingerprint) {
-            Some(mark) if *mark.scoped_key != *scoped_key => Err(Error::FingerprintCollision),
-            other => Ok(other),
-        }
+        live_entry(
+            &mut self.map,
+            fingerprint,
+            Some(scoped_key),
+            window,
+            current,
+            |m| (m.bucket, &m.scoped_key),
+        )
     }
 
     /// The answer to `version` for the aggregate, without changing anything.
@@ -139,6 +135,7 @@ impl MarkMap {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::base::error::Error;
 
     #[test]
     fn answers_follow_the_mark() {

@@ -108,6 +108,32 @@ impl Hasher for FingerprintHasher {
 
 pub(crate) type FingerprintMap<V> = HashMap<u128, V, BuildHasherDefault<FingerprintHasher>>;
 
+/// The live entry of `fingerprint` in `map` (one stamped with a bucket still in the
+/// window), removing an expired one; with `scoped_key`, the entry must belong to it.
+pub(crate) fn live_entry<'a, V>(
+    map: &'a mut FingerprintMap<V>,
+    fingerprint: u128,
+    scoped_key: Option<&[u8]>,
+    window: Window,
+    current: u64,
+    stamp_and_key: impl Fn(&V) -> (u64, &[u8]),
+) -> Result<Option<&'a mut V>> {
+    let expired = match map.get(&fingerprint) {
+        None => return Ok(None),
+        Some(entry) => !window.is_live(stamp_and_key(entry).0, current),
+    };
+    if expired {
+        map.remove(&fingerprint);
+        return Ok(None);
+    }
+    match map.get_mut(&fingerprint) {
+        Some(entry) if scoped_key.is_some_and(|key| stamp_and_key(entry).1 != key) => {
+            Err(Error::FingerprintCollision)
+        }
+        other => Ok(other),
+    }
+}
+
 /// Drains up to `budget` entries of an expiry `queue` (in stamping order) whose bucket has
 /// left the window, removing each key from `map` only if it still carries that bucket: a
 /// key released and stored again, or re-stamped, lives on.
@@ -154,23 +180,14 @@ impl RecordMap {
         window: Window,
         current: u64,
     ) -> Result<Option<&mut StoredRecord>> {
-        let expired = match self.map.get(&fingerprint) {
-            None => return Ok(None),
-            Some(record) => !window.is_live(record.bucket, current),
-        };
-        if expired {
-            self.map.remove(&fingerprint);
-            return Ok(None);
-        }
-        let Some(record) = self.map.get_mut(&fingerprint) else {
-            return Ok(None);
-        };
-        if let Some(key) = scoped_key
-            && *record.scoped_key != *key
-        {
-            return Err(Error::FingerprintCollision);
-        }
-        Ok(Some(record))
+        live_entry(
+            &mut self.map,
+            fingerprint,
+            scoped_key,
+            window,
+            current,
+            |r| (r.bucket, &r.scoped_key),
+        )
     }
 
     /// Stores `record`, replacing any record with the same fingerprint.
