@@ -58,7 +58,7 @@
 //! # Ok::<(), oncedb::Error>(())
 //! ```
 mod api;
-#[cfg(feature = "redis")]
+#[cfg(any(feature = "redis", feature = "postgres"))]
 mod backend;
 mod base;
 mod engine;
@@ -74,6 +74,10 @@ pub use api::record::{
     Advance, InFlight, Lease, LeaseError, Record, RecordStatus, Reservation, Scope,
 };
 pub use api::stats::Stats;
+#[cfg(feature = "postgres")]
+pub use backend::postgres;
+#[cfg(feature = "postgres")]
+pub use backend::postgres::{MAX_POSTGRES_VERSION, PostgresLease, PostgresStore};
 #[cfg(feature = "redis")]
 pub use backend::redis::{MAX_REDIS_VERSION, RedisLease, RedisStore};
 pub use base::config::{Durability, FullPolicy, RecoveryMode};

@@ -92,6 +92,15 @@ pub enum Error {
         /// What it said.
         message: String,
     },
+    /// A shared engine behind a `Store` could not be reached (connection refused or
+    /// dropped, pool timeout). The call may or may not have taken effect; an
+    /// [`OutagePolicy`](crate::OutagePolicy) decides what a caller does next.
+    Unavailable {
+        /// Which engine.
+        engine: &'static str,
+        /// What failed.
+        message: String,
+    },
 }
 
 impl fmt::Display for Error {
@@ -145,6 +154,7 @@ impl fmt::Display for Error {
             Error::IncompatibleOptions(why) => write!(f, "incompatible options: {why}"),
             Error::Io(err) => write!(f, "I/O error: {err}"),
             Error::Backend { engine, message } => write!(f, "{engine}: {message}"),
+            Error::Unavailable { engine, message } => write!(f, "{engine} unavailable: {message}"),
         }
     }
 }

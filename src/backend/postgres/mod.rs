@@ -1,0 +1,587 @@
+//! [`Store`] on PostgreSQL (feature `postgres`), for records that must commit with the
+//! business update, and the transactional inbox and outbox.
+//!
+//! - Reservations are `INSERT ... ON CONFLICT DO UPDATE ... WHERE expires_at <= now()`:
+//!   a live row is never touched (the `DO NOTHING` of the seed), an expired one is
+//!   replaced in the same statement, so exactly one of any number of racing inserts wins.
+//! - Time is the server's (`now()`), one clock for every service instance.
+//! - Fencing epochs come from one sequence, so a later lease always has a larger epoch.
+//! - Expired rows are deleted by [`PostgresStore::purge_expired`] in batches of bounded
+//!   size; readers ignore them before that.
+//! - Schema changes are shipped in the crate and applied only by
+//!   [`PostgresStore::migrate`].
+//!
+//! [`inbox`] and [`outbox`] take the caller's open transaction; [`outbox::Relay`]
+//! publishes committed outbox rows.
+
+pub mod inbox;
+mod migrations;
+pub mod outbox;
+mod sql;
+
+use std::collections::HashSet;
+use std::time::{Duration, SystemTime};
+
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, PoolError, RecyclingMethod};
+use tokio_postgres::NoTls;
+use tokio_postgres::types::ToSql;
+
+use crate::api::record::{Advance, InFlight, Record, RecordStatus, Scope};
+use crate::base::error::{Error, Result};
+use crate::base::limits::{MAX_NOTE_BYTES, MAX_RESPONSE_BYTES_LIMIT, check_key};
+use crate::base::time::{duration_to_ms, system_time_to_ms};
+use crate::store::{Reserved, Store, StoreLease};
+
+pub use migrations::MIGRATIONS;
+/// The pool crate this module uses, for building a [`Pool`] by hand.
+pub use deadpool_postgres;
+/// The driver this module uses: [`inbox`] and [`outbox`] take its `Transaction`.
+pub use tokio_postgres;
+
+/// Highest version the PostgreSQL ordering guard accepts (`bigint`, with room for `+ 1`).
+pub const MAX_POSTGRES_VERSION: u64 = (i64::MAX - 1) as u64;
+
+/// Most keys one `insert_many` statement carries; longer batches are split.
+const MAX_KEYS_PER_STATEMENT: usize = 4096;
+
+/// A PostgreSQL error as an oncedb error: a lost or refused connection is
+/// [`Error::Unavailable`], anything the server said is [`Error::Backend`].
+pub(crate) fn pg_error(err: tokio_postgres::Error) -> Error {
+    if let Some(db) = err.as_db_error() {
+        return Error::Backend {
+            engine: "postgres",
+            message: format!("{} ({})", db.message(), db.code().code()),
+        };
+    }
+    let message = match std::error::Error::source(&err) {
+        Some(source) => format!("{err}: {source}"),
+        None => err.to_string(),
+    };
+    Error::Unavailable {
+        engine: "postgres",
+        message,
+    }
+}
+
+fn pool_error(err: PoolError) -> Error {
+    match err {
+        PoolError::Backend(err) => pg_error(err),
+        other => Error::Unavailable {
+            engine: "postgres",
+            message: other.to_string(),
+        },
+    }
+}
+
+fn unexpected(what: &str) -> Error {
+    Error::Backend {
+        engine: "postgres",
+        message: format!("unexpected value in {what}"),
+    }
+}
+
+/// A `bigint` read from the server as an epoch or version (never negative in a sound
+/// schema).
+fn unsigned(value: i64, what: &str) -> Result<u64> {
+    u64::try_from(value).map_err(|_| unexpected(what))
+}
+
+fn signed(value: u64, what: &str) -> Result<i64> {
+    i64::try_from(value).map_err(|_| Error::InvalidOptions(format!("{what} {value} exceeds 2^63-1")))
+}
+
+fn request_hash(request: &[u8]) -> String {
+    format!("{:032x}", xxhash_rust::xxh3::xxh3_128(request))
+}
+
+/// Keys, records and ordering marks in PostgreSQL, through a connection pool.
+#[derive(Clone)]
+pub struct PostgresStore {
+    pool: Pool,
+    window_ms: i64,
+    max_key_bytes: usize,
+}
+
+impl std::fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("window_ms", &self.window_ms)
+            .field("pool", &self.pool.status())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresStore {
+    /// A store on the database at `url` (`postgres://user@host:port/db` or a key=value
+    /// string) with a pool of at most 16 connections, records remembered for `window`.
+    /// Nothing is sent until the first call; run [`migrate`](Self::migrate) once first.
+    pub fn connect(url: &str, window: Duration) -> Result<PostgresStore> {
+        let config: tokio_postgres::Config = url.parse().map_err(|err| {
+            Error::InvalidOptions(format!("bad PostgreSQL connection string: {err}"))
+        })?;
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(16)
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .wait_timeout(Some(Duration::from_secs(30)))
+            .create_timeout(Some(Duration::from_secs(10)))
+            .build()
+            .map_err(|err| Error::InvalidOptions(format!("connection pool: {err}")))?;
+        PostgresStore::from_pool(pool, window)
+    }
+
+    /// A store on an existing pool (for TLS, pool sizing or shared pools).
+    pub fn from_pool(pool: Pool, window: Duration) -> Result<PostgresStore> {
+        let window_ms = i64::try_from(duration_to_ms(window).max(1))
+            .map_err(|_| Error::InvalidOptions("window too long".to_owned()))?;
+        Ok(PostgresStore {
+            pool,
+            window_ms,
+            max_key_bytes: 1024,
+        })
+    }
+
+    /// The connection pool, for the caller's own transactions (inbox and outbox).
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// Applies the schema migrations this version ships that the database lacks, in one
+    /// transaction under an advisory lock. Returns how many it applied.
+    pub async fn migrate(&self) -> Result<usize> {
+        let mut client = self.client().await?;
+        migrations::apply(&mut client).await
+    }
+
+    /// Deletes expired rows (records, keys, ordering marks) and outbox rows published and
+    /// inbox rows processed more than `retention` ago, at most `batch` rows per statement,
+    /// so no statement holds locks for long. Returns how many rows it deleted.
+    pub async fn purge_expired(&self, batch: usize, retention: Duration) -> Result<u64> {
+        let batch = i64::try_from(batch.clamp(1, 100_000)).unwrap_or(1000);
+        let retention_ms = i64::try_from(duration_to_ms(retention)).unwrap_or(i64::MAX);
+        let client = self.client().await?;
+        let mut deleted = 0;
+        for statement in sql::PURGE_EXPIRED {
+            deleted += purge_all(&client, statement, batch, &[&batch]).await?;
+        }
+        for statement in sql::PURGE_RETAINED {
+            deleted += purge_all(&client, statement, batch, &[&batch, &retention_ms]).await?;
+        }
+        Ok(deleted)
+    }
+
+    async fn client(&self) -> Result<Object> {
+        self.pool.get().await.map_err(pool_error)
+    }
+
+    fn record_params(&self, scope: &Scope, key: &[u8]) -> Result<()> {
+        check_key(key, self.max_key_bytes)?;
+        // Checks the scope's part lengths as every other store does.
+        scope.encode_key(key).map(drop)
+    }
+
+    /// Reads the live record, or `None` when it is absent or expired.
+    async fn live(&self, client: &Object, scope: &Scope, key: &[u8]) -> Result<Option<Row>> {
+        let statement = client.prepare_cached(sql::GET).await.map_err(pg_error)?;
+        let row = client
+            .query_opt(&statement, &[&scope.tenant(), &scope.operation(), &key])
+            .await
+            .map_err(pg_error)?;
+        row.map(|row| Row::read(&row)).transpose()
+    }
+}
+
+/// Runs a `DELETE` of at most `batch` rows until it deletes fewer than that.
+async fn purge_all(
+    client: &Object,
+    statement: &str,
+    batch: i64,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<u64> {
+    let statement = client.prepare_cached(statement).await.map_err(pg_error)?;
+    let batch = u64::try_from(batch).unwrap_or(1);
+    let mut total = 0;
+    loop {
+        let deleted = client.execute(&statement, params).await.map_err(pg_error)?;
+        total += deleted;
+        if deleted < batch {
+            return Ok(total);
+        }
+    }
+}
+
+/// One `idempotency_records` row as the API sees it.
+struct Row {
+    request_hash: String,
+    status: RecordStatus,
+    response: Option<Vec<u8>>,
+    created: SystemTime,
+    finished: Option<SystemTime>,
+}
+
+impl Row {
+    fn read(row: &tokio_postgres::Row) -> Result<Row> {
+        let status: String = row.try_get("status").map_err(pg_error)?;
+        Ok(Row {
+            request_hash: row.try_get("request_hash").map_err(pg_error)?,
+            status: parse_status(&status)?,
+            response: row.try_get("response_body").map_err(pg_error)?,
+            created: row.try_get("created_at").map_err(pg_error)?,
+            finished: row.try_get("finished_at").map_err(pg_error)?,
+        })
+    }
+
+    fn record(self) -> Record {
+        Record {
+            status: self.status,
+            response: self.response.map(Into::into),
+            created_ms: system_time_to_ms(self.created),
+            finished_ms: self.finished.map(system_time_to_ms),
+        }
+    }
+}
+
+fn parse_status(status: &str) -> Result<RecordStatus> {
+    match status {
+        "processing" => Ok(RecordStatus::InFlight),
+        "completed" => Ok(RecordStatus::Completed),
+        "failed" => Ok(RecordStatus::Failed),
+        _ => Err(unexpected("idempotency_records.status")),
+    }
+}
+
+/// Marks the first occurrence of each key in `keys`; later ones are duplicates.
+fn first_occurrences(keys: &[Vec<u8>]) -> Vec<bool> {
+    let mut seen = HashSet::with_capacity(keys.len());
+    keys.iter().map(|key| seen.insert(key.as_slice())).collect()
+}
+
+impl Store for PostgresStore {
+    type Lease = PostgresLease;
+
+    async fn insert_if_absent(&self, key: &[u8]) -> Result<bool> {
+        check_key(key, self.max_key_bytes)?;
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(sql::INSERT_KEY)
+            .await
+            .map_err(pg_error)?;
+        let row = client
+            .query_opt(&statement, &[&key, &self.window_ms])
+            .await
+            .map_err(pg_error)?;
+        Ok(row.is_some())
+    }
+
+    async fn insert_many(&self, keys: Vec<Vec<u8>>) -> Result<Vec<bool>> {
+        for key in &keys {
+            check_key(key, self.max_key_bytes)?;
+        }
+        let mut answers = first_occurrences(&keys);
+        // Sorted, so concurrent batches lock rows in one order and never deadlock.
+        let mut distinct: Vec<&[u8]> = keys
+            .iter()
+            .zip(&answers)
+            .filter(|(_, first)| **first)
+            .map(|(key, _)| key.as_slice())
+            .collect();
+        distinct.sort_unstable();
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(sql::INSERT_KEYS)
+            .await
+            .map_err(pg_error)?;
+        let mut admitted: HashSet<Vec<u8>> = HashSet::with_capacity(distinct.len());
+        for chunk in distinct.chunks(MAX_KEYS_PER_STATEMENT) {
+            let rows = client
+                .query(&statement, &[&chunk, &self.window_ms])
+                .await
+                .map_err(pg_error)?;
+            for row in rows {
+                admitted.insert(row.try_get::<_, Vec<u8>>(0).map_err(pg_error)?);
+            }
+        }
+        for (answer, key) in answers.iter_mut().zip(&keys) {
+            *answer = *answer && admitted.contains(key);
+        }
+        Ok(answers)
+    }
+
+    async fn reserve(
+        &self,
+        scope: &Scope,
+        key: &[u8],
+        request: &[u8],
+    ) -> Result<Reserved<PostgresLease>> {
+        self.record_params(scope, key)?;
+        let hash = request_hash(request);
+        let client = self.client().await?;
+        let insert = client.prepare_cached(sql::RESERVE).await.map_err(pg_error)?;
+        // A row seen conflicting may be released or expire before it is read: try again.
+        loop {
+            let acquired = client
+                .query_opt(
+                    &insert,
+                    &[
+                        &scope.tenant(),
+                        &scope.operation(),
+                        &key,
+                        &hash,
+                        &self.window_ms,
+                    ],
+                )
+                .await
+                .map_err(pg_error)?;
+            if let Some(row) = acquired {
+                return Ok(Reserved::Acquired(self.lease(scope, key, &row)?));
+            }
+            let Some(row) = self.live(&client, scope, key).await? else {
+                continue;
+            };
+            if row.request_hash != hash {
+                return Ok(Reserved::Mismatch);
+            }
+            return Ok(match row.status {
+                RecordStatus::InFlight => Reserved::InFlight { since: row.created },
+                RecordStatus::Completed => Reserved::Completed(row.record()),
+                RecordStatus::Failed => Reserved::Failed(row.record()),
+            });
+        }
+    }
+
+    async fn get(&self, scope: &Scope, key: &[u8]) -> Result<Option<Record>> {
+        self.record_params(scope, key)?;
+        let client = self.client().await?;
+        Ok(self.live(&client, scope, key).await?.map(Row::record))
+    }
+
+    async fn in_flight(&self, older_than: Duration) -> Result<Vec<InFlight>> {
+        let older_than_ms = i64::try_from(duration_to_ms(older_than)).unwrap_or(i64::MAX);
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(sql::IN_FLIGHT)
+            .await
+            .map_err(pg_error)?;
+        let rows = client
+            .query(&statement, &[&older_than_ms])
+            .await
+            .map_err(pg_error)?;
+        rows.iter()
+            .map(|row| {
+                let tenant: Vec<u8> = row.try_get("tenant_id").map_err(pg_error)?;
+                let operation: Vec<u8> = row.try_get("operation").map_err(pg_error)?;
+                Ok(InFlight {
+                    scope: Scope::new(tenant, operation),
+                    key: row.try_get("idempotency_key").map_err(pg_error)?,
+                    since: row.try_get("created_at").map_err(pg_error)?,
+                    epoch: unsigned(row.try_get("epoch").map_err(pg_error)?, "epoch")?,
+                    note: row.try_get("note").map_err(pg_error)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn take_over(&self, scope: &Scope, key: &[u8]) -> Result<Option<PostgresLease>> {
+        self.record_params(scope, key)?;
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(sql::TAKE_OVER)
+            .await
+            .map_err(pg_error)?;
+        let row = client
+            .query_opt(&statement, &[&scope.tenant(), &scope.operation(), &key])
+            .await
+            .map_err(pg_error)?;
+        row.map(|row| self.lease(scope, key, &row)).transpose()
+    }
+
+    async fn advance(&self, scope: &Scope, aggregate_id: &[u8], version: u64) -> Result<Advance> {
+        self.record_params(scope, aggregate_id)?;
+        if version > MAX_POSTGRES_VERSION {
+            return Err(Error::InvalidOptions(format!(
+                "version {version} exceeds {MAX_POSTGRES_VERSION}, the most the PostgreSQL ordering guard holds"
+            )));
+        }
+        let signed_version = signed(version, "version")?;
+        let client = self.client().await?;
+        let apply = client.prepare_cached(sql::ADVANCE).await.map_err(pg_error)?;
+        let read = client
+            .prepare_cached(sql::MARK)
+            .await
+            .map_err(pg_error)?;
+        let ids: [&(dyn ToSql + Sync); 3] = [&scope.tenant(), &scope.operation(), &aggregate_id];
+        loop {
+            let applied = client
+                .query_opt(&apply, &[ids[0], ids[1], ids[2], &signed_version, &self.window_ms])
+                .await
+                .map_err(pg_error)?;
+            if applied.is_some() {
+                return Ok(Advance::Applied);
+            }
+            let Some(row) = client.query_opt(&read, &ids).await.map_err(pg_error)? else {
+                continue;
+            };
+            let current = unsigned(row.try_get(0).map_err(pg_error)?, "version")?;
+            match version.cmp(&current) {
+                std::cmp::Ordering::Equal => return Ok(Advance::Duplicate),
+                std::cmp::Ordering::Less => return Ok(Advance::Stale { current }),
+                std::cmp::Ordering::Greater if version > current + 1 => {
+                    return Ok(Advance::Gap {
+                        expected: current + 1,
+                    });
+                }
+                // The mark moved between the two statements: try again.
+                std::cmp::Ordering::Greater => continue,
+            }
+        }
+    }
+}
+
+impl PostgresStore {
+    fn lease(&self, scope: &Scope, key: &[u8], row: &tokio_postgres::Row) -> Result<PostgresLease> {
+        Ok(PostgresLease {
+            store: self.clone(),
+            scope: scope.clone(),
+            key: key.to_vec(),
+            epoch: unsigned(row.try_get("epoch").map_err(pg_error)?, "epoch")?,
+            since: row.try_get("created_at").map_err(pg_error)?,
+        })
+    }
+
+    /// The lease of `epoch` on the record of `key` in `scope`, as
+    /// [`Db::resume`](crate::Db::resume): for a worker that kept the epoch across a restart.
+    pub async fn resume(&self, scope: &Scope, key: &[u8], epoch: u64) -> Result<PostgresLease> {
+        self.record_params(scope, key)?;
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(sql::LEASE_STATE)
+            .await
+            .map_err(pg_error)?;
+        let row = client
+            .query_opt(&statement, &[&scope.tenant(), &scope.operation(), &key])
+            .await
+            .map_err(pg_error)?;
+        let lease = PostgresLease {
+            store: self.clone(),
+            scope: scope.clone(),
+            key: key.to_vec(),
+            epoch,
+            since: SystemTime::UNIX_EPOCH,
+        };
+        let Some(row) = row else {
+            return Err(Error::LeaseLost);
+        };
+        match ownership(&row, epoch)? {
+            Ownership::Owned => Ok(PostgresLease {
+                since: row.try_get("created_at").map_err(pg_error)?,
+                ..lease
+            }),
+            Ownership::Fenced => Err(Error::Fenced),
+            Ownership::Lost => Err(Error::LeaseLost),
+        }
+    }
+}
+
+enum Ownership {
+    Owned,
+    Fenced,
+    Lost,
+}
+
+/// Whether lease `epoch` owns the record in `row` (status, epoch, first_epoch).
+fn ownership(row: &tokio_postgres::Row, epoch: u64) -> Result<Ownership> {
+    let status: String = row.try_get("status").map_err(pg_error)?;
+    let current = unsigned(row.try_get("epoch").map_err(pg_error)?, "epoch")?;
+    let first = unsigned(row.try_get("first_epoch").map_err(pg_error)?, "first_epoch")?;
+    Ok(if status == "processing" && current == epoch {
+        Ownership::Owned
+    } else if first <= epoch && epoch < current {
+        Ownership::Fenced
+    } else {
+        Ownership::Lost
+    })
+}
+
+/// A lease on a record in PostgreSQL: its key and fencing epoch.
+#[derive(Debug, Clone)]
+pub struct PostgresLease {
+    store: PostgresStore,
+    scope: Scope,
+    key: Vec<u8>,
+    epoch: u64,
+    since: SystemTime,
+}
+
+impl PostgresLease {
+    /// When the record was reserved.
+    pub fn since(&self) -> SystemTime {
+        self.since
+    }
+
+    /// Runs `statement` (which changes the record only while this lease owns it) with
+    /// the record's key, this lease's epoch and `extra`; explains a refusal.
+    async fn call(&self, statement: &str, extra: &[&(dyn ToSql + Sync)]) -> Result<()> {
+        let epoch = signed(self.epoch, "epoch")?;
+        let client = self.store.client().await?;
+        let prepared = client.prepare_cached(statement).await.map_err(pg_error)?;
+        let (tenant, operation) = (self.scope.tenant(), self.scope.operation());
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&tenant, &operation, &self.key, &epoch];
+        params.extend_from_slice(extra);
+        if client.execute(&prepared, &params).await.map_err(pg_error)? == 1 {
+            return Ok(());
+        }
+        let state = client
+            .prepare_cached(sql::LEASE_STATE)
+            .await
+            .map_err(pg_error)?;
+        let row = client
+            .query_opt(&state, &[&self.scope.tenant(), &self.scope.operation(), &self.key])
+            .await
+            .map_err(pg_error)?;
+        match row.map(|row| ownership(&row, self.epoch)).transpose()? {
+            Some(Ownership::Fenced) => Err(Error::Fenced),
+            _ => Err(Error::LeaseLost),
+        }
+    }
+
+    async fn finish(self, status: &str, response: &[u8]) -> Result<()> {
+        if response.len() > MAX_RESPONSE_BYTES_LIMIT {
+            return Err(Error::ResponseTooLarge {
+                len: response.len(),
+                max: MAX_RESPONSE_BYTES_LIMIT,
+            });
+        }
+        self.call(sql::FINISH, &[&status, &response]).await
+    }
+}
+
+impl StoreLease for PostgresLease {
+    fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    async fn complete(self, response: &[u8]) -> Result<()> {
+        self.finish("completed", response).await
+    }
+
+    async fn fail(self, response: &[u8]) -> Result<()> {
+        self.finish("failed", response).await
+    }
+
+    async fn release(self) -> Result<()> {
+        self.call(sql::RELEASE, &[]).await
+    }
+
+    async fn note(&self, note: &[u8]) -> Result<()> {
+        if note.len() > MAX_NOTE_BYTES {
+            return Err(Error::NoteTooLong { len: note.len() });
+        }
+        self.call(sql::NOTE, &[&note]).await
+    }
+}

@@ -1,0 +1,123 @@
+//! The statements of [`PostgresStore`](super::PostgresStore). Parameters `$1, $2, $3` of
+//! a record statement are always tenant, operation and key; windows are milliseconds.
+
+/// `$1` key, `$2` window: a row back when the key was absent or expired.
+pub(super) const INSERT_KEY: &str = "
+INSERT INTO dedup_keys (key, expires_at)
+VALUES ($1, now() + $2::bigint * interval '1 millisecond')
+ON CONFLICT (key) DO UPDATE SET expires_at = EXCLUDED.expires_at
+WHERE dedup_keys.expires_at <= now()
+RETURNING 1";
+
+/// `$1` distinct keys, `$2` window: the keys that were absent or expired.
+pub(super) const INSERT_KEYS: &str = "
+INSERT INTO dedup_keys (key, expires_at)
+SELECT k, now() + $2::bigint * interval '1 millisecond' FROM unnest($1::bytea[]) AS k
+ON CONFLICT (key) DO UPDATE SET expires_at = EXCLUDED.expires_at
+WHERE dedup_keys.expires_at <= now()
+RETURNING key";
+
+/// `$4` request hash, `$5` window: the new lease when the record was absent or expired.
+/// One statement, so of any number of racing reservations exactly one gets a row.
+pub(super) const RESERVE: &str = "
+INSERT INTO idempotency_records AS r
+    (tenant_id, operation, idempotency_key, request_hash, status, epoch, first_epoch,
+     created_at, updated_at, expires_at)
+SELECT $1, $2, $3, $4, 'processing', e.v, e.v, now(), now(),
+       now() + $5::bigint * interval '1 millisecond'
+FROM (SELECT nextval('oncedb_lease_epoch') AS v) AS e
+ON CONFLICT (tenant_id, operation, idempotency_key) DO UPDATE SET
+    request_hash = EXCLUDED.request_hash, status = 'processing',
+    epoch = EXCLUDED.epoch, first_epoch = EXCLUDED.first_epoch,
+    response_body = NULL, note = NULL, created_at = EXCLUDED.created_at,
+    updated_at = EXCLUDED.updated_at, finished_at = NULL, expires_at = EXCLUDED.expires_at
+WHERE r.expires_at <= now()
+RETURNING epoch, created_at";
+
+/// The live record.
+pub(super) const GET: &str = "
+SELECT request_hash, status, response_body, created_at, finished_at
+FROM idempotency_records
+WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND expires_at > now()";
+
+/// What decides whether a lease owns the live record.
+pub(super) const LEASE_STATE: &str = "
+SELECT status, epoch, first_epoch, created_at
+FROM idempotency_records
+WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND expires_at > now()";
+
+/// The condition every lease statement adds: lease `$4` holds the live record.
+macro_rules! owned_by_lease {
+    () => {
+        " WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3
+          AND status = 'processing' AND epoch = $4 AND expires_at > now()"
+    };
+}
+
+/// `$5` status, `$6` response.
+pub(super) const FINISH: &str = concat!(
+    "UPDATE idempotency_records SET status = $5, response_body = $6, finished_at = now(),
+     updated_at = now(), note = NULL",
+    owned_by_lease!()
+);
+
+pub(super) const RELEASE: &str = concat!("DELETE FROM idempotency_records", owned_by_lease!());
+
+/// `$5` note.
+pub(super) const NOTE: &str = concat!(
+    "UPDATE idempotency_records SET note = $5, updated_at = now()",
+    owned_by_lease!()
+);
+
+/// A new epoch for a live record in flight.
+pub(super) const TAKE_OVER: &str = "
+UPDATE idempotency_records SET epoch = nextval('oncedb_lease_epoch'), updated_at = now()
+WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3
+  AND status = 'processing' AND expires_at > now()
+RETURNING epoch, created_at";
+
+/// `$1` age in milliseconds.
+pub(super) const IN_FLIGHT: &str = "
+SELECT tenant_id, operation, idempotency_key, created_at, epoch, note
+FROM idempotency_records
+WHERE status = 'processing' AND expires_at > now()
+  AND created_at <= now() - $1::bigint * interval '1 millisecond'
+ORDER BY created_at";
+
+/// `$4` version, `$5` window: a row back when the version was applied.
+pub(super) const ADVANCE: &str = "
+INSERT INTO ordering_marks AS m (tenant_id, operation, aggregate_id, version, expires_at)
+VALUES ($1, $2, $3, $4, now() + $5::bigint * interval '1 millisecond')
+ON CONFLICT (tenant_id, operation, aggregate_id) DO UPDATE SET
+    version = EXCLUDED.version, expires_at = EXCLUDED.expires_at
+WHERE m.version + 1 = EXCLUDED.version OR m.expires_at <= now()
+RETURNING version";
+
+/// The live ordering mark.
+pub(super) const MARK: &str = "
+SELECT version FROM ordering_marks
+WHERE tenant_id = $1 AND operation = $2 AND aggregate_id = $3 AND expires_at > now()";
+
+/// `$1` batch: expired rows, one batch per statement, through the expiry indexes.
+pub(super) const PURGE_EXPIRED: [&str; 4] = [
+    "DELETE FROM idempotency_records WHERE ctid IN (
+        SELECT ctid FROM idempotency_records
+        WHERE status IN ('completed', 'failed') AND expires_at <= now() LIMIT $1)",
+    "DELETE FROM idempotency_records WHERE ctid IN (
+        SELECT ctid FROM idempotency_records
+        WHERE status = 'processing' AND expires_at <= now() LIMIT $1)",
+    "DELETE FROM dedup_keys WHERE ctid IN (
+        SELECT ctid FROM dedup_keys WHERE expires_at <= now() LIMIT $1)",
+    "DELETE FROM ordering_marks WHERE ctid IN (
+        SELECT ctid FROM ordering_marks WHERE expires_at <= now() LIMIT $1)",
+];
+
+/// `$1` batch, `$2` retention: inbox and published outbox rows past retention.
+pub(super) const PURGE_RETAINED: [&str; 2] = [
+    "DELETE FROM inbox_messages WHERE ctid IN (
+        SELECT ctid FROM inbox_messages
+        WHERE processed_at <= now() - $2::bigint * interval '1 millisecond' LIMIT $1)",
+    "DELETE FROM outbox_messages WHERE ctid IN (
+        SELECT ctid FROM outbox_messages
+        WHERE published_at <= now() - $2::bigint * interval '1 millisecond' LIMIT $1)",
+];

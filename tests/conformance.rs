@@ -1,0 +1,172 @@
+//! The `Store` conformance suite (`tests/shared/conformance.rs`) on every implementation:
+//! the embedded `Db` (in memory and durable with `Sync`), PostgreSQL, one Redis server
+//! and a three-primary Redis Cluster. The servers are real, started by the tests on free
+//! loopback ports and stopped when a test ends, passed or failed.
+
+#![cfg(feature = "async")]
+#![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
+
+#[path = "shared/conformance.rs"]
+mod conformance;
+#[cfg(any(feature = "redis", feature = "postgres"))]
+mod servers;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, SystemTime};
+
+use conformance::Harness;
+use oncedb::{Db, Durability, ManualClock, Options};
+
+/// The embedded engine on a manual clock: passing a window is advancing the clock.
+struct Embedded {
+    clock: ManualClock,
+    dir: Option<tempfile::TempDir>,
+    stores: AtomicU32,
+}
+
+impl Harness for Embedded {
+    type S = Db;
+
+    async fn store(&self, window: Duration) -> Db {
+        let options = match &self.dir {
+            Some(dir) => {
+                let n = self.stores.fetch_add(1, Ordering::Relaxed);
+                Options::new(dir.path().join(n.to_string())).durability(Durability::Sync)
+            }
+            None => Options::in_memory(),
+        };
+        Db::open(
+            options
+                .window(window)
+                .bucket_width(window / 10)
+                .clock(self.clock.clone()),
+        )
+        .unwrap()
+    }
+
+    async fn pass(&self, _store: &Db, window: Duration) {
+        self.clock.advance(window + window / 5);
+    }
+}
+
+fn embedded(durable: bool) -> Embedded {
+    Embedded {
+        clock: ManualClock::new(SystemTime::now()),
+        dir: durable.then(|| tempfile::tempdir().unwrap()),
+        stores: AtomicU32::new(0),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_in_memory() {
+    conformance::run(&embedded(false)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_durable() {
+    conformance::run(&embedded(true)).await;
+}
+
+/// Waits out a window on a server's own clock.
+#[cfg(any(feature = "redis", feature = "postgres"))]
+async fn wait_out(window: Duration) {
+    // Real time passing is what is under test here; no event marks it.
+    tokio::time::sleep(window + Duration::from_millis(200)).await;
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use std::time::Duration;
+
+    use oncedb::PostgresStore;
+
+    use super::servers::postgres::PgServer;
+    use super::{Harness, conformance, wait_out};
+
+    struct Postgres {
+        server: PgServer,
+    }
+
+    impl Harness for Postgres {
+        type S = PostgresStore;
+
+        async fn store(&self, window: Duration) -> PostgresStore {
+            let store = PostgresStore::connect(&self.server.url(), window).unwrap();
+            store.migrate().await.unwrap();
+            store
+        }
+
+        async fn pass(&self, _store: &PostgresStore, window: Duration) {
+            wait_out(window).await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres() {
+        let harness = Postgres {
+            server: PgServer::start(),
+        };
+        conformance::run(&harness).await;
+    }
+}
+
+#[cfg(feature = "redis")]
+mod redis {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::time::Duration;
+
+    use oncedb::RedisStore;
+
+    use super::servers::redis::{RedisServer, start_cluster};
+    use super::{Harness, conformance, wait_out};
+
+    /// One server, or the primaries of a cluster; each store gets its own key prefix.
+    struct Redis {
+        nodes: Vec<RedisServer>,
+        cluster: bool,
+        stores: AtomicU32,
+    }
+
+    impl Harness for Redis {
+        type S = RedisStore;
+
+        async fn store(&self, window: Duration) -> RedisStore {
+            let prefix = format!("c{}", self.stores.fetch_add(1, Ordering::Relaxed));
+            let urls: Vec<String> = self.nodes.iter().map(RedisServer::url).collect();
+            if self.cluster {
+                let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+                RedisStore::connect_cluster(&urls, &prefix, window)
+                    .await
+                    .unwrap()
+            } else {
+                RedisStore::connect(urls.first().unwrap(), &prefix, window)
+                    .await
+                    .unwrap()
+            }
+        }
+
+        async fn pass(&self, _store: &RedisStore, window: Duration) {
+            wait_out(window).await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn redis_single() {
+        let harness = Redis {
+            nodes: vec![RedisServer::start(false)],
+            cluster: false,
+            stores: AtomicU32::new(0),
+        };
+        conformance::run(&harness).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn redis_cluster() {
+        let harness = Redis {
+            nodes: start_cluster(),
+            cluster: true,
+            stores: AtomicU32::new(0),
+        };
+        conformance::run(&harness).await;
+    }
+}

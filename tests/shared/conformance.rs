@@ -1,0 +1,315 @@
+//! The one conformance suite of the `Store` trait, run against every implementation by
+//! `tests/conformance.rs`: the embedded `Db`, PostgreSQL, one Redis server and a
+//! three-primary Redis Cluster. Each check uses keys of its own, so checks share a store.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use oncedb::{Advance, Error, RecordStatus, Reserved, Scope, Store, StoreLease};
+
+/// How a suite run gets stores and lets time pass.
+pub trait Harness {
+    /// The store under test.
+    type S: Store + Clone;
+
+    /// A store remembering for `window`.
+    fn store(&self, window: Duration) -> impl Future<Output = Self::S>;
+
+    /// Lets at least `window` pass for `store` (a real wait, or a manual clock).
+    fn pass(&self, store: &Self::S, window: Duration) -> impl Future<Output = ()>;
+}
+
+/// Every check, in order.
+pub async fn run<H: Harness>(harness: &H) {
+    let store = harness.store(Duration::from_secs(600)).await;
+    keys(&store).await;
+    lifecycle(&store).await;
+    scopes(&store).await;
+    mismatch(&store).await;
+    replay_is_byte_exact(&store).await;
+    in_flight(&store).await;
+    fencing(&store).await;
+    release(&store).await;
+    ordering_guard(&store).await;
+    races(&store).await;
+    window(harness).await;
+}
+
+fn acquired<L>(answer: Reserved<L>) -> L {
+    match answer {
+        Reserved::Acquired(lease) => lease,
+        other => panic!("expected Acquired, got {}", describe(&other)),
+    }
+}
+
+fn describe<L>(answer: &Reserved<L>) -> &'static str {
+    match answer {
+        Reserved::Acquired(_) => "Acquired",
+        Reserved::InFlight { .. } => "InFlight",
+        Reserved::Completed(_) => "Completed",
+        Reserved::Failed(_) => "Failed",
+        Reserved::Mismatch => "Mismatch",
+    }
+}
+
+/// Create-if-absent, single and batched, with duplicates inside a batch.
+async fn keys<S: Store>(store: &S) {
+    assert!(store.insert_if_absent(b"keys/1").await.unwrap());
+    assert!(!store.insert_if_absent(b"keys/1").await.unwrap());
+    let batch = vec![
+        b"keys/1".to_vec(),
+        b"keys/2".to_vec(),
+        b"keys/3".to_vec(),
+        b"keys/2".to_vec(),
+    ];
+    assert_eq!(
+        store.insert_many(batch.clone()).await.unwrap(),
+        vec![false, true, true, false]
+    );
+    assert_eq!(
+        store.insert_many(batch).await.unwrap(),
+        vec![false, false, false, false]
+    );
+    assert!(matches!(
+        store.insert_if_absent(b"").await,
+        Err(Error::EmptyKey)
+    ));
+    // A refused batch admits nothing.
+    assert!(store.insert_many(vec![b"keys/4".to_vec(), Vec::new()]).await.is_err());
+    assert!(store.insert_if_absent(b"keys/4").await.unwrap());
+}
+
+/// One service's life: reserve, note, retry in flight, take over, complete, replay.
+async fn lifecycle<S: Store>(store: &S) {
+    let scope = Scope::new("org_123", "create_payment");
+    let lease = acquired(store.reserve(&scope, b"life", b"req").await.unwrap());
+    lease.note(b"provider_outcome_unknown").await.unwrap();
+    assert!(matches!(
+        store.reserve(&scope, b"life", b"req").await.unwrap(),
+        Reserved::InFlight { .. }
+    ));
+    let record = store.get(&scope, b"life").await.unwrap().unwrap();
+    assert_eq!(record.status(), RecordStatus::InFlight);
+    assert_eq!(record.response(), None);
+    lease.complete(b"done").await.unwrap();
+    let Reserved::Completed(record) = store.reserve(&scope, b"life", b"req").await.unwrap()
+    else {
+        panic!("a retry after completion replays");
+    };
+    assert_eq!(record.response(), Some(&b"done"[..]));
+    let failing = acquired(store.reserve(&scope, b"life/f", b"req").await.unwrap());
+    failing.fail(b"declined").await.unwrap();
+    let Reserved::Failed(record) = store.reserve(&scope, b"life/f", b"req").await.unwrap()
+    else {
+        panic!("a retry after a failure replays it");
+    };
+    assert_eq!(record.response(), Some(&b"declined"[..]));
+    assert_eq!(record.status(), RecordStatus::Failed);
+}
+
+/// The same key in another tenant or operation is another record.
+async fn scopes<S: Store>(store: &S) {
+    let a = Scope::new("tenant_a", "op");
+    let b = Scope::new("tenant_b", "op");
+    let c = Scope::new("tenant_a", "other_op");
+    let lease = acquired(store.reserve(&a, b"scoped", b"req").await.unwrap());
+    let other_tenant = acquired(store.reserve(&b, b"scoped", b"req").await.unwrap());
+    let other_operation = acquired(store.reserve(&c, b"scoped", b"req").await.unwrap());
+    lease.complete(b"a").await.unwrap();
+    other_tenant.complete(b"b").await.unwrap();
+    other_operation.release().await.unwrap();
+    assert_eq!(
+        store.get(&a, b"scoped").await.unwrap().unwrap().response(),
+        Some(&b"a"[..])
+    );
+    assert_eq!(
+        store.get(&b, b"scoped").await.unwrap().unwrap().response(),
+        Some(&b"b"[..])
+    );
+    assert!(store.get(&c, b"scoped").await.unwrap().is_none());
+}
+
+/// A key reused with another request is refused, in flight and after completion.
+async fn mismatch<S: Store>(store: &S) {
+    let scope = Scope::new("t", "mismatch");
+    let lease = acquired(store.reserve(&scope, b"k", b"amount=5").await.unwrap());
+    assert!(matches!(
+        store.reserve(&scope, b"k", b"amount=6").await.unwrap(),
+        Reserved::Mismatch
+    ));
+    lease.complete(b"ok").await.unwrap();
+    assert!(matches!(
+        store.reserve(&scope, b"k", b"amount=6").await.unwrap(),
+        Reserved::Mismatch
+    ));
+    // The mismatch changed nothing.
+    assert!(matches!(
+        store.reserve(&scope, b"k", b"amount=5").await.unwrap(),
+        Reserved::Completed(_)
+    ));
+}
+
+/// Stored responses come back byte for byte: every byte value, an empty body and a large
+/// one.
+async fn replay_is_byte_exact<S: Store>(store: &S) {
+    let scope = Scope::new("t", "replay");
+    let every_byte: Vec<u8> = (0..=255u8).cycle().take(70_000).collect();
+    for (key, response) in [
+        (&b"bytes"[..], every_byte.as_slice()),
+        (b"empty", b""),
+        (b"nul", b"\0\0\xff\0"),
+    ] {
+        let lease = acquired(store.reserve(&scope, key, b"req").await.unwrap());
+        lease.complete(response).await.unwrap();
+        let Reserved::Completed(record) = store.reserve(&scope, key, b"req").await.unwrap()
+        else {
+            panic!("replay");
+        };
+        assert_eq!(record.response(), Some(response));
+        let got = store.get(&scope, key).await.unwrap().unwrap();
+        assert_eq!(got.response(), Some(response));
+        assert!(got.finished_at().is_some());
+    }
+}
+
+/// Records in flight are listed with their note; finished ones are not.
+async fn in_flight<S: Store>(store: &S) {
+    let scope = Scope::new("t", "in_flight");
+    let lease = acquired(store.reserve(&scope, b"stuck", b"req").await.unwrap());
+    lease.note(b"charged? unknown").await.unwrap();
+    let done = acquired(store.reserve(&scope, b"done", b"req").await.unwrap());
+    done.complete(b"ok").await.unwrap();
+    let listed = store.in_flight(Duration::ZERO).await.unwrap();
+    let mine: Vec<_> = listed.iter().filter(|r| r.scope == scope).collect();
+    assert_eq!(mine.len(), 1, "only the record in flight is listed");
+    let stuck = mine.first().unwrap();
+    assert_eq!(stuck.key, b"stuck");
+    assert_eq!(stuck.epoch, lease.epoch());
+    assert_eq!(stuck.note.as_deref(), Some(&b"charged? unknown"[..]));
+    // Nothing has been in flight for an hour.
+    assert!(
+        store
+            .in_flight(Duration::from_secs(3600))
+            .await
+            .unwrap()
+            .iter()
+            .all(|r| r.scope != scope)
+    );
+    lease.release().await.unwrap();
+}
+
+/// A take-over fences the old lease: its calls fail with `Fenced` and change nothing.
+async fn fencing<S: Store>(store: &S) {
+    let scope = Scope::new("t", "fencing");
+    let old = acquired(store.reserve(&scope, b"k", b"req").await.unwrap());
+    let new = store.take_over(&scope, b"k").await.unwrap().unwrap();
+    assert!(new.epoch() > old.epoch());
+    assert!(matches!(old.note(b"late").await, Err(Error::Fenced)));
+    let newest = store.take_over(&scope, b"k").await.unwrap().unwrap();
+    assert!(newest.epoch() > new.epoch());
+    assert!(matches!(new.complete(b"stale").await, Err(Error::Fenced)));
+    assert!(matches!(old.release().await, Err(Error::Fenced)));
+    assert_eq!(
+        store.get(&scope, b"k").await.unwrap().unwrap().status(),
+        RecordStatus::InFlight
+    );
+    newest.complete(b"fresh").await.unwrap();
+    assert_eq!(
+        store.get(&scope, b"k").await.unwrap().unwrap().response(),
+        Some(&b"fresh"[..])
+    );
+    // Only records in flight can be taken over.
+    assert!(store.take_over(&scope, b"k").await.unwrap().is_none());
+    assert!(store.take_over(&scope, b"absent").await.unwrap().is_none());
+}
+
+/// A released key can be reserved again; the released lease is spent.
+async fn release<S: Store>(store: &S) {
+    let scope = Scope::new("t", "release");
+    let first = acquired(store.reserve(&scope, b"k", b"req").await.unwrap());
+    let first_epoch = first.epoch();
+    first.release().await.unwrap();
+    assert!(store.get(&scope, b"k").await.unwrap().is_none());
+    let second = acquired(store.reserve(&scope, b"k", b"other request").await.unwrap());
+    assert!(second.epoch() > first_epoch);
+    second.complete(b"second").await.unwrap();
+}
+
+/// The ordering guard: next applies, equal is a duplicate, older is stale, a skip is a gap.
+async fn ordering_guard<S: Store>(store: &S) {
+    let scope = Scope::new("t", "orders");
+    assert_eq!(store.advance(&scope, b"a", 1).await.unwrap(), Advance::Applied);
+    assert_eq!(store.advance(&scope, b"a", 1).await.unwrap(), Advance::Duplicate);
+    assert_eq!(
+        store.advance(&scope, b"a", 3).await.unwrap(),
+        Advance::Gap { expected: 2 }
+    );
+    assert_eq!(store.advance(&scope, b"a", 2).await.unwrap(), Advance::Applied);
+    assert_eq!(
+        store.advance(&scope, b"a", 1).await.unwrap(),
+        Advance::Stale { current: 2 }
+    );
+    assert_eq!(store.advance(&scope, b"a", 3).await.unwrap(), Advance::Applied);
+    // Aggregates and scopes are independent.
+    assert_eq!(store.advance(&scope, b"b", 7).await.unwrap(), Advance::Applied);
+    let other = Scope::new("t2", "orders");
+    assert_eq!(store.advance(&other, b"a", 1).await.unwrap(), Advance::Applied);
+}
+
+/// Sixteen tasks per key race to reserve and to insert: exactly one wins each key.
+async fn races<S: Store + Clone>(store: &S) {
+    const TASKS: usize = 16;
+    let scope = Arc::new(Scope::new("t", "races"));
+    for round in 0..8u32 {
+        let key = format!("race/{round}").into_bytes();
+        let mut tasks = Vec::new();
+        for _ in 0..TASKS {
+            let (store, scope, key) = (store.clone(), Arc::clone(&scope), key.clone());
+            tasks.push(tokio::spawn(async move {
+                let reserved = store.reserve(&scope, &key, b"req").await.unwrap();
+                let inserted = store.insert_if_absent(&key).await.unwrap();
+                (reserved, inserted)
+            }));
+        }
+        let (mut leases, mut inserted, mut in_flight) = (Vec::new(), 0, 0);
+        for task in tasks {
+            let (reserved, new) = task.await.unwrap();
+            inserted += usize::from(new);
+            match reserved {
+                Reserved::Acquired(lease) => leases.push(lease),
+                Reserved::InFlight { .. } => in_flight += 1,
+                other => panic!("a racing reservation got {}", describe(&other)),
+            }
+        }
+        assert_eq!(leases.len(), 1, "round {round}: one reservation wins");
+        assert_eq!(in_flight, TASKS - 1);
+        assert_eq!(inserted, 1, "round {round}: one insert wins");
+        leases.pop().unwrap().complete(b"winner").await.unwrap();
+    }
+}
+
+/// Keys, records and ordering marks are forgotten once the window has passed, and not
+/// before.
+async fn window<H: Harness>(harness: &H) {
+    let window = Duration::from_millis(1500);
+    let store = harness.store(window).await;
+    let scope = Scope::new("t", "window");
+    let start = Instant::now();
+    assert!(store.insert_if_absent(b"w/key").await.unwrap());
+    let lease = acquired(store.reserve(&scope, b"w/rec", b"req").await.unwrap());
+    lease.complete(b"first").await.unwrap();
+    assert_eq!(store.advance(&scope, b"w/agg", 5).await.unwrap(), Advance::Applied);
+    let refused = !store.insert_if_absent(b"w/key").await.unwrap();
+    assert!(
+        refused || start.elapsed() >= window,
+        "a key is remembered inside its window"
+    );
+    harness.pass(&store, window).await;
+    assert!(store.insert_if_absent(b"w/key").await.unwrap());
+    assert!(store.get(&scope, b"w/rec").await.unwrap().is_none());
+    let again = acquired(store.reserve(&scope, b"w/rec", b"another request").await.unwrap());
+    again.complete(b"second").await.unwrap();
+    // The aggregate's old version is forgotten: any version applies.
+    assert_eq!(store.advance(&scope, b"w/agg", 2).await.unwrap(), Advance::Applied);
+}
