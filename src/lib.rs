@@ -91,7 +91,7 @@ pub use log::report::{
     RecoveryReport, SegmentReport, SegmentState, SkippedRange, TornTail, VerifyReport,
 };
 #[cfg(feature = "async")]
-pub use store::{Reserved, Store, StoreLease};
+pub use store::{Guarded, GuardedLease, OutagePolicy, Reserved, Store, StoreLease};
 
 /// Compiles and runs the README's examples as doc tests.
 #[cfg(doctest)]

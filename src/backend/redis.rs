@@ -137,6 +137,16 @@ impl ConnectionLike for Connection {
 }
 
 fn backend(err: ::redis::RedisError) -> Error {
+    if err.is_io_error()
+        || err.is_connection_refusal()
+        || err.is_connection_dropped()
+        || err.is_timeout()
+    {
+        return Error::Unavailable {
+            engine: "redis",
+            message: err.to_string(),
+        };
+    }
     Error::Backend {
         engine: "redis",
         message: err.to_string(),

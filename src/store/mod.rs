@@ -7,6 +7,10 @@
 //! waits for its group commit; calls on an in-memory store, which never touch a file, run
 //! inline. `docs/scaling.md` gives the measured cost of each.
 
+mod outage;
+
+pub use outage::{Guarded, GuardedLease, OutagePolicy};
+
 use std::future::Future;
 use std::time::{Duration, SystemTime};
 
@@ -80,7 +84,7 @@ pub trait Store: Send + Sync + 'static {
 /// A lease of a [`Store`]: the semantics of [`Lease`]. A call refused with an input
 /// error changes nothing; the caller keeps nothing to retry with but may reserve or take
 /// over again.
-pub trait StoreLease: Send + 'static {
+pub trait StoreLease: Send + Sync + 'static {
     /// [`Lease::epoch`].
     fn epoch(&self) -> u64;
     /// [`Lease::complete`].

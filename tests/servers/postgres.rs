@@ -156,6 +156,12 @@ impl PgServer {
         wait_for("PostgreSQL processes to die", || {
             !alive(postmaster) && backends.iter().all(|&pid| !alive(pid))
         });
+        // pg_ctl detached the postmaster, so whatever reaps orphans here may leave it a
+        // zombie, which the next postmaster would take for a live one.
+        // The same holds for the socket's lock file.
+        let _ = std::fs::remove_file(self.data().join("postmaster.pid"));
+        let socket_lock = format!(".s.PGSQL.{}.lock", self.port);
+        let _ = std::fs::remove_file(self.dir.path().join(socket_lock));
     }
 
     /// Starts the server again on the same data dir and port; it replays its WAL first.
