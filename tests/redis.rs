@@ -1,148 +1,26 @@
-//! `Store` on real Redis servers (feature `redis`): one server, and a three-node Redis
-//! Cluster. Each test starts its own `redis-server` processes on free loopback ports and
-//! stops them when it ends, passed or failed. `.ci/run` installs Redis when it is missing.
+//! Redis beyond the conformance suite (feature `redis`), on real servers the tests start:
+//! Redis's own limits, keys spread over a cluster's primaries, a restart with
+//! `appendfsync always`, and the outage policy when the server is gone.
 
 #![cfg(feature = "redis")]
-#![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
-#![expect(clippy::expect_used, reason = "test code: a panic is the test failing")]
 
-#[path = "shared/store_lifecycle.rs"]
-mod store_lifecycle;
+mod servers;
 
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use oncedb::{Advance, Error, RedisStore, Reserved, Scope, Store, StoreLease};
-use store_lifecycle::lifecycle;
-
-/// A `redis-server` child, killed on drop.
-struct RedisServer {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A free loopback port whose cluster bus port (+10000) is free too.
-fn free_port() -> u16 {
-    loop {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        if port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
-            return port;
-        }
-    }
-}
-
-/// Polls `ready` until it holds, for at most ten seconds: an external server's start-up.
-fn wait_for(what: &str, mut ready: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !ready() {
-        assert!(
-            Instant::now() < deadline,
-            "{what} did not happen within 10 s"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-impl RedisServer {
-    fn start(cluster: bool) -> RedisServer {
-        let port = free_port();
-        let dir = tempfile::tempdir().unwrap();
-        let mut command = Command::new("redis-server");
-        command
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
-            .arg("--dir")
-            .arg(dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        if cluster {
-            command.args([
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                "nodes.conf",
-                "--cluster-node-timeout",
-                "2000",
-            ]);
-        }
-        let child = command
-            .spawn()
-            .expect("redis-server must be installed (.ci/run installs it)");
-        let server = RedisServer {
-            child,
-            port,
-            _dir: dir,
-        };
-        wait_for("redis-server start", || {
-            TcpStream::connect(("127.0.0.1", port)).is_ok()
-        });
-        server
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
-    }
-
-    fn cli(&self, args: &[&str]) -> String {
-        let out = Command::new("redis-cli")
-            .args(["-p", &self.port.to_string()])
-            .args(args)
-            .output()
-            .expect("redis-cli must be installed (.ci/run installs it)");
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-}
-
-/// Three primaries sharing the 16384 slots.
-fn start_cluster() -> Vec<RedisServer> {
-    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start(true)).collect();
-    let addresses: Vec<String> = nodes
-        .iter()
-        .map(|node| format!("127.0.0.1:{}", node.port))
-        .collect();
-    let status = Command::new("redis-cli")
-        .args(["--cluster", "create"])
-        .args(&addresses)
-        .args(["--cluster-replicas", "0", "--cluster-yes"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .expect("redis-cli must be installed");
-    assert!(status.success(), "redis-cli --cluster create failed");
-    for node in &nodes {
-        wait_for("cluster_state:ok", || {
-            node.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok")
-        });
-    }
-    nodes
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
+use oncedb::{
+    Error, Guarded, OutagePolicy, RecordStatus, RedisStore, Reserved, Scope, Store, StoreLease,
+};
+use servers::redis::{Persistence, RedisServer, start_cluster};
+use servers::runtime;
 
 #[test]
-fn one_server_serves_the_store_interface() {
+fn versions_beyond_lua_numbers_are_refused_and_leases_resume() {
     let server = RedisServer::start(false);
     runtime().block_on(async {
         let store = RedisStore::connect(&server.url(), "oncedb", Duration::from_secs(60))
             .await
             .unwrap();
-        lifecycle(&store).await;
         // The ordering guard keeps versions Lua can count exactly.
         let scope = Scope::new("t", "op");
         assert!(matches!(
@@ -165,43 +43,7 @@ fn one_server_serves_the_store_interface() {
 }
 
 #[test]
-fn concurrent_reservations_have_one_winner() {
-    let server = RedisServer::start(false);
-    runtime().block_on(async {
-        let store = RedisStore::connect(&server.url(), "oncedb", Duration::from_secs(60))
-            .await
-            .unwrap();
-        let tasks: Vec<_> = (0..32)
-            .map(|_| {
-                let store = store.clone();
-                tokio::spawn(async move {
-                    let scope = Scope::new("t", "op");
-                    matches!(
-                        store.reserve(&scope, b"race", b"req").await.unwrap(),
-                        Reserved::Acquired(_)
-                    )
-                })
-            })
-            .collect();
-        let mut winners = 0;
-        for task in tasks {
-            winners += usize::from(task.await.unwrap());
-        }
-        assert_eq!(winners, 1);
-        let answers = store
-            .insert_many(
-                (0..50u32)
-                    .map(|i| (i % 40).to_le_bytes().to_vec())
-                    .collect(),
-            )
-            .await
-            .unwrap();
-        assert_eq!(answers.iter().filter(|&&new| new).count(), 40);
-    });
-}
-
-#[test]
-fn a_cluster_serves_the_store_interface_across_slots() {
+fn a_cluster_spreads_keys_over_every_primary() {
     let nodes = start_cluster();
     let urls: Vec<String> = nodes.iter().map(RedisServer::url).collect();
     let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
@@ -209,33 +51,85 @@ fn a_cluster_serves_the_store_interface_across_slots() {
         let store = RedisStore::connect_cluster(&urls, "oncedb", Duration::from_secs(60))
             .await
             .unwrap();
-        lifecycle(&store).await;
         let keys: Vec<Vec<u8>> = (0..300u32).map(|i| i.to_le_bytes().to_vec()).collect();
-        assert!(
-            store
-                .insert_many(keys.clone())
-                .await
-                .unwrap()
-                .iter()
-                .all(|&new| new)
-        );
-        assert!(
-            store
-                .insert_many(keys)
-                .await
-                .unwrap()
-                .iter()
-                .all(|&new| !new)
-        );
-        let scope = Scope::new("t", "op");
-        assert_eq!(
-            store.advance(&scope, b"agg", 1).await.unwrap(),
-            Advance::Applied
-        );
+        let first = store.insert_many(keys.clone()).await.unwrap();
+        assert!(first.iter().all(|&new| new));
+        let again = store.insert_many(keys).await.unwrap();
+        assert!(again.iter().all(|&new| !new));
     });
-    // The keys were spread over every primary.
     for node in &nodes {
         let keys: u64 = node.cli(&["DBSIZE"]).trim().parse().unwrap();
         assert!(keys > 10, "a primary holds only {keys} keys");
     }
+}
+
+#[test]
+fn aof_always_keeps_every_acknowledged_reservation_across_a_kill() {
+    let mut server = RedisServer::start_with(false, Persistence::AofAlways);
+    let scope = Scope::new("t", "op");
+    let rt = runtime();
+    rt.block_on(async {
+        let store = RedisStore::connect(&server.url(), "oncedb", Duration::from_secs(600))
+            .await
+            .unwrap();
+        for i in 0..200u32 {
+            assert!(store.insert_if_absent(&i.to_le_bytes()).await.unwrap());
+            let Reserved::Acquired(lease) = store
+                .reserve(&scope, &i.to_le_bytes(), b"req")
+                .await
+                .unwrap()
+            else {
+                panic!("acquire");
+            };
+            if i % 2 == 0 {
+                lease.complete(&i.to_le_bytes()).await.unwrap();
+            }
+        }
+    });
+    server.kill();
+    server.restart();
+    rt.block_on(async {
+        let store = RedisStore::connect(&server.url(), "oncedb", Duration::from_secs(600))
+            .await
+            .unwrap();
+        for i in 0..200u32 {
+            assert!(
+                !store.insert_if_absent(&i.to_le_bytes()).await.unwrap(),
+                "key {i} lost"
+            );
+            let record = store.get(&scope, &i.to_le_bytes()).await.unwrap().unwrap();
+            if i % 2 == 0 {
+                assert_eq!(record.status(), RecordStatus::Completed);
+                assert_eq!(record.response(), Some(&i.to_le_bytes()[..]));
+            } else {
+                assert_eq!(record.status(), RecordStatus::InFlight);
+            }
+        }
+    });
+}
+
+#[test]
+fn an_unreachable_server_follows_the_outage_policy() {
+    let mut server = RedisServer::start(false);
+    runtime().block_on(async {
+        let store = RedisStore::connect(&server.url(), "oncedb", Duration::from_secs(60))
+            .await
+            .unwrap();
+        let open = Guarded::new(store.clone(), OutagePolicy::FailOpen);
+        let closed = Guarded::new(store, OutagePolicy::FailClosed);
+        assert!(open.insert_if_absent(b"k").await.unwrap());
+        assert!(!closed.insert_if_absent(b"k").await.unwrap());
+        server.kill();
+        assert!(open.insert_if_absent(b"k").await.unwrap());
+        assert!(matches!(
+            closed.insert_if_absent(b"k").await,
+            Err(Error::Unavailable { .. })
+        ));
+        let scope = Scope::new("t", "op");
+        assert!(matches!(
+            closed.reserve(&scope, b"r", b"req").await,
+            Err(Error::Unavailable { .. })
+        ));
+        assert_eq!((open.outages(), closed.outages()), (1, 2));
+    });
 }

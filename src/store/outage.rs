@@ -138,7 +138,8 @@ impl<S: Store> Store for Guarded<S> {
 
     async fn take_over(&self, scope: &Scope, key: &[u8]) -> Result<Option<Self::Lease>> {
         let answer = self.inner.take_over(scope, key).await;
-        self.closed(answer).map(|lease| lease.map(GuardedLease::Held))
+        self.closed(answer)
+            .map(|lease| lease.map(GuardedLease::Held))
     }
 
     async fn advance(&self, scope: &Scope, aggregate_id: &[u8], version: u64) -> Result<Advance> {

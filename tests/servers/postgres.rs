@@ -24,7 +24,8 @@ fn bin_dir() -> PathBuf {
         return PathBuf::from(dir);
     }
     let on_path = std::env::var_os("PATH").and_then(|path| {
-        std::env::split_paths(&path).find(|dir| dir.join("initdb").is_file() && dir.join("pg_ctl").is_file())
+        std::env::split_paths(&path)
+            .find(|dir| dir.join("initdb").is_file() && dir.join("pg_ctl").is_file())
     });
     if let Some(dir) = on_path {
         return dir;
@@ -38,7 +39,10 @@ fn bin_dir() -> PathBuf {
         })
         .collect();
     versions.sort();
-    versions.pop().expect("no PostgreSQL under /usr/lib/postgresql").1
+    versions
+        .pop()
+        .expect("no PostgreSQL under /usr/lib/postgresql")
+        .1
 }
 
 /// The effective user id, from /proc.
@@ -82,7 +86,15 @@ impl PgServer {
             .command("initdb")
             .arg("-D")
             .arg(server.data())
-            .args(["-U", "oncedb", "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync"])
+            .args([
+                "-U",
+                "oncedb",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "--no-sync",
+            ])
             .stdout(Stdio::null())
             .status()
             .expect("initdb must be installed (.ci/run installs PostgreSQL)");

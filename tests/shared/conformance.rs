@@ -76,12 +76,17 @@ async fn keys<S: Store>(store: &S) {
         Err(Error::EmptyKey)
     ));
     // A refused batch admits nothing.
-    assert!(store.insert_many(vec![b"keys/4".to_vec(), Vec::new()]).await.is_err());
+    assert!(
+        store
+            .insert_many(vec![b"keys/4".to_vec(), Vec::new()])
+            .await
+            .is_err()
+    );
     assert!(store.insert_if_absent(b"keys/4").await.unwrap());
 }
 
 /// One service's life: reserve, note, retry in flight, take over, complete, replay.
-async fn lifecycle<S: Store>(store: &S) {
+pub async fn lifecycle<S: Store>(store: &S) {
     let scope = Scope::new("org_123", "create_payment");
     let lease = acquired(store.reserve(&scope, b"life", b"req").await.unwrap());
     lease.note(b"provider_outcome_unknown").await.unwrap();
@@ -93,15 +98,13 @@ async fn lifecycle<S: Store>(store: &S) {
     assert_eq!(record.status(), RecordStatus::InFlight);
     assert_eq!(record.response(), None);
     lease.complete(b"done").await.unwrap();
-    let Reserved::Completed(record) = store.reserve(&scope, b"life", b"req").await.unwrap()
-    else {
+    let Reserved::Completed(record) = store.reserve(&scope, b"life", b"req").await.unwrap() else {
         panic!("a retry after completion replays");
     };
     assert_eq!(record.response(), Some(&b"done"[..]));
     let failing = acquired(store.reserve(&scope, b"life/f", b"req").await.unwrap());
     failing.fail(b"declined").await.unwrap();
-    let Reserved::Failed(record) = store.reserve(&scope, b"life/f", b"req").await.unwrap()
-    else {
+    let Reserved::Failed(record) = store.reserve(&scope, b"life/f", b"req").await.unwrap() else {
         panic!("a retry after a failure replays it");
     };
     assert_eq!(record.response(), Some(&b"declined"[..]));
@@ -162,8 +165,7 @@ async fn replay_is_byte_exact<S: Store>(store: &S) {
     ] {
         let lease = acquired(store.reserve(&scope, key, b"req").await.unwrap());
         lease.complete(response).await.unwrap();
-        let Reserved::Completed(record) = store.reserve(&scope, key, b"req").await.unwrap()
-        else {
+        let Reserved::Completed(record) = store.reserve(&scope, key, b"req").await.unwrap() else {
             panic!("replay");
         };
         assert_eq!(record.response(), Some(response));
@@ -239,22 +241,40 @@ async fn release<S: Store>(store: &S) {
 /// The ordering guard: next applies, equal is a duplicate, older is stale, a skip is a gap.
 async fn ordering_guard<S: Store>(store: &S) {
     let scope = Scope::new("t", "orders");
-    assert_eq!(store.advance(&scope, b"a", 1).await.unwrap(), Advance::Applied);
-    assert_eq!(store.advance(&scope, b"a", 1).await.unwrap(), Advance::Duplicate);
+    assert_eq!(
+        store.advance(&scope, b"a", 1).await.unwrap(),
+        Advance::Applied
+    );
+    assert_eq!(
+        store.advance(&scope, b"a", 1).await.unwrap(),
+        Advance::Duplicate
+    );
     assert_eq!(
         store.advance(&scope, b"a", 3).await.unwrap(),
         Advance::Gap { expected: 2 }
     );
-    assert_eq!(store.advance(&scope, b"a", 2).await.unwrap(), Advance::Applied);
+    assert_eq!(
+        store.advance(&scope, b"a", 2).await.unwrap(),
+        Advance::Applied
+    );
     assert_eq!(
         store.advance(&scope, b"a", 1).await.unwrap(),
         Advance::Stale { current: 2 }
     );
-    assert_eq!(store.advance(&scope, b"a", 3).await.unwrap(), Advance::Applied);
+    assert_eq!(
+        store.advance(&scope, b"a", 3).await.unwrap(),
+        Advance::Applied
+    );
     // Aggregates and scopes are independent.
-    assert_eq!(store.advance(&scope, b"b", 7).await.unwrap(), Advance::Applied);
+    assert_eq!(
+        store.advance(&scope, b"b", 7).await.unwrap(),
+        Advance::Applied
+    );
     let other = Scope::new("t2", "orders");
-    assert_eq!(store.advance(&other, b"a", 1).await.unwrap(), Advance::Applied);
+    assert_eq!(
+        store.advance(&other, b"a", 1).await.unwrap(),
+        Advance::Applied
+    );
 }
 
 /// Sixteen tasks per key race to reserve and to insert: exactly one wins each key.
@@ -299,7 +319,10 @@ async fn window<H: Harness>(harness: &H) {
     assert!(store.insert_if_absent(b"w/key").await.unwrap());
     let lease = acquired(store.reserve(&scope, b"w/rec", b"req").await.unwrap());
     lease.complete(b"first").await.unwrap();
-    assert_eq!(store.advance(&scope, b"w/agg", 5).await.unwrap(), Advance::Applied);
+    assert_eq!(
+        store.advance(&scope, b"w/agg", 5).await.unwrap(),
+        Advance::Applied
+    );
     let refused = !store.insert_if_absent(b"w/key").await.unwrap();
     assert!(
         refused || start.elapsed() >= window,
@@ -308,8 +331,16 @@ async fn window<H: Harness>(harness: &H) {
     harness.pass(&store, window).await;
     assert!(store.insert_if_absent(b"w/key").await.unwrap());
     assert!(store.get(&scope, b"w/rec").await.unwrap().is_none());
-    let again = acquired(store.reserve(&scope, b"w/rec", b"another request").await.unwrap());
+    let again = acquired(
+        store
+            .reserve(&scope, b"w/rec", b"another request")
+            .await
+            .unwrap(),
+    );
     again.complete(b"second").await.unwrap();
     // The aggregate's old version is forgotten: any version applies.
-    assert_eq!(store.advance(&scope, b"w/agg", 2).await.unwrap(), Advance::Applied);
+    assert_eq!(
+        store.advance(&scope, b"w/agg", 2).await.unwrap(),
+        Advance::Applied
+    );
 }

@@ -32,9 +32,9 @@ use crate::base::limits::{MAX_NOTE_BYTES, MAX_RESPONSE_BYTES_LIMIT, check_key};
 use crate::base::time::{duration_to_ms, system_time_to_ms};
 use crate::store::{Reserved, Store, StoreLease};
 
-pub use migrations::MIGRATIONS;
 /// The pool crate this module uses, for building a [`Pool`] by hand.
 pub use deadpool_postgres;
+pub use migrations::MIGRATIONS;
 /// The driver this module uses: [`inbox`] and [`outbox`] take its `Transaction`.
 pub use tokio_postgres;
 
@@ -87,7 +87,8 @@ fn unsigned(value: i64, what: &str) -> Result<u64> {
 }
 
 fn signed(value: u64, what: &str) -> Result<i64> {
-    i64::try_from(value).map_err(|_| Error::InvalidOptions(format!("{what} {value} exceeds 2^63-1")))
+    i64::try_from(value)
+        .map_err(|_| Error::InvalidOptions(format!("{what} {value} exceeds 2^63-1")))
 }
 
 fn request_hash(request: &[u8]) -> String {
@@ -322,7 +323,10 @@ impl Store for PostgresStore {
         self.record_params(scope, key)?;
         let hash = request_hash(request);
         let client = self.client().await?;
-        let insert = client.prepare_cached(sql::RESERVE).await.map_err(pg_error)?;
+        let insert = client
+            .prepare_cached(sql::RESERVE)
+            .await
+            .map_err(pg_error)?;
         // A row seen conflicting may be released or expire before it is read: try again.
         loop {
             let acquired = client
@@ -410,15 +414,18 @@ impl Store for PostgresStore {
         }
         let signed_version = signed(version, "version")?;
         let client = self.client().await?;
-        let apply = client.prepare_cached(sql::ADVANCE).await.map_err(pg_error)?;
-        let read = client
-            .prepare_cached(sql::MARK)
+        let apply = client
+            .prepare_cached(sql::ADVANCE)
             .await
             .map_err(pg_error)?;
+        let read = client.prepare_cached(sql::MARK).await.map_err(pg_error)?;
         let ids: [&(dyn ToSql + Sync); 3] = [&scope.tenant(), &scope.operation(), &aggregate_id];
         loop {
             let applied = client
-                .query_opt(&apply, &[ids[0], ids[1], ids[2], &signed_version, &self.window_ms])
+                .query_opt(
+                    &apply,
+                    &[ids[0], ids[1], ids[2], &signed_version, &self.window_ms],
+                )
                 .await
                 .map_err(pg_error)?;
             if applied.is_some() {
@@ -541,7 +548,10 @@ impl PostgresLease {
             .await
             .map_err(pg_error)?;
         let row = client
-            .query_opt(&state, &[&self.scope.tenant(), &self.scope.operation(), &self.key])
+            .query_opt(
+                &state,
+                &[&self.scope.tenant(), &self.scope.operation(), &self.key],
+            )
             .await
             .map_err(pg_error)?;
         match row.map(|row| ownership(&row, self.epoch)).transpose()? {
