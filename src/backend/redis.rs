@@ -322,29 +322,39 @@ impl Store for RedisStore {
         for key in &keys {
             self.check_key(key)?;
         }
-        // One pipeline per slot; a key repeated in the batch is a duplicate the second
-        // time, as SET NX gives in order.
-        let mut by_slot: BTreeMap<u16, Vec<(usize, String)>> = BTreeMap::new();
+        // One pipeline per slot on a cluster (one in all on a single server), sent
+        // concurrently; a key repeated in the batch is a duplicate the second time, as
+        // SET NX gives in order within a pipeline.
+        let cluster = matches!(self.conn, Connection::Cluster(_));
+        let mut groups: BTreeMap<u16, (Pipeline, Vec<usize>)> = BTreeMap::new();
         for (index, key) in keys.iter().enumerate() {
             let name = self.key(b'k', key, "k");
-            by_slot.entry(slot(&name)).or_default().push((index, name));
+            let group = if cluster { slot(&name) } else { 0 };
+            let (pipe, indices) = groups
+                .entry(group)
+                .or_insert_with(|| (::redis::pipe(), Vec::new()));
+            pipe.cmd("SET")
+                .arg(name)
+                .arg(1)
+                .arg("NX")
+                .arg("PX")
+                .arg(self.window_ms);
+            indices.push(index);
+        }
+        let mut sent = tokio::task::JoinSet::new();
+        for (pipe, indices) in groups.into_values() {
+            let mut conn = self.conn.clone();
+            sent.spawn(async move {
+                let replies: ::redis::RedisResult<Vec<Option<String>>> =
+                    pipe.query_async(&mut conn).await;
+                (indices, replies)
+            });
         }
         let mut answers = vec![false; keys.len()];
-        for group in by_slot.values() {
-            let mut pipe = ::redis::pipe();
-            for (_, name) in group {
-                pipe.cmd("SET")
-                    .arg(name)
-                    .arg(1)
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(self.window_ms);
-            }
-            let mut conn = self.conn.clone();
-            let replies: Vec<Option<String>> =
-                pipe.query_async(&mut conn).await.map_err(backend)?;
-            for ((index, _), reply) in group.iter().zip(replies) {
-                if let Some(answer) = answers.get_mut(*index) {
+        while let Some(done) = sent.join_next().await {
+            let (indices, replies) = done.map_err(|err| unexpected(&err.to_string()))?;
+            for (index, reply) in indices.into_iter().zip(replies.map_err(backend)?) {
+                if let Some(answer) = answers.get_mut(index) {
                     *answer = reply.is_some();
                 }
             }

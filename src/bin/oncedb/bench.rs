@@ -71,6 +71,14 @@ pub struct BenchArgs {
     /// Size the tables for this many live keys up front (0: grow as needed).
     #[arg(long, default_value_t = 0)]
     expected_keys: u64,
+    /// Run the backend suite through the `Store` trait against: embedded, postgres://...,
+    /// redis://... or redis+cluster://host:port,host:port,... (needs the binary built
+    /// with the `async`, `postgres` or `redis` feature).
+    #[arg(long)]
+    backend: Option<String>,
+    /// Concurrent client tasks for --backend.
+    #[arg(long, default_value_t = 8)]
+    tasks: usize,
 }
 
 /// The operation mix.
@@ -105,6 +113,21 @@ struct Outcome {
 }
 
 pub fn run(args: &BenchArgs) -> Result<(), String> {
+    if let Some(backend) = &args.backend {
+        #[cfg(feature = "async")]
+        return crate::backends::run(
+            backend,
+            args.keys,
+            args.tasks,
+            args.batch,
+            args.dup_rate,
+            Duration::from_secs(args.window),
+        );
+        #[cfg(not(feature = "async"))]
+        return Err(format!(
+            "--backend {backend} needs oncedb built with --features async (or postgres, redis)"
+        ));
+    }
     let scenarios = if args.keys.is_none()
         && args.threads.is_none()
         && args.batch.is_none()

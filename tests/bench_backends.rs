@@ -1,0 +1,70 @@
+//! `oncedb bench --backend` against every backend, on real servers the test starts: the
+//! run succeeds only when each workload admitted exactly the distinct keys of its stream,
+//! and the table says so.
+
+#![cfg(all(feature = "cli", feature = "postgres", feature = "redis"))]
+
+mod servers;
+
+use std::process::Command;
+
+use servers::postgres::PgServer;
+use servers::redis::{RedisServer, start_cluster};
+
+/// Runs the backend suite and returns the (admitted, distinct) pair of each row.
+fn bench(backend: &str) -> Vec<(u64, u64)> {
+    let out = Command::new(env!("CARGO_BIN_EXE_oncedb"))
+        .args([
+            "bench",
+            "--backend",
+            backend,
+            "--keys",
+            "3000",
+            "--tasks",
+            "4",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{backend}: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<(u64, u64)> = stdout
+        .lines()
+        .filter(|line| line.starts_with("ids") || line.starts_with("records"))
+        .map(|line| {
+            let mut numbers = line.split_whitespace().rev();
+            let distinct = numbers.next().unwrap().parse().unwrap();
+            let admitted = numbers.next().unwrap().parse().unwrap();
+            (admitted, distinct)
+        })
+        .collect();
+    assert_eq!(rows.len(), 3, "{stdout}");
+    rows
+}
+
+#[test]
+fn every_backend_admits_exactly_the_distinct_keys() {
+    let postgres = PgServer::start();
+    let redis = RedisServer::start(false);
+    let cluster = start_cluster();
+    let nodes: Vec<String> = cluster
+        .iter()
+        .map(|node| format!("127.0.0.1:{}", node.port))
+        .collect();
+    let postgres_url = format!("postgres://oncedb@127.0.0.1:{}/postgres", postgres.port);
+    for backend in [
+        "embedded".to_owned(),
+        postgres_url,
+        redis.url(),
+        format!("redis+cluster://{}", nodes.join(",")),
+    ] {
+        for (admitted, distinct) in bench(&backend) {
+            // 3000 operations with 20% repeats.
+            assert!(distinct > 2000 && distinct < 3000, "{backend}: {distinct}");
+            assert_eq!(admitted, distinct, "{backend}");
+        }
+    }
+}
