@@ -3,6 +3,7 @@
 //! and the table says so.
 
 #![cfg(all(feature = "cli", feature = "postgres", feature = "redis"))]
+#![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
 
 mod servers;
 

@@ -192,7 +192,7 @@ async fn drive<S: Store + Clone>(
         let (store, keys) = (store.clone(), Arc::clone(&keys));
         let range = (task * per_task).min(keys.len())..((task + 1) * per_task).min(keys.len());
         handles.push(tokio::spawn(async move {
-            client(&store, mix, &keys[range]).await
+            client(&store, mix, keys.get(range).unwrap_or_default()).await
         }));
     }
     let mut latency = Histogram::new(3).expect("valid histogram");
