@@ -62,6 +62,8 @@ mod api;
 mod backend;
 mod base;
 mod engine;
+#[cfg(feature = "http")]
+pub mod http;
 mod index;
 pub mod io;
 mod log;

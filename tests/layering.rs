@@ -16,6 +16,7 @@ const LEVELS: &[(&str, u32)] = &[
     ("api", 3),
     ("store", 4),
     ("backend", 5),
+    ("http", 5),
 ];
 
 fn rust_files(path: &Path, out: &mut Vec<PathBuf>) {

@@ -1,0 +1,363 @@
+//! The seed's payment service: `POST /v1/payments` behind the `Idempotency-Key` layer,
+//! a fake payment provider that deduplicates by operation id, and a reconciliation task
+//! that settles requests whose outcome was unknown.
+//!
+//! ```sh
+//! cargo run --example payments --features http -- --addr 127.0.0.1:8080 --dir /tmp/payments
+//! # with a shared store instead of the embedded one:
+//! cargo run --example payments --features http,postgres -- --addr 127.0.0.1:8080 --dir /tmp/p \
+//!     --backend postgres://user@127.0.0.1:5432/db
+//! ```
+//!
+//! `payment_method_id` picks the provider's behaviour: `pm_card_declined` declines
+//! (`422`, stored and replayed), `pm_slow` takes about a second, `pm_timeout` charges but
+//! the answer never arrives (`503`, the record stays in flight until reconciliation
+//! finds the charge), anything else authorizes.
+
+#![expect(clippy::unwrap_used, reason = "example: a poisoned lock or bad literal aborts")]
+#![expect(clippy::expect_used, reason = "example: start-up failures abort with a message")]
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Extension, Path, State};
+use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, LOCATION, RETRY_AFTER};
+use axum::http::request::Parts;
+use axum::http::{HeaderName, HeaderValue, Response, StatusCode};
+use axum::routing::{get, post};
+use axum::Router;
+use oncedb::http::{IdempotencyConfig, IdempotencyContext, IdempotencyLayer, StoredResponse};
+use oncedb::{Db, Durability, Options, Store, StoreLease};
+
+/// How long a request may stay in flight before reconciliation looks at it.
+const RECONCILE_AFTER: Duration = Duration::from_secs(3);
+
+/// What the provider decided for one operation id.
+#[derive(Debug, Clone)]
+enum Outcome {
+    Authorized {
+        provider_payment_id: String,
+        amount_cents: i64,
+        currency: String,
+    },
+    Declined,
+}
+
+/// A payment provider that deduplicates by operation id, as a real one does with its own
+/// idempotency keys, and counts the calls it receives.
+#[derive(Default)]
+struct Provider {
+    calls: Mutex<HashMap<String, u64>>,
+    outcomes: Mutex<HashMap<String, Outcome>>,
+}
+
+/// The provider's answer did not arrive in time (the charge may have happened).
+struct Timeout;
+
+impl Provider {
+    async fn authorize(
+        &self,
+        operation_id: &str,
+        amount_cents: i64,
+        currency: &str,
+        method: &str,
+    ) -> Result<Outcome, Timeout> {
+        *self
+            .calls
+            .lock()
+            .unwrap()
+            .entry(operation_id.to_owned())
+            .or_default() += 1;
+        if method == "pm_slow" {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        let outcome = self
+            .outcomes
+            .lock()
+            .unwrap()
+            .entry(operation_id.to_owned())
+            .or_insert_with(|| match method {
+                "pm_card_declined" => Outcome::Declined,
+                _ => Outcome::Authorized {
+                    provider_payment_id: format!(
+                        "prov_{:016x}",
+                        xxhash_rust::xxh3::xxh3_64(operation_id.as_bytes())
+                    ),
+                    amount_cents,
+                    currency: currency.to_owned(),
+                },
+            })
+            .clone();
+        if method == "pm_timeout" {
+            // The charge went through; the answer is lost on the way back.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            return Err(Timeout);
+        }
+        Ok(outcome)
+    }
+
+    /// A status lookup by operation id (not a charge, so not counted).
+    fn lookup(&self, operation_id: &str) -> Option<Outcome> {
+        self.outcomes.lock().unwrap().get(operation_id).cloned()
+    }
+
+    fn calls(&self, operation_id: &str) -> u64 {
+        self.calls
+            .lock()
+            .unwrap()
+            .get(operation_id)
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+/// The answer the service gives for a provider outcome (also stored by reconciliation).
+fn payment_answer(operation_id: &str, outcome: &Outcome) -> StoredResponse {
+    let json = HeaderValue::from_static("application/json");
+    match outcome {
+        Outcome::Authorized {
+            provider_payment_id,
+            amount_cents,
+            currency,
+        } => {
+            let id = format!(
+                "pay_{:016x}",
+                xxhash_rust::xxh3::xxh3_64(operation_id.as_bytes())
+            );
+            let body = serde_json::json!({
+                "id": id,
+                "status": "authorized",
+                "amount_cents": amount_cents,
+                "currency": currency,
+                "provider_payment_id": provider_payment_id,
+            });
+            StoredResponse {
+                status: StatusCode::CREATED,
+                headers: vec![
+                    (CONTENT_TYPE, json),
+                    (
+                        LOCATION,
+                        HeaderValue::from_str(&format!("/v1/payments/{id}")).unwrap(),
+                    ),
+                ],
+                body: body.to_string().into_bytes(),
+            }
+        }
+        Outcome::Declined => StoredResponse {
+            status: StatusCode::UNPROCESSABLE_ENTITY,
+            headers: vec![(CONTENT_TYPE, json)],
+            body: br#"{"error":"payment_declined"}"#.to_vec(),
+        },
+    }
+}
+
+fn error(status: StatusCode, error: &str) -> Response<Body> {
+    StoredResponse {
+        status,
+        headers: vec![(CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+        body: format!("{{\"error\":\"{error}\"}}").into_bytes(),
+    }
+    .into_response()
+}
+
+/// `POST /v1/payments`: validate, call the provider with the stable operation id, answer.
+async fn create_payment(
+    State(provider): State<Arc<Provider>>,
+    Extension(context): Extension<IdempotencyContext>,
+    body: Bytes,
+) -> Response<Body> {
+    let Ok(request) = serde_json::from_slice::<serde_json::Value>(&body) else {
+        return error(StatusCode::BAD_REQUEST, "invalid_json");
+    };
+    let amount = request["amount_cents"].as_i64().filter(|&a| a > 0);
+    let currency = request["currency"]
+        .as_str()
+        .filter(|c| c.len() == 3 && c.chars().all(|c| c.is_ascii_alphabetic()));
+    let method = request["payment_method_id"].as_str();
+    let (Some(amount), Some(currency), Some(method)) = (amount, currency, method) else {
+        return error(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request");
+    };
+    let operation_id = context.operation_id();
+    match provider
+        .authorize(&operation_id, amount, &currency.to_ascii_uppercase(), method)
+        .await
+    {
+        Ok(outcome) => payment_answer(&operation_id, &outcome).into_response(),
+        Err(Timeout) => {
+            // Outcome unknown: the layer keeps the record in flight with a note.
+            let mut response = error(StatusCode::SERVICE_UNAVAILABLE, "provider_timeout");
+            response
+                .headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from_static("2"));
+            response
+        }
+    }
+}
+
+/// `GET /v1/provider/calls/{operation_id}`: the fake provider's call count.
+async fn provider_calls(
+    State(provider): State<Arc<Provider>>,
+    Path(operation_id): Path<String>,
+) -> Response<Body> {
+    let body = serde_json::json!({
+        "operation_id": operation_id,
+        "calls": provider.calls(&operation_id),
+    });
+    let mut response = Response::new(Body::from(body.to_string()));
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+/// The tenant of a bearer token (a fixed map here; a real service asks its auth).
+fn tenant(parts: &Parts) -> Option<String> {
+    let token = parts
+        .headers
+        .get(AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")?;
+    match token {
+        "tok_org_123" => Some("org_123".into()),
+        "tok_org_456" => Some("org_456".into()),
+        _ => None,
+    }
+}
+
+/// Settles records in flight for longer than [`RECONCILE_AFTER`]: asks the provider by
+/// operation id, stores what it says through a take-over, or releases the key when the
+/// provider never saw the operation, so a retry runs it.
+async fn reconcile<S: Store + Clone>(store: S, provider: Arc<Provider>) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let Ok(stuck) = store.in_flight(RECONCILE_AFTER).await else {
+            continue;
+        };
+        for record in stuck {
+            let tenant = String::from_utf8_lossy(record.scope.tenant()).into_owned();
+            let key = String::from_utf8_lossy(&record.key).into_owned();
+            let operation_id = format!("{tenant}:{key}");
+            let Ok(Some(lease)) = store.take_over(&record.scope, &record.key).await else {
+                continue;
+            };
+            let settled = match provider.lookup(&operation_id) {
+                Some(outcome) => {
+                    let answer = payment_answer(&operation_id, &outcome);
+                    if answer.status.is_success() {
+                        lease.complete(&answer.encode()).await
+                    } else {
+                        lease.fail(&answer.encode()).await
+                    }
+                }
+                None => lease.release().await,
+            };
+            match settled {
+                Ok(()) => eprintln!("reconciled {operation_id}"),
+                Err(err) => eprintln!("reconciling {operation_id}: {err}"),
+            }
+        }
+    }
+}
+
+async fn serve<S: Store + Clone>(store: S, addr: SocketAddr) {
+    let provider = Arc::new(Provider::default());
+    let config = IdempotencyConfig::new(tenant).replay_headers(vec![
+        CONTENT_TYPE,
+        LOCATION,
+        HeaderName::from_static("x-request-id"),
+    ]);
+    let app = Router::new()
+        .route(
+            "/v1/payments",
+            post(create_payment).route_layer(IdempotencyLayer::new(store.clone(), config)),
+        )
+        .route("/v1/provider/calls/{operation_id}", get(provider_calls))
+        .with_state(Arc::clone(&provider));
+    tokio::spawn(reconcile(store, provider));
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .expect("cannot listen on --addr");
+    let addr = listener.local_addr().expect("bound address");
+    println!("payments: listening on http://{addr}");
+    println!(
+        "try: curl -i -X POST http://{addr}/v1/payments -H 'Authorization: Bearer tok_org_123' \
+         -H 'Idempotency-Key: 7d1f6c1e-5a8b-4c6f-9a1e-2b3c4d5e6f70' -H 'Content-Type: application/json' \
+         -d '{{\"amount_cents\": 5000, \"currency\": \"USD\", \"payment_method_id\": \"pm_card_visa\"}}'"
+    );
+    println!("then: curl http://{addr}/v1/provider/calls/org_123:7d1f6c1e-5a8b-4c6f-9a1e-2b3c4d5e6f70");
+    axum::serve(listener, app).await.expect("server failed");
+}
+
+struct Args {
+    addr: SocketAddr,
+    dir: PathBuf,
+    backend: Option<String>,
+}
+
+fn args() -> Result<Args, String> {
+    let mut addr = None;
+    let mut dir = None;
+    let mut backend = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let value = args.next().ok_or(format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--addr" => addr = Some(value.parse().map_err(|e| format!("--addr: {e}"))?),
+            "--dir" => dir = Some(PathBuf::from(value)),
+            "--backend" => backend = Some(value),
+            other => return Err(format!("unknown flag {other}")),
+        }
+    }
+    Ok(Args {
+        addr: addr.ok_or("--addr HOST:PORT is required")?,
+        dir: dir.ok_or("--dir DIR is required")?,
+        backend,
+    })
+}
+
+#[tokio::main]
+async fn main() {
+    let args = match args() {
+        Ok(args) => args,
+        Err(err) => {
+            eprintln!("payments: {err}\nusage: payments --addr HOST:PORT --dir DIR [--backend URL]");
+            std::process::exit(2);
+        }
+    };
+    let window = Duration::from_secs(24 * 3600);
+    match args.backend.as_deref() {
+        None => {
+            let db = Db::open(
+                Options::new(&args.dir)
+                    .durability(Durability::Sync)
+                    .window(window),
+            )
+            .expect("cannot open the store in --dir");
+            serve(db, args.addr).await;
+        }
+        #[cfg(feature = "postgres")]
+        Some(url) if url.starts_with("postgres") => {
+            let store = oncedb::PostgresStore::connect(url, window).expect("bad --backend");
+            store.migrate().await.expect("cannot migrate the database");
+            serve(store, args.addr).await;
+        }
+        #[cfg(feature = "redis")]
+        Some(url) if url.starts_with("redis://") => {
+            let store = oncedb::RedisStore::connect(url, "payments", window)
+                .await
+                .expect("cannot reach Redis");
+            serve(store, args.addr).await;
+        }
+        Some(other) => {
+            eprintln!(
+                "payments: unsupported --backend {other} (postgres:// needs --features postgres, redis:// --features redis)"
+            );
+            std::process::exit(2);
+        }
+    }
+}

@@ -1,0 +1,434 @@
+//! The `Idempotency-Key` HTTP header (IETF draft "The Idempotency-Key HTTP Header
+//! Field") as a [`tower::Layer`] for axum, over any [`Store`] (feature `http`).
+//!
+//! For each request of a guarded method (POST and PATCH by default):
+//!
+//! | request | answer |
+//! |---|---|
+//! | no key, on a route that requires one | `400` |
+//! | a key outside the length range (default 16..=255) or character set | `400` |
+//! | a body longer than the limit | `413`, before it is buffered |
+//! | no tenant from the extractor | `401` |
+//! | the key with another fingerprint (method, path, canonical body) | `422` |
+//! | a retry while the first attempt runs | `409` with `Retry-After` |
+//! | a retry after a `2xx` or `4xx` | the stored status, allow-listed headers and body, byte for byte, plus `Idempotent-Replayed: true` |
+//! | the store unreachable | `503` with `Retry-After` (fail closed; wrap the store in [`Guarded`](crate::Guarded) to choose) |
+//!
+//! What the handler's outcome does to the record:
+//!
+//! - `2xx`: completed; `4xx`: failed (a deterministic refusal); both are replayed.
+//! - `5xx`: the side effect may have happened, so the record stays in flight (with a
+//!   note) until a reconciliation job takes it over — unless the handler put
+//!   [`SideEffect::NotPerformed`] in the response's extensions, which releases the record
+//!   so a retry runs.
+//! - A handler that panics or is cancelled (the client went away) drops the lease: the
+//!   record stays in flight, never completed with a partial response.
+//!
+//! The scope of a key is the tenant (from the extractor: authentication, never the body),
+//! and the method plus the matched route. The handler finds the key and tenant in the
+//! request's [`IdempotencyContext`] extension, for operation ids sent downstream.
+
+mod fingerprint;
+mod stored;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::ops::RangeInclusive;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use axum::body::{Body, Bytes};
+use axum::extract::MatchedPath;
+use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
+use axum::http::request::Parts;
+use axum::http::{Method, Request, Response, StatusCode};
+
+pub use fingerprint::canonical_request;
+pub use stored::StoredResponse;
+
+use crate::api::record::Scope;
+use crate::base::error::Error;
+use crate::store::{Reserved, Store, StoreLease};
+
+/// The request header.
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+/// The header marking a replayed response.
+pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
+
+/// What a handler tells the layer about a failed (`5xx`) response, in its extensions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SideEffect {
+    /// Nothing happened downstream (validated before any call, or the call was refused
+    /// for sure): release the record so a retry runs.
+    NotPerformed,
+}
+
+/// The key and tenant of a guarded request, in its extensions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdempotencyContext {
+    /// The tenant the extractor returned.
+    pub tenant: String,
+    /// The `Idempotency-Key`, without the quotes of its structured-field form.
+    pub key: String,
+}
+
+impl IdempotencyContext {
+    /// A stable operation id for downstream calls: `tenant:key`.
+    pub fn operation_id(&self) -> String {
+        format!("{}:{}", self.tenant, self.key)
+    }
+}
+
+type TenantFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
+type FingerprintFn = dyn Fn(&Parts, &[u8]) -> Vec<u8> + Send + Sync;
+
+/// The layer's settings.
+#[derive(Clone)]
+pub struct IdempotencyConfig {
+    required: bool,
+    key_bytes: RangeInclusive<usize>,
+    max_body_bytes: usize,
+    methods: Vec<Method>,
+    replay_headers: Vec<HeaderName>,
+    retry_after_secs: u32,
+    tenant: Arc<TenantFn>,
+    fingerprint: Arc<FingerprintFn>,
+}
+
+impl std::fmt::Debug for IdempotencyConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdempotencyConfig")
+            .field("required", &self.required)
+            .field("key_bytes", &self.key_bytes)
+            .field("max_body_bytes", &self.max_body_bytes)
+            .field("methods", &self.methods)
+            .field("replay_headers", &self.replay_headers)
+            .finish_non_exhaustive()
+    }
+}
+
+impl IdempotencyConfig {
+    /// Keys required, 16..=255 bytes, bodies up to 1 MiB, POST and PATCH guarded,
+    /// `content-type` and `location` replayed, `Retry-After: 1`, the default
+    /// fingerprint ([`canonical_request`]), and `tenant` telling each request's tenant.
+    pub fn new(tenant: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static) -> Self {
+        IdempotencyConfig {
+            required: true,
+            key_bytes: 16..=255,
+            max_body_bytes: 1 << 20,
+            methods: vec![Method::POST, Method::PATCH],
+            replay_headers: vec![CONTENT_TYPE, axum::http::header::LOCATION],
+            retry_after_secs: 1,
+            tenant: Arc::new(tenant),
+            fingerprint: Arc::new(|parts, body| canonical_request(parts, body)),
+        }
+    }
+
+    /// Whether a guarded request without a key is refused (`true`) or passed through.
+    pub fn required(mut self, required: bool) -> Self {
+        self.required = required;
+        self
+    }
+
+    /// Accepted key lengths in bytes.
+    pub fn key_bytes(mut self, range: RangeInclusive<usize>) -> Self {
+        self.key_bytes = range;
+        self
+    }
+
+    /// The largest request body accepted, in bytes.
+    pub fn max_body_bytes(mut self, max: usize) -> Self {
+        self.max_body_bytes = max;
+        self
+    }
+
+    /// The methods guarded; others pass through.
+    pub fn methods(mut self, methods: Vec<Method>) -> Self {
+        self.methods = methods;
+        self
+    }
+
+    /// Response headers stored and replayed (the rest are not stored).
+    pub fn replay_headers(mut self, headers: Vec<HeaderName>) -> Self {
+        self.replay_headers = headers;
+        self
+    }
+
+    /// Seconds in the `Retry-After` of a `409` or `503`.
+    pub fn retry_after_secs(mut self, secs: u32) -> Self {
+        self.retry_after_secs = secs;
+        self
+    }
+
+    /// Replaces the request fingerprint (bytes compared between attempts of one key).
+    pub fn fingerprint(
+        mut self,
+        fingerprint: impl Fn(&Parts, &[u8]) -> Vec<u8> + Send + Sync + 'static,
+    ) -> Self {
+        self.fingerprint = Arc::new(fingerprint);
+        self
+    }
+}
+
+/// The [`tower::Layer`]: wrap routes that create side effects.
+#[derive(Debug, Clone)]
+pub struct IdempotencyLayer<S> {
+    store: S,
+    config: Arc<IdempotencyConfig>,
+}
+
+impl<S: Store + Clone> IdempotencyLayer<S> {
+    /// A layer keeping its records in `store`.
+    pub fn new(store: S, config: IdempotencyConfig) -> Self {
+        IdempotencyLayer {
+            store,
+            config: Arc::new(config),
+        }
+    }
+}
+
+impl<S: Store + Clone, I> tower::Layer<I> for IdempotencyLayer<S> {
+    type Service = Idempotency<S, I>;
+
+    fn layer(&self, inner: I) -> Self::Service {
+        Idempotency {
+            store: self.store.clone(),
+            config: Arc::clone(&self.config),
+            inner,
+        }
+    }
+}
+
+/// The service the layer wraps around a route.
+#[derive(Debug, Clone)]
+pub struct Idempotency<S, I> {
+    store: S,
+    config: Arc<IdempotencyConfig>,
+    inner: I,
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl<S, I> tower::Service<Request<Body>> for Idempotency<S, I>
+where
+    S: Store + Clone,
+    I: tower::Service<Request<Body>, Response = Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    I::Future: Send + 'static,
+{
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<Response<Body>, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<Body>) -> Self::Future {
+        // The readied service serves this call; a clone waits for the next one.
+        let ready = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, ready);
+        let (store, config) = (self.store.clone(), Arc::clone(&self.config));
+        Box::pin(async move { Ok(guard(store, config, inner, request).await) })
+    }
+}
+
+/// A JSON error answer.
+fn refuse(status: StatusCode, error: &str) -> Response<Body> {
+    let body = format!("{{\"error\":\"{error}\"}}");
+    let mut response = Response::new(Body::from(body));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+fn retry_later(status: StatusCode, error: &str, secs: u32) -> Response<Body> {
+    let mut response = refuse(status, error);
+    response
+        .headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from(secs));
+    response
+}
+
+/// The key from the header: a structured-field string (quoted) or a bare token.
+fn read_key(parts: &Parts, config: &IdempotencyConfig) -> Result<Option<String>, Response<Body>> {
+    let Some(value) = parts.headers.get(IDEMPOTENCY_KEY) else {
+        return Ok(None);
+    };
+    let bad = || refuse(StatusCode::BAD_REQUEST, "invalid_idempotency_key");
+    let text = value.to_str().map_err(|_| bad())?;
+    let key = text
+        .strip_prefix('"')
+        .and_then(|rest| rest.strip_suffix('"'))
+        .unwrap_or(text);
+    let allowed = |c: char| c.is_ascii_graphic() && c != '"' && c != '\\';
+    if !config.key_bytes.contains(&key.len()) || !key.chars().all(allowed) {
+        return Err(bad());
+    }
+    Ok(Some(key.to_owned()))
+}
+
+/// Reads the body, refusing one over the limit before buffering it.
+async fn read_body(
+    parts: &Parts,
+    body: Body,
+    config: &IdempotencyConfig,
+) -> Result<Bytes, Response<Body>> {
+    let too_large = || refuse(StatusCode::PAYLOAD_TOO_LARGE, "request_body_too_large");
+    let declared = parts
+        .headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > config.max_body_bytes as u64) {
+        return Err(too_large());
+    }
+    axum::body::to_bytes(body, config.max_body_bytes)
+        .await
+        .map_err(|_| too_large())
+}
+
+async fn guard<S, I>(
+    store: S,
+    config: Arc<IdempotencyConfig>,
+    mut inner: I,
+    request: Request<Body>,
+) -> Response<Body>
+where
+    S: Store,
+    I: tower::Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
+{
+    if !config.methods.contains(request.method()) {
+        return pass(&mut inner, request).await;
+    }
+    let (mut parts, body) = request.into_parts();
+    let key = match read_key(&parts, &config) {
+        Ok(Some(key)) => key,
+        Ok(None) if config.required => {
+            return refuse(StatusCode::BAD_REQUEST, "idempotency_key_required");
+        }
+        Ok(None) => return pass(&mut inner, Request::from_parts(parts, body)).await,
+        Err(response) => return response,
+    };
+    let Some(tenant) = (config.tenant)(&parts) else {
+        return refuse(StatusCode::UNAUTHORIZED, "unauthorized");
+    };
+    let body = match read_body(&parts, body, &config).await {
+        Ok(body) => body,
+        Err(response) => return response,
+    };
+    let route = parts
+        .extensions
+        .get::<MatchedPath>()
+        .map_or_else(|| parts.uri.path().to_owned(), |m| m.as_str().to_owned());
+    let scope = Scope::new(&tenant, format!("{} {route}", parts.method));
+    let fingerprint = (config.fingerprint)(&parts, &body);
+    let reserved = match store.reserve(&scope, key.as_bytes(), &fingerprint).await {
+        Ok(reserved) => reserved,
+        Err(err) => return store_error(&err, &config),
+    };
+    let lease = match reserved {
+        Reserved::Acquired(lease) => lease,
+        Reserved::InFlight { .. } => {
+            return retry_later(
+                StatusCode::CONFLICT,
+                "request_in_progress",
+                config.retry_after_secs,
+            );
+        }
+        Reserved::Completed(record) | Reserved::Failed(record) => {
+            return replay(record.response().unwrap_or_default());
+        }
+        Reserved::Mismatch => {
+            return refuse(StatusCode::UNPROCESSABLE_ENTITY, "idempotency_key_reused");
+        }
+    };
+    parts.extensions.insert(IdempotencyContext { tenant, key });
+    let response = pass(&mut inner, Request::from_parts(parts, Body::from(body))).await;
+    finish(lease, response, &config).await
+}
+
+async fn pass<I>(inner: &mut I, request: Request<Body>) -> Response<Body>
+where
+    I: tower::Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
+{
+    match inner.call(request).await {
+        Ok(response) => response,
+        Err(never) => match never {},
+    }
+}
+
+fn store_error(err: &Error, config: &IdempotencyConfig) -> Response<Body> {
+    match err {
+        Error::Unavailable { .. } => retry_later(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "idempotency_store_unavailable",
+            config.retry_after_secs,
+        ),
+        Error::KeyTooLong { .. } | Error::ScopeTooLong { .. } | Error::EmptyKey => {
+            refuse(StatusCode::BAD_REQUEST, "invalid_idempotency_key")
+        }
+        _ => refuse(StatusCode::INTERNAL_SERVER_ERROR, "idempotency_store_error"),
+    }
+}
+
+fn replay(stored: &[u8]) -> Response<Body> {
+    match StoredResponse::decode(stored) {
+        Some(stored) => {
+            let mut response = stored.into_response();
+            response
+                .headers_mut()
+                .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+            response
+        }
+        None => refuse(StatusCode::INTERNAL_SERVER_ERROR, "stored_response_unreadable"),
+    }
+}
+
+/// Stores a `2xx` or `4xx` and answers it; leaves a `5xx` in flight unless the handler
+/// said nothing happened.
+async fn finish<L: StoreLease>(
+    lease: L,
+    response: Response<Body>,
+    config: &IdempotencyConfig,
+) -> Response<Body> {
+    let status = response.status();
+    if status.is_server_error() {
+        if response.extensions().get::<SideEffect>() == Some(&SideEffect::NotPerformed) {
+            if let Err(err) = lease.release().await {
+                log::warn!("idempotency: releasing after {status}: {err}");
+            }
+        } else {
+            let note = format!("HTTP {status}: outcome unknown");
+            if let Err(err) = lease.note(note.as_bytes()).await {
+                log::warn!("idempotency: noting {status}: {err}");
+            }
+        }
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let Ok(body) = axum::body::to_bytes(body, crate::base::limits::MAX_RESPONSE_BYTES_LIMIT / 2)
+        .await
+    else {
+        // The response could not be read whole: nothing to replay, outcome unknown.
+        return refuse(StatusCode::INTERNAL_SERVER_ERROR, "response_unreadable");
+    };
+    let stored = StoredResponse::capture(&parts, &body, &config.replay_headers);
+    let encoded = stored.encode();
+    let saved = if status.is_client_error() {
+        lease.fail(&encoded).await
+    } else {
+        lease.complete(&encoded).await
+    };
+    if let Err(err) = saved {
+        // The side effect happened but its record was not stored (a lost or fenced
+        // lease, an unreachable store): answer it, and let the record resolve by
+        // reconciliation or expiry.
+        log::warn!("idempotency: storing the response: {err}");
+    }
+    Response::from_parts(parts, Body::from(body))
+}

@@ -1,0 +1,158 @@
+//! A response as the layer stores it in a record, and reads it back for a replay.
+//!
+//! Layout (little-endian), inside the record's response bytes (which the store's own
+//! format checksums):
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 1 | version, 1 |
+//! | 1 | 2 | status code |
+//! | 3 | 1 | header count `n` (at most [`MAX_HEADERS`]) |
+//! | 4 | ... | `n` headers: name length (1 byte), name (ASCII, lowercase), value length (2 bytes, at most [`MAX_HEADER_VALUE_BYTES`]), value |
+//! | ... | rest | body |
+
+use axum::body::Body;
+use axum::http::header::{HeaderName, HeaderValue};
+use axum::http::response::Parts;
+use axum::http::{Response, StatusCode};
+
+const VERSION: u8 = 1;
+/// Most headers stored with one response.
+pub const MAX_HEADERS: usize = 32;
+/// Longest header value stored.
+pub const MAX_HEADER_VALUE_BYTES: usize = 8192;
+
+/// A response to replay: status, allow-listed headers, body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredResponse {
+    /// The status code.
+    pub status: StatusCode,
+    /// The stored headers, in order.
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// The body, byte for byte.
+    pub body: Vec<u8>,
+}
+
+impl StoredResponse {
+    /// The parts of `response` whose names are in `allow`, with `body`. Headers beyond
+    /// the limits are left out (and so not replayed).
+    pub fn capture(parts: &Parts, body: &[u8], allow: &[HeaderName]) -> StoredResponse {
+        let headers = parts
+            .headers
+            .iter()
+            .filter(|(name, value)| {
+                allow.contains(name)
+                    && name.as_str().len() <= usize::from(u8::MAX)
+                    && value.len() <= MAX_HEADER_VALUE_BYTES
+            })
+            .take(MAX_HEADERS)
+            .map(|(name, value)| (name.clone(), value.clone()))
+            .collect();
+        StoredResponse {
+            status: parts.status,
+            headers,
+            body: body.to_vec(),
+        }
+    }
+
+    /// The stored form.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(16 + self.body.len());
+        out.push(VERSION);
+        out.extend_from_slice(&self.status.as_u16().to_le_bytes());
+        let headers: Vec<_> = self
+            .headers
+            .iter()
+            .filter(|(name, value)| {
+                name.as_str().len() <= usize::from(u8::MAX) && value.len() <= MAX_HEADER_VALUE_BYTES
+            })
+            .take(MAX_HEADERS)
+            .collect();
+        out.push(u8::try_from(headers.len()).unwrap_or(0));
+        for (name, value) in headers {
+            let name = name.as_str().as_bytes();
+            out.push(u8::try_from(name.len()).unwrap_or(0));
+            out.extend_from_slice(name);
+            out.extend_from_slice(&u16::try_from(value.len()).unwrap_or(0).to_le_bytes());
+            out.extend_from_slice(value.as_bytes());
+        }
+        out.extend_from_slice(&self.body);
+        out
+    }
+
+    /// Reads the stored form; `None` if it is not one.
+    pub fn decode(bytes: &[u8]) -> Option<StoredResponse> {
+        let (&version, rest) = bytes.split_first()?;
+        if version != VERSION {
+            return None;
+        }
+        let (status, rest) = rest.split_at_checked(2)?;
+        let status = StatusCode::from_u16(u16::from_le_bytes(status.try_into().ok()?)).ok()?;
+        let (&count, mut rest) = rest.split_first()?;
+        if usize::from(count) > MAX_HEADERS {
+            return None;
+        }
+        let mut headers = Vec::with_capacity(usize::from(count));
+        for _ in 0..count {
+            let (&name_len, after) = rest.split_first()?;
+            let (name, after) = after.split_at_checked(usize::from(name_len))?;
+            let (value_len, after) = after.split_at_checked(2)?;
+            let value_len = usize::from(u16::from_le_bytes(value_len.try_into().ok()?));
+            if value_len > MAX_HEADER_VALUE_BYTES {
+                return None;
+            }
+            let (value, after) = after.split_at_checked(value_len)?;
+            headers.push((
+                HeaderName::from_bytes(name).ok()?,
+                HeaderValue::from_bytes(value).ok()?,
+            ));
+            rest = after;
+        }
+        Some(StoredResponse {
+            status,
+            headers,
+            body: rest.to_vec(),
+        })
+    }
+
+    /// The response to send.
+    pub fn into_response(self) -> Response<Body> {
+        let mut response = Response::new(Body::from(self.body));
+        *response.status_mut() = self.status;
+        for (name, value) in self.headers {
+            response.headers_mut().append(name, value);
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![expect(clippy::unwrap_used, reason = "test code")]
+
+    use axum::http::{HeaderName, HeaderValue, StatusCode};
+
+    use super::StoredResponse;
+
+    #[test]
+    fn round_trips_and_refuses_damage() {
+        let stored = StoredResponse {
+            status: StatusCode::CREATED,
+            headers: vec![
+                (HeaderName::from_static("content-type"), HeaderValue::from_static("application/json")),
+                (HeaderName::from_static("location"), HeaderValue::from_static("/v1/payments/pay_1")),
+            ],
+            body: (0..=255u8).collect(),
+        };
+        let bytes = stored.encode();
+        assert_eq!(StoredResponse::decode(&bytes).unwrap(), stored);
+        // Every cut inside the header section, and a bad version, are refused.
+        let body_at = bytes.len() - 256;
+        for cut in 0..body_at {
+            assert!(StoredResponse::decode(&bytes[..cut]).is_none(), "cut at {cut}");
+        }
+        let mut bad = bytes.clone();
+        bad[0] = 2;
+        assert!(StoredResponse::decode(&bad).is_none());
+    }
+}
