@@ -14,8 +14,14 @@
 //! the answer never arrives (`503`, the record stays in flight until reconciliation
 //! finds the charge), anything else authorizes.
 
-#![expect(clippy::unwrap_used, reason = "example: a poisoned lock or bad literal aborts")]
-#![expect(clippy::expect_used, reason = "example: start-up failures abort with a message")]
+#![expect(
+    clippy::unwrap_used,
+    reason = "example: a poisoned lock or bad literal aborts"
+)]
+#![expect(
+    clippy::expect_used,
+    reason = "example: start-up failures abort with a message"
+)]
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -23,13 +29,13 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Extension, Path, State};
 use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, LOCATION, RETRY_AFTER};
 use axum::http::request::Parts;
 use axum::http::{HeaderName, HeaderValue, Response, StatusCode};
 use axum::routing::{get, post};
-use axum::Router;
 use oncedb::http::{IdempotencyConfig, IdempotencyContext, IdempotencyLayer, StoredResponse};
 use oncedb::{Db, Durability, Options, Store, StoreLease};
 
@@ -173,17 +179,25 @@ async fn create_payment(
     let Ok(request) = serde_json::from_slice::<serde_json::Value>(&body) else {
         return error(StatusCode::BAD_REQUEST, "invalid_json");
     };
-    let amount = request["amount_cents"].as_i64().filter(|&a| a > 0);
-    let currency = request["currency"]
-        .as_str()
+    let field = |name: &str| request.get(name);
+    let amount = field("amount_cents")
+        .and_then(serde_json::Value::as_i64)
+        .filter(|&a| a > 0);
+    let currency = field("currency")
+        .and_then(serde_json::Value::as_str)
         .filter(|c| c.len() == 3 && c.chars().all(|c| c.is_ascii_alphabetic()));
-    let method = request["payment_method_id"].as_str();
+    let method = field("payment_method_id").and_then(serde_json::Value::as_str);
     let (Some(amount), Some(currency), Some(method)) = (amount, currency, method) else {
         return error(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request");
     };
     let operation_id = context.operation_id();
     match provider
-        .authorize(&operation_id, amount, &currency.to_ascii_uppercase(), method)
+        .authorize(
+            &operation_id,
+            amount,
+            &currency.to_ascii_uppercase(),
+            method,
+        )
         .await
     {
         Ok(outcome) => payment_answer(&operation_id, &outcome).into_response(),
@@ -289,7 +303,9 @@ async fn serve<S: Store + Clone>(store: S, addr: SocketAddr) {
          -H 'Idempotency-Key: 7d1f6c1e-5a8b-4c6f-9a1e-2b3c4d5e6f70' -H 'Content-Type: application/json' \
          -d '{{\"amount_cents\": 5000, \"currency\": \"USD\", \"payment_method_id\": \"pm_card_visa\"}}'"
     );
-    println!("then: curl http://{addr}/v1/provider/calls/org_123:7d1f6c1e-5a8b-4c6f-9a1e-2b3c4d5e6f70");
+    println!(
+        "then: curl http://{addr}/v1/provider/calls/org_123:7d1f6c1e-5a8b-4c6f-9a1e-2b3c4d5e6f70"
+    );
     axum::serve(listener, app).await.expect("server failed");
 }
 
@@ -325,7 +341,9 @@ async fn main() {
     let args = match args() {
         Ok(args) => args,
         Err(err) => {
-            eprintln!("payments: {err}\nusage: payments --addr HOST:PORT --dir DIR [--backend URL]");
+            eprintln!(
+                "payments: {err}\nusage: payments --addr HOST:PORT --dir DIR [--backend URL]"
+            );
             std::process::exit(2);
         }
     };

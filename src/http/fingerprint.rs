@@ -36,8 +36,6 @@ pub fn canonical_request(parts: &Parts, body: &[u8]) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
-    #![expect(clippy::unwrap_used, reason = "test code")]
-
     use axum::http::Request;
 
     use super::canonical_request;
@@ -55,14 +53,48 @@ mod tests {
 
     #[test]
     fn json_bodies_compare_by_value() {
-        let a = fingerprint("POST", "/v1/p", "application/json", br#"{"b":1, "a":{"y":2,"x":[1, 2]}}"#);
-        let b = fingerprint("POST", "/v1/p", "application/json; charset=utf-8", br#"{"a":{"x":[1,2],"y":2},"b":1}"#);
+        let a = fingerprint(
+            "POST",
+            "/v1/p",
+            "application/json",
+            br#"{"b":1, "a":{"y":2,"x":[1, 2]}}"#,
+        );
+        let b = fingerprint(
+            "POST",
+            "/v1/p",
+            "application/json; charset=utf-8",
+            br#"{"a":{"x":[1,2],"y":2},"b":1}"#,
+        );
         assert_eq!(a, b);
         assert_eq!(a, b"POST /v1/p\n{\"a\":{\"x\":[1,2],\"y\":2},\"b\":1}");
         // Another value, path or method is another request.
-        assert_ne!(a, fingerprint("POST", "/v1/p", "application/json", br#"{"a":{"x":[1,2],"y":3},"b":1}"#));
-        assert_ne!(a, fingerprint("POST", "/v1/q", "application/json", br#"{"b":1,"a":{"y":2,"x":[1,2]}}"#));
-        assert_ne!(a, fingerprint("PATCH", "/v1/p", "application/json", br#"{"b":1,"a":{"y":2,"x":[1,2]}}"#));
+        assert_ne!(
+            a,
+            fingerprint(
+                "POST",
+                "/v1/p",
+                "application/json",
+                br#"{"a":{"x":[1,2],"y":3},"b":1}"#
+            )
+        );
+        assert_ne!(
+            a,
+            fingerprint(
+                "POST",
+                "/v1/q",
+                "application/json",
+                br#"{"b":1,"a":{"y":2,"x":[1,2]}}"#
+            )
+        );
+        assert_ne!(
+            a,
+            fingerprint(
+                "PATCH",
+                "/v1/p",
+                "application/json",
+                br#"{"b":1,"a":{"y":2,"x":[1,2]}}"#
+            )
+        );
     }
 
     #[test]
@@ -71,6 +103,9 @@ mod tests {
         assert_eq!(a, b"POST /u\na b");
         assert_ne!(a, fingerprint("POST", "/u", "text/plain", b"a  b"));
         // Broken JSON falls back to the bytes.
-        assert_eq!(fingerprint("POST", "/u", "application/json", b"{x"), b"POST /u\n{x");
+        assert_eq!(
+            fingerprint("POST", "/u", "application/json", b"{x"),
+            b"POST /u\n{x"
+        );
     }
 }

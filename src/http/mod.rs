@@ -121,7 +121,7 @@ impl IdempotencyConfig {
             replay_headers: vec![CONTENT_TYPE, axum::http::header::LOCATION],
             retry_after_secs: 1,
             tenant: Arc::new(tenant),
-            fingerprint: Arc::new(|parts, body| canonical_request(parts, body)),
+            fingerprint: Arc::new(canonical_request),
         }
     }
 
@@ -255,12 +255,21 @@ fn retry_later(status: StatusCode, error: &str, secs: u32) -> Response<Body> {
     response
 }
 
+/// A request refused before the store is asked: status and error code.
+struct Refusal(StatusCode, &'static str);
+
+impl Refusal {
+    fn response(&self) -> Response<Body> {
+        refuse(self.0, self.1)
+    }
+}
+
 /// The key from the header: a structured-field string (quoted) or a bare token.
-fn read_key(parts: &Parts, config: &IdempotencyConfig) -> Result<Option<String>, Response<Body>> {
+fn read_key(parts: &Parts, config: &IdempotencyConfig) -> Result<Option<String>, Refusal> {
     let Some(value) = parts.headers.get(IDEMPOTENCY_KEY) else {
         return Ok(None);
     };
-    let bad = || refuse(StatusCode::BAD_REQUEST, "invalid_idempotency_key");
+    let bad = || Refusal(StatusCode::BAD_REQUEST, "invalid_idempotency_key");
     let text = value.to_str().map_err(|_| bad())?;
     let key = text
         .strip_prefix('"')
@@ -278,8 +287,8 @@ async fn read_body(
     parts: &Parts,
     body: Body,
     config: &IdempotencyConfig,
-) -> Result<Bytes, Response<Body>> {
-    let too_large = || refuse(StatusCode::PAYLOAD_TOO_LARGE, "request_body_too_large");
+) -> Result<Bytes, Refusal> {
+    let too_large = || Refusal(StatusCode::PAYLOAD_TOO_LARGE, "request_body_too_large");
     let declared = parts
         .headers
         .get(CONTENT_LENGTH)
@@ -312,14 +321,14 @@ where
             return refuse(StatusCode::BAD_REQUEST, "idempotency_key_required");
         }
         Ok(None) => return pass(&mut inner, Request::from_parts(parts, body)).await,
-        Err(response) => return response,
+        Err(refusal) => return refusal.response(),
     };
     let Some(tenant) = (config.tenant)(&parts) else {
         return refuse(StatusCode::UNAUTHORIZED, "unauthorized");
     };
     let body = match read_body(&parts, body, &config).await {
         Ok(body) => body,
-        Err(response) => return response,
+        Err(refusal) => return refusal.response(),
     };
     let route = parts
         .extensions
@@ -385,7 +394,10 @@ fn replay(stored: &[u8]) -> Response<Body> {
                 .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
             response
         }
-        None => refuse(StatusCode::INTERNAL_SERVER_ERROR, "stored_response_unreadable"),
+        None => refuse(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "stored_response_unreadable",
+        ),
     }
 }
 
@@ -411,8 +423,8 @@ async fn finish<L: StoreLease>(
         return response;
     }
     let (parts, body) = response.into_parts();
-    let Ok(body) = axum::body::to_bytes(body, crate::base::limits::MAX_RESPONSE_BYTES_LIMIT / 2)
-        .await
+    let Ok(body) =
+        axum::body::to_bytes(body, crate::base::limits::MAX_RESPONSE_BYTES_LIMIT / 2).await
     else {
         // The response could not be read whole: nothing to replay, outcome unknown.
         return refuse(StatusCode::INTERNAL_SERVER_ERROR, "response_unreadable");

@@ -128,8 +128,6 @@ impl StoredResponse {
 
 #[cfg(test)]
 mod tests {
-    #![expect(clippy::unwrap_used, reason = "test code")]
-
     use axum::http::{HeaderName, HeaderValue, StatusCode};
 
     use super::StoredResponse;
@@ -139,8 +137,14 @@ mod tests {
         let stored = StoredResponse {
             status: StatusCode::CREATED,
             headers: vec![
-                (HeaderName::from_static("content-type"), HeaderValue::from_static("application/json")),
-                (HeaderName::from_static("location"), HeaderValue::from_static("/v1/payments/pay_1")),
+                (
+                    HeaderName::from_static("content-type"),
+                    HeaderValue::from_static("application/json"),
+                ),
+                (
+                    HeaderName::from_static("location"),
+                    HeaderValue::from_static("/v1/payments/pay_1"),
+                ),
             ],
             body: (0..=255u8).collect(),
         };
@@ -149,7 +153,10 @@ mod tests {
         // Every cut inside the header section, and a bad version, are refused.
         let body_at = bytes.len() - 256;
         for cut in 0..body_at {
-            assert!(StoredResponse::decode(&bytes[..cut]).is_none(), "cut at {cut}");
+            assert!(
+                StoredResponse::decode(&bytes[..cut]).is_none(),
+                "cut at {cut}"
+            );
         }
         let mut bad = bytes.clone();
         bad[0] = 2;

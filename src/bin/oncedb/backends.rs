@@ -134,7 +134,10 @@ async fn connect(backend: &str, window: Duration, run_id: u64) -> Result<Backend
             "--backend {backend} needs oncedb built with --features postgres"
         ));
     }
+    #[cfg(feature = "redis")]
     let prefix = format!("oncedb-bench-{run_id:x}");
+    #[cfg(not(feature = "redis"))]
+    let _ = run_id;
     if let Some(nodes) = backend.strip_prefix("redis+cluster://") {
         #[cfg(feature = "redis")]
         {

@@ -1,0 +1,440 @@
+//! The `Idempotency-Key` layer (feature `http`) on an axum router over a durable embedded
+//! store: every answer of the table in `oncedb::http`, the response policy, replay after a
+//! restart; and the payments example run as a real server, driven over TCP.
+
+#![cfg(feature = "http")]
+#![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Extension, State};
+use axum::http::{HeaderValue, Request, Response, StatusCode};
+use axum::routing::post;
+use oncedb::http::{IdempotencyConfig, IdempotencyContext, IdempotencyLayer, SideEffect};
+use oncedb::{Db, Durability, Options, Store};
+use tower::ServiceExt;
+
+const KEY: &str = "key-0123456789abcdef";
+
+/// What the test handler does, by the `x-mode` request header.
+#[derive(Default)]
+struct Handler {
+    calls: AtomicUsize,
+    gate: tokio::sync::Notify,
+}
+
+async fn handle(
+    State(handler): State<Arc<Handler>>,
+    Extension(context): Extension<IdempotencyContext>,
+    request: Request<Body>,
+) -> Response<Body> {
+    let n = handler.calls.fetch_add(1, Ordering::SeqCst) + 1;
+    let mode = request
+        .headers()
+        .get("x-mode")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    let body = axum::body::to_bytes(request.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    let mut response = Response::new(Body::from(format!(
+        "call {n} for {} with {}",
+        context.operation_id(),
+        String::from_utf8_lossy(&body)
+    )));
+    *response.status_mut() = StatusCode::CREATED;
+    let headers = response.headers_mut();
+    headers.insert("content-type", HeaderValue::from_static("text/plain"));
+    headers.insert("location", HeaderValue::from_static("/things/1"));
+    headers.insert("x-not-replayed", HeaderValue::from_static("1"));
+    match mode.as_str() {
+        "wait" => handler.gate.notified().await,
+        "declined" => *response.status_mut() = StatusCode::UNPROCESSABLE_ENTITY,
+        "unknown" => *response.status_mut() = StatusCode::BAD_GATEWAY,
+        "nothing_happened" => {
+            *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+            response.extensions_mut().insert(SideEffect::NotPerformed);
+        }
+        "panic" => panic!("handler failure"),
+        _ => {}
+    }
+    response
+}
+
+fn app<S: Store + Clone>(store: S, handler: Arc<Handler>) -> Router {
+    let config = IdempotencyConfig::new(|parts| {
+        let auth = parts.headers.get("authorization")?.to_str().ok()?;
+        auth.strip_prefix("Bearer ").map(str::to_owned)
+    })
+    .max_body_bytes(1024);
+    Router::new()
+        .route(
+            "/things",
+            post(handle).route_layer(IdempotencyLayer::new(store, config)),
+        )
+        .with_state(handler)
+}
+
+fn request(key: Option<&str>, mode: &str, body: &'static str) -> Request<Body> {
+    let mut builder = Request::post("/things")
+        .header("authorization", "Bearer tenant_a")
+        .header("content-type", "application/json")
+        .header("x-mode", mode);
+    if let Some(key) = key {
+        builder = builder.header("idempotency-key", key);
+    }
+    builder.body(Body::from(body)).unwrap()
+}
+
+async fn send(app: &Router, request: Request<Body>) -> (StatusCode, Vec<(String, String)>, Bytes) {
+    let response = app.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    let headers = response
+        .headers()
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_str().unwrap().to_owned()))
+        .collect();
+    let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    (status, headers, body)
+}
+
+fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+}
+
+fn durable(dir: &std::path::Path) -> Db {
+    Db::open(Options::new(dir).durability(Durability::Sync)).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_are_refused_before_the_handler() {
+    let dir = tempfile::tempdir().unwrap();
+    let handler = Arc::new(Handler::default());
+    let app = app(durable(dir.path()), Arc::clone(&handler));
+    let body = r#"{"a":1}"#;
+    assert_eq!(
+        send(&app, request(None, "", body)).await.0,
+        StatusCode::BAD_REQUEST
+    );
+    assert_eq!(
+        send(&app, request(Some("short"), "", body)).await.0,
+        StatusCode::BAD_REQUEST
+    );
+    let long = "k".repeat(256);
+    let long = Box::leak(long.into_boxed_str());
+    assert_eq!(
+        send(&app, request(Some(long), "", body)).await.0,
+        StatusCode::BAD_REQUEST
+    );
+    assert_eq!(
+        send(&app, request(Some("key with spaces 0123"), "", body))
+            .await
+            .0,
+        StatusCode::BAD_REQUEST
+    );
+    // Over the body limit: refused from Content-Length, before buffering.
+    let big: &'static str = Box::leak("x".repeat(2000).into_boxed_str());
+    let mut too_big = request(Some(KEY), "", big);
+    too_big
+        .headers_mut()
+        .insert("content-length", HeaderValue::from_static("2000"));
+    assert_eq!(send(&app, too_big).await.0, StatusCode::PAYLOAD_TOO_LARGE);
+    // No tenant.
+    let mut anonymous = request(Some(KEY), "", body);
+    anonymous.headers_mut().remove("authorization");
+    assert_eq!(send(&app, anonymous).await.0, StatusCode::UNAUTHORIZED);
+    assert_eq!(handler.calls.load(Ordering::SeqCst), 0);
+    // A GET is not guarded.
+    let get = Request::get("/things").body(Body::empty()).unwrap();
+    assert_eq!(send(&app, get).await.0, StatusCode::METHOD_NOT_ALLOWED);
+    // None of them used the key: it still runs once.
+    assert_eq!(
+        send(&app, request(Some(KEY), "", body)).await.0,
+        StatusCode::CREATED
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completed_request_is_replayed_byte_for_byte_even_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let handler = Arc::new(Handler::default());
+    let first = {
+        let app = app(durable(dir.path()), Arc::clone(&handler));
+        let first = send(&app, request(Some(KEY), "", r#"{"b":2,"a":1}"#)).await;
+        assert_eq!(first.0, StatusCode::CREATED);
+        // The key's structured-field form (quoted) is the same key.
+        let quoted: &'static str = Box::leak(format!("\"{KEY}\"").into_boxed_str());
+        let again = send(&app, request(Some(quoted), "", r#"{"a":1, "b":2}"#)).await;
+        assert_eq!(again.2, first.2);
+        assert_eq!(header(&again.1, "idempotent-replayed"), Some("true"));
+        first
+    };
+    // The store is closed and opened again: the record came back from its files.
+    let app = app(durable(dir.path()), Arc::clone(&handler));
+    let replay = send(&app, request(Some(KEY), "", r#"{"a":1,"b":2}"#)).await;
+    assert_eq!(replay.0, StatusCode::CREATED);
+    assert_eq!(replay.2, first.2, "the body, byte for byte");
+    assert_eq!(header(&replay.1, "content-type"), Some("text/plain"));
+    assert_eq!(header(&replay.1, "location"), Some("/things/1"));
+    assert_eq!(header(&replay.1, "idempotent-replayed"), Some("true"));
+    assert_eq!(
+        header(&replay.1, "x-not-replayed"),
+        None,
+        "not in the allow-list"
+    );
+    assert_eq!(handler.calls.load(Ordering::SeqCst), 1);
+    assert!(String::from_utf8_lossy(&first.2).contains("tenant_a:key-0123456789abcdef"));
+    // Another body under the same key is refused.
+    let other = send(&app, request(Some(KEY), "", r#"{"a":2,"b":2}"#)).await;
+    assert_eq!(other.0, StatusCode::UNPROCESSABLE_ENTITY);
+    // Another tenant has keys of its own.
+    let mut tenant_b = request(Some(KEY), "", r#"{"a":1,"b":2}"#);
+    tenant_b
+        .headers_mut()
+        .insert("authorization", HeaderValue::from_static("Bearer tenant_b"));
+    assert_eq!(send(&app, tenant_b).await.0, StatusCode::CREATED);
+    assert_eq!(handler.calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_during_the_first_attempt_gets_409() {
+    let dir = tempfile::tempdir().unwrap();
+    let handler = Arc::new(Handler::default());
+    let app = app(durable(dir.path()), Arc::clone(&handler));
+    let first = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, request(Some(KEY), "wait", "{}")).await }
+    });
+    // Wait until the first attempt is inside the handler.
+    while handler.calls.load(Ordering::SeqCst) == 0 {
+        tokio::task::yield_now().await;
+    }
+    let retry = send(&app, request(Some(KEY), "wait", "{}")).await;
+    assert_eq!(retry.0, StatusCode::CONFLICT);
+    assert_eq!(header(&retry.1, "retry-after"), Some("1"));
+    handler.gate.notify_one();
+    assert_eq!(first.await.unwrap().0, StatusCode::CREATED);
+    assert_eq!(handler.calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_response_policy_decides_what_a_retry_gets() {
+    let dir = tempfile::tempdir().unwrap();
+    let handler = Arc::new(Handler::default());
+    let db = durable(dir.path());
+    let app = app(db.clone(), Arc::clone(&handler));
+    let calls = || handler.calls.load(Ordering::SeqCst);
+
+    // 4xx: stored as a failure and replayed.
+    let declined = send(&app, request(Some("declined-0000000001"), "declined", "{}")).await;
+    assert_eq!(declined.0, StatusCode::UNPROCESSABLE_ENTITY);
+    let again = send(&app, request(Some("declined-0000000001"), "declined", "{}")).await;
+    assert_eq!((again.0, again.2), (declined.0, declined.2));
+    assert_eq!(calls(), 1);
+
+    // 5xx, outcome unknown: the record stays in flight with a note.
+    let unknown = send(&app, request(Some("unknown-00000000001"), "unknown", "{}")).await;
+    assert_eq!(unknown.0, StatusCode::BAD_GATEWAY);
+    let again = send(&app, request(Some("unknown-00000000001"), "unknown", "{}")).await;
+    assert_eq!(again.0, StatusCode::CONFLICT);
+    let stuck = db.in_flight(Duration::ZERO);
+    assert_eq!(stuck.len(), 1);
+    assert_eq!(
+        stuck[0].note.as_deref(),
+        Some(&b"HTTP 502 Bad Gateway: outcome unknown"[..])
+    );
+    assert_eq!(calls(), 2);
+
+    // 5xx after which the handler vouches nothing happened: a retry runs again.
+    let key = Some("nothing-00000000001");
+    assert_eq!(
+        send(&app, request(key, "nothing_happened", "{}")).await.0,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    assert_eq!(
+        send(&app, request(key, "", "{}")).await.0,
+        StatusCode::CREATED
+    );
+    assert_eq!(calls(), 4);
+
+    // A handler that panics leaves the record in flight, never completed.
+    let panicked = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, request(Some("panicked-0000000001"), "panic", "{}")).await }
+    });
+    assert!(panicked.await.is_err());
+    let again = send(&app, request(Some("panicked-0000000001"), "", "{}")).await;
+    assert_eq!(again.0, StatusCode::CONFLICT);
+
+    // A client that goes away mid-request (the future dropped) leaves it in flight too.
+    let abandoned = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, request(Some("abandoned-000000001"), "wait", "{}")).await }
+    });
+    while calls() < 6 {
+        tokio::task::yield_now().await;
+    }
+    abandoned.abort();
+    assert!(abandoned.await.unwrap_err().is_cancelled());
+    let again = send(&app, request(Some("abandoned-000000001"), "", "{}")).await;
+    assert_eq!(again.0, StatusCode::CONFLICT);
+    assert_eq!(db.in_flight(Duration::ZERO).len(), 3);
+}
+
+/// The payments example as a child process, killed on drop.
+struct Payments {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Payments {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Payments {
+    fn start() -> Payments {
+        // Examples are built next to the test binaries' directory.
+        let exe = std::env::current_exe().unwrap();
+        let examples = exe.parent().unwrap().parent().unwrap().join("examples");
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = tempfile::tempdir().unwrap();
+        let child = Command::new(examples.join("payments"))
+            .args(["--addr", &format!("127.0.0.1:{port}"), "--dir"])
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "the example did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Payments {
+            child,
+            port,
+            _dir: dir,
+        }
+    }
+
+    /// One HTTP/1.1 exchange on a fresh connection: (status, head, body).
+    fn call(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> (u16, String, String) {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        let mut text = format!(
+            "{method} {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n",
+            body.len()
+        );
+        for (name, value) in headers {
+            text.push_str(&format!("{name}: {value}\r\n"));
+        }
+        text.push_str("\r\n");
+        text.push_str(body);
+        stream.write_all(text.as_bytes()).unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+        let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+        (status, head.to_ascii_lowercase(), body.to_owned())
+    }
+
+    fn pay(&self, token: &str, key: &str, method: &str) -> (u16, String, String) {
+        let body = format!(
+            r#"{{"amount_cents": 5000, "currency": "USD", "payment_method_id": "{method}"}}"#
+        );
+        let auth = format!("Bearer {token}");
+        self.call(
+            "POST",
+            "/v1/payments",
+            &[("authorization", &auth), ("idempotency-key", key)],
+            &body,
+        )
+    }
+
+    fn provider_calls(&self, operation_id: &str) -> u64 {
+        let (_, _, body) = self.call(
+            "GET",
+            &format!("/v1/provider/calls/{operation_id}"),
+            &[],
+            "",
+        );
+        let value: serde_json::Value = serde_json::from_str(&body).unwrap();
+        value.get("calls").and_then(serde_json::Value::as_u64).unwrap()
+    }
+}
+
+#[test]
+fn the_payments_example_charges_once_per_key() {
+    let app = Payments::start();
+    let key = "7d1f6c1e-5a8b-4c6f-9a1e-2b3c4d5e6f70";
+    let first = app.pay("tok_org_123", key, "pm_card_visa");
+    assert_eq!(first.0, 201, "{first:?}");
+    let payment: serde_json::Value = serde_json::from_str(&first.2).unwrap();
+    assert_eq!(payment["status"], "authorized");
+    assert_eq!(payment["amount_cents"], 5000);
+    let retry = app.pay("tok_org_123", key, "pm_card_visa");
+    assert_eq!((retry.0, &retry.2), (201, &first.2));
+    assert!(retry.1.contains("idempotent-replayed: true"));
+    assert_eq!(app.provider_calls(&format!("org_123:{key}")), 1);
+    // The same key from another tenant is another payment.
+    assert_eq!(app.pay("tok_org_456", key, "pm_card_visa").0, 201);
+    assert_eq!(app.provider_calls(&format!("org_456:{key}")), 1);
+    // Unknown token, changed body.
+    assert_eq!(app.pay("tok_nobody", key, "pm_card_visa").0, 401);
+    assert_eq!(app.pay("tok_org_123", key, "pm_other").0, 422);
+    // A decline is stored and replayed.
+    let declined = app.pay("tok_org_123", "declined-key-000000001", "pm_card_declined");
+    assert_eq!(declined.0, 422);
+    assert!(declined.2.contains("payment_declined"));
+    assert_eq!(
+        app.pay("tok_org_123", "declined-key-000000001", "pm_card_declined")
+            .2,
+        declined.2
+    );
+    assert_eq!(app.provider_calls("org_123:declined-key-000000001"), 1);
+    // A timeout leaves the outcome unknown; reconciliation finds the charge and
+    // completes the record, and the retry gets the payment without a second charge.
+    let timeout = app.pay("tok_org_123", "timeout-key-0000000001", "pm_timeout");
+    assert_eq!(timeout.0, 503);
+    assert!(timeout.1.contains("retry-after"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let settled = loop {
+        let answer = app.pay("tok_org_123", "timeout-key-0000000001", "pm_timeout");
+        if answer.0 != 409 {
+            break answer;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "reconciliation never settled the payment"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(settled.0, 201, "{settled:?}");
+    assert!(settled.1.contains("idempotent-replayed: true"));
+    assert_eq!(app.provider_calls("org_123:timeout-key-0000000001"), 1);
+}
