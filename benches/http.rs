@@ -78,7 +78,9 @@ fn layer(c: &mut Criterion) {
                 async move { app.oneshot(request(key)).await.unwrap() }
             });
         });
-        runtime.block_on(guarded.clone().oneshot(request(u64::MAX))).unwrap();
+        runtime
+            .block_on(guarded.clone().oneshot(request(u64::MAX)))
+            .unwrap();
         group.bench_function(format!("{name}/replay"), |b| {
             b.to_async(&runtime).iter(|| {
                 let app = guarded.clone();

@@ -384,7 +384,10 @@ impl Payments {
             "",
         );
         let value: serde_json::Value = serde_json::from_str(&body).unwrap();
-        value.get("calls").and_then(serde_json::Value::as_u64).unwrap()
+        value
+            .get("calls")
+            .and_then(serde_json::Value::as_u64)
+            .unwrap()
     }
 }
 
