@@ -6,6 +6,7 @@
 #![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
 #![expect(clippy::expect_used, reason = "test code: a panic is the test failing")]
 
+pub mod nats;
 pub mod postgres;
 pub mod redis;
 

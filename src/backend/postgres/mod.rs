@@ -15,6 +15,8 @@
 //! publishes committed outbox rows.
 
 pub mod inbox;
+#[cfg(feature = "nats")]
+pub mod jetstream;
 mod migrations;
 pub mod outbox;
 mod sql;

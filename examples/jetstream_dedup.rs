@@ -1,0 +1,287 @@
+//! An effectively-once forwarder from one NATS JetStream stream to another, with oncedb
+//! as its memory: reserve each message id, forward with the same id as `Nats-Msg-Id`,
+//! complete, then acknowledge the input.
+//!
+//! ```sh
+//! cargo run --example jetstream_dedup -- --server nats://127.0.0.1:4222 \
+//!     --input-stream ORDERS --output-subject orders.clean --dir /tmp/dedup [--idle-exit 5] [--batch 100]
+//! ```
+//!
+//! - The dedup key is the input's `Nats-Msg-Id`, or `h:` and the XXH3-128 of the payload
+//!   when the header is absent.
+//! - A batch is fetched from the durable pull consumer `oncedb` (created if missing,
+//!   explicit acks); its keys are reserved in one blocking call with one fsync; new
+//!   messages are published one by one, each confirmed by the output stream; the
+//!   records are completed with one more fsync; then the inputs are acknowledged.
+//! - A record found in flight was reserved by a run that died before completing it: it is
+//!   taken over and forwarded again with the same id, which the output stream's own
+//!   duplicate window absorbs if the first send got through.
+//! - A record found completed is a duplicate (a redelivery, or a re-publish older than the
+//!   broker's duplicate window): acknowledged and dropped.
+//!
+//! `--naive` runs the broken "remember then forward" pattern instead (insert the ids,
+//! fsync, then forward the new ones): a crash between the two loses messages. It exists
+//! for the control run of the crash test. `--passthrough` forwards everything with no
+//! store in the path: the baseline for throughput.
+
+#![expect(clippy::expect_used, reason = "example: failures abort with a message")]
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::{self, consumer::AckPolicy, consumer::pull};
+use futures_util::StreamExt;
+use oncedb::{Db, Durability, Lease, Options, Reservation, Scope};
+
+struct Args {
+    server: String,
+    input_stream: String,
+    output_subject: String,
+    dir: PathBuf,
+    idle_exit: Option<Duration>,
+    batch: usize,
+    ack_wait: Duration,
+    mode: Mode,
+}
+
+/// What stands between input and output.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Reserve, forward, complete, acknowledge.
+    Reserve,
+    /// Remember, then forward (loses messages on a crash).
+    Naive,
+    /// No store at all: every message is forwarded (the baseline for throughput).
+    Passthrough,
+}
+
+fn args() -> Result<Args, String> {
+    let mut parsed = Args {
+        server: String::new(),
+        input_stream: String::new(),
+        output_subject: String::new(),
+        dir: PathBuf::new(),
+        idle_exit: None,
+        batch: 100,
+        ack_wait: Duration::from_secs(30),
+        mode: Mode::Reserve,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        if flag == "--naive" || flag == "--passthrough" {
+            parsed.mode = if flag == "--naive" { Mode::Naive } else { Mode::Passthrough };
+            continue;
+        }
+        let value = args.next().ok_or(format!("{flag} needs a value"))?;
+        let number = |what: &str| {
+            value
+                .parse::<u64>()
+                .map_err(|e| format!("{what}: {e}"))
+        };
+        match flag.as_str() {
+            "--server" => parsed.server = value.clone(),
+            "--input-stream" => parsed.input_stream = value.clone(),
+            "--output-subject" => parsed.output_subject = value.clone(),
+            "--dir" => parsed.dir = PathBuf::from(&value),
+            "--idle-exit" => parsed.idle_exit = Some(Duration::from_secs(number("--idle-exit")?)),
+            "--batch" => {
+                parsed.batch = usize::try_from(number("--batch")?)
+                    .ok()
+                    .filter(|&n| (1..=10_000).contains(&n))
+                    .ok_or("--batch must be within 1..=10000")?;
+            }
+            "--ack-wait-ms" => parsed.ack_wait = Duration::from_millis(number("--ack-wait-ms")?),
+            other => return Err(format!("unknown flag {other}")),
+        }
+    }
+    if parsed.server.is_empty()
+        || parsed.input_stream.is_empty()
+        || parsed.output_subject.is_empty()
+        || parsed.dir.as_os_str().is_empty()
+    {
+        return Err("--server, --input-stream, --output-subject and --dir are required".into());
+    }
+    Ok(parsed)
+}
+
+/// The dedup key of a message: its `Nats-Msg-Id`, or a hash of its payload.
+fn key_of(message: &async_nats::Message) -> String {
+    message
+        .headers
+        .as_ref()
+        .and_then(|headers| headers.get(async_nats::header::NATS_MESSAGE_ID))
+        .map_or_else(
+            || format!("h:{:032x}", xxhash_rust::xxh3::xxh3_128(&message.payload)),
+            |id| id.as_str().to_owned(),
+        )
+}
+
+/// What the store said about each message of a batch.
+enum Step {
+    /// Forward with this lease, then complete it.
+    Forward(Lease),
+    /// Forward (naive mode: nothing to complete).
+    ForwardUnleased,
+    /// A duplicate: acknowledge only.
+    Drop,
+}
+
+/// Reserves every key of a batch and fsyncs once (on the blocking pool).
+fn reserve_batch(db: &Db, scope: &Scope, batch: &[(String, Vec<u8>)]) -> Vec<Step> {
+    let mut seen = HashSet::new();
+    let steps = batch
+        .iter()
+        .map(|(key, payload)| {
+            if !seen.insert(key.clone()) {
+                // The same id twice in one batch: the first one carries it.
+                return Step::Drop;
+            }
+            match db.reserve(scope, key.as_bytes(), payload).expect("reserve") {
+                Reservation::Acquired(lease) => Step::Forward(lease),
+                // Left in flight by a run that died before completing it.
+                Reservation::InFlight { .. } => db
+                    .take_over(scope, key.as_bytes())
+                    .expect("take over")
+                    .map_or(Step::Drop, Step::Forward),
+                Reservation::Completed(_) | Reservation::Failed(_) | Reservation::Mismatch => {
+                    Step::Drop
+                }
+            }
+        })
+        .collect();
+    db.flush().expect("flush");
+    steps
+}
+
+/// The naive pattern: remember every key (one fsync), forward the new ones afterwards.
+fn remember_batch(db: &Db, batch: &[(String, Vec<u8>)]) -> Vec<Step> {
+    let keys: Vec<Vec<u8>> = batch.iter().map(|(k, _)| k.as_bytes().to_vec()).collect();
+    let new = db.insert_many(&keys).expect("insert_many");
+    db.flush().expect("flush");
+    new.into_iter()
+        .map(|new| if new { Step::ForwardUnleased } else { Step::Drop })
+        .collect()
+}
+
+#[tokio::main]
+async fn main() {
+    let args = match args() {
+        Ok(args) => args,
+        Err(err) => {
+            eprintln!(
+                "jetstream_dedup: {err}\nusage: jetstream_dedup --server URL --input-stream NAME \
+                 --output-subject SUBJECT --dir DIR [--idle-exit SECONDS] [--batch N] [--ack-wait-ms MS] [--naive | --passthrough]"
+            );
+            std::process::exit(2);
+        }
+    };
+    if let Err(err) = run(&args).await {
+        eprintln!("jetstream_dedup: {err}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(args: &Args) -> Result<(), async_nats::Error> {
+    let client = async_nats::connect(&args.server).await?;
+    let js = jetstream::new(client);
+    let consumer: jetstream::consumer::PullConsumer = js
+        .get_stream(&args.input_stream)
+        .await?
+        .get_or_create_consumer(
+            "oncedb",
+            pull::Config {
+                durable_name: Some("oncedb".into()),
+                ack_policy: AckPolicy::Explicit,
+                ack_wait: args.ack_wait,
+                ..Default::default()
+            },
+        )
+        .await?;
+    let db = Db::open(
+        Options::new(&args.dir)
+            .durability(Durability::Buffered)
+            .window(Duration::from_secs(7 * 24 * 3600)),
+    )?;
+    let scope = Scope::new(args.input_stream.as_bytes(), b"forward");
+    let (started, mut last_message) = (Instant::now(), Instant::now());
+    let (mut received, mut forwarded, mut dropped) = (0u64, 0u64, 0u64);
+    loop {
+        let mut fetched = consumer
+            .batch()
+            .max_messages(args.batch)
+            .expires(Duration::from_millis(500))
+            .messages()
+            .await?;
+        let mut messages = Vec::with_capacity(args.batch);
+        while let Some(message) = fetched.next().await {
+            messages.push(message?);
+        }
+        if messages.is_empty() {
+            if args.idle_exit.is_some_and(|idle| last_message.elapsed() >= idle) {
+                break;
+            }
+            continue;
+        }
+        last_message = Instant::now();
+        received += messages.len() as u64;
+        let batch: Vec<(String, Vec<u8>)> = messages
+            .iter()
+            .map(|m| (key_of(&m.message), m.message.payload.to_vec()))
+            .collect();
+        let steps = {
+            let (db, scope, mode) = (db.clone(), scope.clone(), args.mode);
+            let batch = batch.clone();
+            tokio::task::spawn_blocking(move || match mode {
+                Mode::Reserve => reserve_batch(&db, &scope, &batch),
+                Mode::Naive => remember_batch(&db, &batch),
+                Mode::Passthrough => batch.iter().map(|_| Step::ForwardUnleased).collect(),
+            })
+            .await?
+        };
+        // Forward the new ones, each confirmed by the output stream before the next.
+        let mut leases = Vec::new();
+        for ((key, payload), step) in batch.into_iter().zip(steps) {
+            let lease = match step {
+                Step::Drop => {
+                    dropped += 1;
+                    continue;
+                }
+                Step::Forward(lease) => Some(lease),
+                Step::ForwardUnleased => None,
+            };
+            let mut headers = HeaderMap::new();
+            headers.insert(async_nats::header::NATS_MESSAGE_ID, key.as_str());
+            js.publish_with_headers(args.output_subject.clone(), headers, payload.into())
+                .await?
+                .await?;
+            forwarded += 1;
+            leases.extend(lease);
+        }
+        let db_for_completion = db.clone();
+        tokio::task::spawn_blocking(move || {
+            for lease in leases {
+                if let Err(err) = lease.complete(b"") {
+                    eprintln!("complete: {}", err.error());
+                }
+            }
+            db_for_completion.flush().expect("flush");
+        })
+        .await?;
+        for message in &messages {
+            message.ack().await?;
+        }
+        let stats = db.stats();
+        println!(
+            "batch: received {received} forwarded {forwarded} dropped {dropped} replays {} take_overs {} duplicates {}",
+            stats.replays, stats.take_overs, stats.duplicates
+        );
+    }
+    let busy = last_message.duration_since(started).as_secs_f64().max(1e-3);
+    println!(
+        "done: received {received} forwarded {forwarded} dropped {dropped} in {busy:.2} s ({:.0} messages/s)",
+        received as f64 / busy
+    );
+    Ok(())
+}

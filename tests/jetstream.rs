@@ -1,0 +1,397 @@
+//! The effectively-once forwarder (`examples/jetstream_dedup.rs`) against a real
+//! `nats-server -js` the test starts: input with publisher retries and late duplicates
+//! (older than the broker's duplicate window), the consumer run as a child process and
+//! killed with SIGKILL at random points until the input is drained. Every distinct
+//! message must reach the output exactly once. A second variant also kills the broker
+//! once; a control run of the naive "remember then forward" consumer must lose messages.
+
+#![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
+
+mod servers;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::{self, consumer::pull, stream};
+use futures_util::StreamExt;
+use oncedb::{Db, Options};
+use servers::nats::NatsServer;
+
+const MESSAGES: usize = 1500;
+/// The input stream's duplicate window: re-publishes after it are new messages to the
+/// broker, and only oncedb can drop them.
+const INPUT_DUPLICATE_WINDOW: Duration = Duration::from_secs(1);
+
+/// A small deterministic generator for kill delays (the seed is printed on failure).
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+fn example() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples")
+        .join("jetstream_dedup")
+}
+
+async fn jetstream(url: &str) -> jetstream::Context {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let failure = match async_nats::connect(url).await {
+            Ok(client) => {
+                let js = jetstream::new(client);
+                // Ready when the JetStream API answers (here: that a stream is absent).
+                match js.get_stream("NO_SUCH_STREAM").await {
+                    Err(err) if err.to_string().contains("not found") => return js,
+                    Ok(_) => return js,
+                    Err(err) => err.to_string(),
+                }
+            }
+            Err(err) => err.to_string(),
+        };
+        assert!(
+            Instant::now() < deadline,
+            "JetStream never became ready: {failure}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Creates the streams and publishes the input: `MESSAGES` distinct ids, every tenth
+/// published twice at once (a publisher retry the broker drops), and every seventh again
+/// after the input's duplicate window (a late duplicate the broker accepts).
+async fn publish_input(js: &jetstream::Context) -> usize {
+    js.create_stream(stream::Config {
+        name: "IN".into(),
+        subjects: vec!["in".into()],
+        duplicate_window: INPUT_DUPLICATE_WINDOW,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    js.create_stream(stream::Config {
+        name: "OUT".into(),
+        subjects: vec!["out".into()],
+        duplicate_window: Duration::from_secs(120),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let publish = |i: usize| async move {
+        let mut headers = HeaderMap::new();
+        headers.insert(async_nats::header::NATS_MESSAGE_ID, format!("m-{i}").as_str());
+        js.publish_with_headers("in", headers, format!("payload {i}").into())
+            .await
+            .unwrap()
+            .await
+            .unwrap()
+    };
+    for i in 0..MESSAGES {
+        assert!(!publish(i).await.duplicate);
+        if i % 10 == 0 {
+            assert!(publish(i).await.duplicate, "the broker drops a quick retry");
+        }
+    }
+    // Real time must pass the broker's window; nothing else marks it.
+    tokio::time::sleep(INPUT_DUPLICATE_WINDOW + Duration::from_millis(500)).await;
+    let mut late = 0;
+    for i in (0..MESSAGES).step_by(7) {
+        assert!(!publish(i).await.duplicate, "a late duplicate passes the broker");
+        late += 1;
+    }
+    late
+}
+
+/// The output stream's messages, counted by `Nats-Msg-Id`.
+async fn output(js: &jetstream::Context) -> BTreeMap<String, usize> {
+    let consumer: jetstream::consumer::PullConsumer = js
+        .get_stream("OUT")
+        .await
+        .unwrap()
+        .create_consumer(pull::Config::default())
+        .await
+        .unwrap();
+    let mut counts = BTreeMap::new();
+    loop {
+        let mut batch = consumer
+            .batch()
+            .max_messages(500)
+            .expires(Duration::from_millis(300))
+            .messages()
+            .await
+            .unwrap();
+        let mut got = 0;
+        while let Some(message) = batch.next().await {
+            let message = message.unwrap();
+            let id = message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
+                .unwrap()
+                .as_str()
+                .to_owned();
+            *counts.entry(id).or_insert(0) += 1;
+            message.ack().await.unwrap();
+            got += 1;
+        }
+        if got == 0 {
+            return counts;
+        }
+    }
+}
+
+/// What the consumer runs printed, summed.
+#[derive(Default, Debug)]
+struct Runs {
+    kills: usize,
+    replays: u64,
+    completed_runs: usize,
+}
+
+/// Runs the consumer until it drains the input and exits on idle, killing it with
+/// SIGKILL after a random delay each time (at least `min_kills` times), and crashing the
+/// broker once if `crash_broker`.
+fn drain(
+    server: &mut NatsServer,
+    dir: &Path,
+    mode: Option<&str>,
+    min_kills: usize,
+    crash_broker: bool,
+) -> Runs {
+    let seed = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+        | 1;
+    let mut rng = Rng(seed);
+    let mut runs = Runs::default();
+    let mut broker_crashed = !crash_broker;
+    let deadline = Instant::now() + Duration::from_secs(240);
+    loop {
+        assert!(Instant::now() < deadline, "the input was never drained (seed {seed})");
+        let mut command = Command::new(example());
+        command
+            .args(["--server", &server.url(), "--input-stream", "IN"])
+            .args(["--output-subject", "out", "--batch", "50", "--ack-wait-ms", "1000"])
+            .args(["--idle-exit", "3", "--dir"])
+            .arg(dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        command.args(mode);
+        let mut child = command.spawn().unwrap();
+        let mut kill_at = Instant::now() + Duration::from_millis(150 + rng.below(500));
+        let killing = runs.kills < min_kills || rng.below(3) == 0;
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break Some(status);
+            }
+            if killing && Instant::now() >= kill_at {
+                if !broker_crashed && runs.kills == 1 {
+                    // The broker dies under the consumer, once; the consumer is killed
+                    // later if it is still running.
+                    server.crash_and_restart();
+                    broker_crashed = true;
+                    kill_at = Instant::now() + Duration::from_millis(rng.below(2000));
+                    continue;
+                }
+                child.kill().unwrap();
+                child.wait().unwrap();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let mut stdout = String::new();
+        std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut stdout).unwrap();
+        if let Some(last) = stdout.lines().filter(|l| l.starts_with("batch:")).last() {
+            let words: Vec<&str> = last.split_whitespace().collect();
+            let at = words.iter().position(|w| *w == "replays").unwrap();
+            runs.replays += words[at + 1].parse::<u64>().unwrap();
+        }
+        match status {
+            Some(status) if status.success() && stdout.contains("done:") => {
+                runs.completed_runs += 1;
+                return runs;
+            }
+            // Killed, or the broker went away under it: a supervisor restarts it.
+            _ => runs.kills += 1,
+        }
+    }
+}
+
+async fn scenario(crash_broker: bool) {
+    let mut server = NatsServer::start();
+    let js = jetstream(&server.url()).await;
+    let late = publish_input(&js).await;
+    let dir = tempfile::tempdir().unwrap();
+    let runs = tokio::task::block_in_place(|| {
+        drain(&mut server, dir.path(), None, 3, crash_broker)
+    });
+    let js = jetstream(&server.url()).await;
+    let out = output(&js).await;
+    let missing: Vec<usize> = (0..MESSAGES)
+        .filter(|i| !out.contains_key(&format!("m-{i}")))
+        .collect();
+    assert!(missing.is_empty(), "lost {} messages ({runs:?})", missing.len());
+    let repeated: Vec<_> = out.iter().filter(|(_, n)| **n != 1).collect();
+    assert!(repeated.is_empty(), "forwarded twice: {repeated:?}");
+    assert_eq!(out.len(), MESSAGES);
+    assert!(runs.kills >= 3, "{runs:?}");
+    // The store holds one completed record per distinct id, late duplicates included.
+    let db = Db::open(Options::from_dir(dir.path()).unwrap()).unwrap();
+    assert_eq!(db.stats().live_records, MESSAGES as u64);
+    assert!(db.in_flight(Duration::ZERO).is_empty());
+    assert!(runs.replays > 0, "duplicates were found in the store: {runs:?} (late {late})");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_message_is_forwarded_once_across_consumer_kills() {
+    scenario(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_message_is_forwarded_once_across_a_broker_crash() {
+    scenario(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remember_then_forward_loses_messages_under_the_same_kills() {
+    // Each attempt a fresh broker and store; the naive consumer must lose messages in
+    // one of them.
+    let mut lost = 0;
+    for _ in 0..3 {
+        let mut server = NatsServer::start();
+        let js = jetstream(&server.url()).await;
+        publish_input(&js).await;
+        let dir = tempfile::tempdir().unwrap();
+        tokio::task::block_in_place(|| drain(&mut server, dir.path(), Some("--naive"), 3, false));
+        let out = output(&js).await;
+        lost = MESSAGES - out.len();
+        if lost > 0 {
+            break;
+        }
+    }
+    assert!(lost > 0, "the naive consumer lost nothing across its kills");
+    println!("naive consumer lost {lost} of {MESSAGES} messages");
+}
+
+/// The outbox relay's JetStream sink: re-sends of a relay that died after publishing
+/// carry the same `Nats-Msg-Id`, and the stream keeps one copy.
+#[cfg(feature = "nats")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_outbox_relay_publishes_to_jetstream_with_stable_ids() {
+    use oncedb::PostgresStore;
+    use oncedb::postgres::jetstream::JetStreamPublisher;
+    use oncedb::postgres::outbox::{self, NewMessage, Relay};
+    use servers::postgres::PgServer;
+
+    let nats = NatsServer::start();
+    let postgres = PgServer::start();
+    let js = jetstream(&nats.url()).await;
+    js.create_stream(stream::Config {
+        name: "EVENTS".into(),
+        subjects: vec!["events".into()],
+        duplicate_window: Duration::from_secs(120),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let store = PostgresStore::connect(&postgres.url(), Duration::from_secs(60)).unwrap();
+    store.migrate().await.unwrap();
+    let mut client = store.pool().get().await.unwrap();
+    let tx = client.transaction().await.unwrap();
+    for i in 0..20 {
+        outbox::enqueue(
+            &tx,
+            &NewMessage {
+                id: None,
+                aggregate_type: "payment",
+                aggregate_id: &(i % 4).to_string(),
+                message_type: "payment.authorized",
+                payload: format!("event {i}").as_bytes(),
+            },
+        )
+        .await
+        .unwrap();
+    }
+    tx.commit().await.unwrap();
+    let relay = Relay::new(&store, JetStreamPublisher::new(js.clone(), "events"));
+    let mut published = 0;
+    while let n @ 1.. = relay.run_once().await.unwrap() {
+        published += n;
+    }
+    assert_eq!(published, 20);
+    // As if a relay had died after publishing: every row is unpublished again.
+    client
+        .execute("UPDATE outbox_messages SET published_at = NULL", &[])
+        .await
+        .unwrap();
+    while relay.run_once().await.unwrap() > 0 {}
+    let mut events = js.get_stream("EVENTS").await.unwrap();
+    assert_eq!(events.info().await.unwrap().state.messages, 20);
+}
+
+/// Messages per second through the consumer with oncedb in the path and without
+/// (`--passthrough`), on one broker: `cargo test --all-features --release --test
+/// jetstream -- --ignored --nocapture throughput` (docs/stream-processing.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "measurement, run by hand"]
+async fn throughput_with_and_without_oncedb() {
+    let server = NatsServer::start();
+    let js = jetstream(&server.url()).await;
+    let messages = 20_000;
+    for (n, mode) in [None, Some("--passthrough"), None, Some("--passthrough")].into_iter().enumerate() {
+        let (input, subject) = (format!("IN{n}"), format!("in{n}"));
+        js.create_stream(stream::Config {
+            name: input.clone(),
+            subjects: vec![subject.clone()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        js.create_stream(stream::Config {
+            name: format!("OUT{n}"),
+            subjects: vec![format!("out{n}")],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let mut acks = Vec::new();
+        for i in 0..messages {
+            let mut headers = HeaderMap::new();
+            headers.insert(async_nats::header::NATS_MESSAGE_ID, format!("m-{i}").as_str());
+            acks.push(
+                js.publish_with_headers(subject.clone(), headers, vec![b'x'; 100].into())
+                    .await
+                    .unwrap(),
+            );
+        }
+        for ack in acks {
+            ack.await.unwrap();
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let out = Command::new(example())
+            .args(["--server", &server.url(), "--input-stream", &input])
+            .args(["--output-subject", &format!("out{n}"), "--batch", "500", "--idle-exit", "1", "--dir"])
+            .arg(dir.path())
+            .args(mode)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let done = stdout.lines().find(|l| l.starts_with("done:")).unwrap();
+        println!("{}: {done}", mode.unwrap_or("oncedb"));
+        assert!(done.contains(&format!("forwarded {messages}")));
+    }
+}
