@@ -11,8 +11,9 @@
 //!   when the header is absent.
 //! - A batch is fetched from the durable pull consumer `oncedb` (created if missing,
 //!   explicit acks); its keys are reserved in one blocking call with one fsync; new
-//!   messages are published one by one, each confirmed by the output stream; the
-//!   records are completed with one more fsync; then the inputs are acknowledged.
+//!   messages are published in order and all their confirmations from the output stream
+//!   awaited; the records are completed with one more fsync; then the inputs are
+//!   acknowledged.
 //! - A record found in flight was reserved by a run that died before completing it: it is
 //!   taken over and forwarded again with the same id, which the output stream's own
 //!   duplicate window absorbs if the first send got through.
@@ -22,7 +23,9 @@
 //! `--naive` runs the broken "remember then forward" pattern instead (insert the ids,
 //! fsync, then forward the new ones): a crash between the two loses messages. It exists
 //! for the control run of the crash test. `--passthrough` forwards everything with no
-//! store in the path: the baseline for throughput.
+//! store in the path: the baseline for throughput. `--one-by-one` awaits each
+//! confirmation before the next publish, as a side effect with a round trip per message
+//! would (the crash test's control compares both patterns this way).
 
 #![expect(clippy::expect_used, reason = "example: failures abort with a message")]
 
@@ -44,6 +47,8 @@ struct Args {
     batch: usize,
     ack_wait: Duration,
     mode: Mode,
+    /// Await each confirmation before the next publish.
+    one_by_one: bool,
 }
 
 /// What stands between input and output.
@@ -57,6 +62,10 @@ enum Mode {
     Passthrough,
 }
 
+/// The largest batch: its confirmations are all pending at once, and the JetStream
+/// context admits 5000 pending confirmations before it makes publishers wait.
+const MAX_BATCH: usize = 4096;
+
 fn args() -> Result<Args, String> {
     let mut parsed = Args {
         server: String::new(),
@@ -67,19 +76,24 @@ fn args() -> Result<Args, String> {
         batch: 100,
         ack_wait: Duration::from_secs(30),
         mode: Mode::Reserve,
+        one_by_one: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         if flag == "--naive" || flag == "--passthrough" {
-            parsed.mode = if flag == "--naive" { Mode::Naive } else { Mode::Passthrough };
+            parsed.mode = if flag == "--naive" {
+                Mode::Naive
+            } else {
+                Mode::Passthrough
+            };
+            continue;
+        }
+        if flag == "--one-by-one" {
+            parsed.one_by_one = true;
             continue;
         }
         let value = args.next().ok_or(format!("{flag} needs a value"))?;
-        let number = |what: &str| {
-            value
-                .parse::<u64>()
-                .map_err(|e| format!("{what}: {e}"))
-        };
+        let number = |what: &str| value.parse::<u64>().map_err(|e| format!("{what}: {e}"));
         match flag.as_str() {
             "--server" => parsed.server = value.clone(),
             "--input-stream" => parsed.input_stream = value.clone(),
@@ -89,8 +103,8 @@ fn args() -> Result<Args, String> {
             "--batch" => {
                 parsed.batch = usize::try_from(number("--batch")?)
                     .ok()
-                    .filter(|&n| (1..=10_000).contains(&n))
-                    .ok_or("--batch must be within 1..=10000")?;
+                    .filter(|&n| (1..=MAX_BATCH).contains(&n))
+                    .ok_or(format!("--batch must be within 1..={MAX_BATCH}"))?;
             }
             "--ack-wait-ms" => parsed.ack_wait = Duration::from_millis(number("--ack-wait-ms")?),
             other => return Err(format!("unknown flag {other}")),
@@ -161,7 +175,13 @@ fn remember_batch(db: &Db, batch: &[(String, Vec<u8>)]) -> Vec<Step> {
     let new = db.insert_many(&keys).expect("insert_many");
     db.flush().expect("flush");
     new.into_iter()
-        .map(|new| if new { Step::ForwardUnleased } else { Step::Drop })
+        .map(|new| {
+            if new {
+                Step::ForwardUnleased
+            } else {
+                Step::Drop
+            }
+        })
         .collect()
 }
 
@@ -172,7 +192,7 @@ async fn main() {
         Err(err) => {
             eprintln!(
                 "jetstream_dedup: {err}\nusage: jetstream_dedup --server URL --input-stream NAME \
-                 --output-subject SUBJECT --dir DIR [--idle-exit SECONDS] [--batch N] [--ack-wait-ms MS] [--naive | --passthrough]"
+                 --output-subject SUBJECT --dir DIR [--idle-exit SECONDS] [--batch N] [--ack-wait-ms MS] [--naive | --passthrough] [--one-by-one]"
             );
             std::process::exit(2);
         }
@@ -206,6 +226,8 @@ async fn run(args: &Args) -> Result<(), async_nats::Error> {
     )?;
     let scope = Scope::new(args.input_stream.as_bytes(), b"forward");
     let (started, mut last_message) = (Instant::now(), Instant::now());
+    let mut finished = started;
+    let mut idle = false;
     let (mut received, mut forwarded, mut dropped) = (0u64, 0u64, 0u64);
     loop {
         let mut fetched = consumer
@@ -219,12 +241,20 @@ async fn run(args: &Args) -> Result<(), async_nats::Error> {
             messages.push(message?);
         }
         if messages.is_empty() {
-            if args.idle_exit.is_some_and(|idle| last_message.elapsed() >= idle) {
+            if !idle {
+                println!("idle: the input is drained for now");
+                idle = true;
+            }
+            if args
+                .idle_exit
+                .is_some_and(|idle| last_message.elapsed() >= idle)
+            {
                 break;
             }
             continue;
         }
         last_message = Instant::now();
+        idle = false;
         received += messages.len() as u64;
         let batch: Vec<(String, Vec<u8>)> = messages
             .iter()
@@ -240,8 +270,11 @@ async fn run(args: &Args) -> Result<(), async_nats::Error> {
             })
             .await?
         };
-        // Forward the new ones, each confirmed by the output stream before the next.
+        // Forward the new ones: every publish is sent in order on the one connection, then
+        // every confirmation is awaited. A missing confirmation ends the run before any
+        // record is completed, so the leases stay in flight and the redelivery takes over.
         let mut leases = Vec::new();
+        let mut confirmations = Vec::new();
         for ((key, payload), step) in batch.into_iter().zip(steps) {
             let lease = match step {
                 Step::Drop => {
@@ -253,11 +286,20 @@ async fn run(args: &Args) -> Result<(), async_nats::Error> {
             };
             let mut headers = HeaderMap::new();
             headers.insert(async_nats::header::NATS_MESSAGE_ID, key.as_str());
-            js.publish_with_headers(args.output_subject.clone(), headers, payload.into())
-                .await?
+            let confirmation = js
+                .publish_with_headers(args.output_subject.clone(), headers, payload.into())
                 .await?;
-            forwarded += 1;
+            if args.one_by_one {
+                confirmation.await?;
+                forwarded += 1;
+            } else {
+                confirmations.push(confirmation);
+            }
             leases.extend(lease);
+        }
+        for confirmation in confirmations {
+            confirmation.await?;
+            forwarded += 1;
         }
         let db_for_completion = db.clone();
         tokio::task::spawn_blocking(move || {
@@ -272,13 +314,14 @@ async fn run(args: &Args) -> Result<(), async_nats::Error> {
         for message in &messages {
             message.ack().await?;
         }
+        finished = Instant::now();
         let stats = db.stats();
         println!(
             "batch: received {received} forwarded {forwarded} dropped {dropped} replays {} take_overs {} duplicates {}",
             stats.replays, stats.take_overs, stats.duplicates
         );
     }
-    let busy = last_message.duration_since(started).as_secs_f64().max(1e-3);
+    let busy = finished.duration_since(started).as_secs_f64().max(1e-3);
     println!(
         "done: received {received} forwarded {forwarded} dropped {dropped} in {busy:.2} s ({:.0} messages/s)",
         received as f64 / busy

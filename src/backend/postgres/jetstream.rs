@@ -41,7 +41,11 @@ impl Publisher for JetStreamPublisher {
         headers.insert("Oncedb-Aggregate-Id", message.aggregate_id.as_str());
         let ack = self
             .context
-            .publish_with_headers(self.subject.clone(), headers, message.payload.clone().into())
+            .publish_with_headers(
+                self.subject.clone(),
+                headers,
+                message.payload.clone().into(),
+            )
             .await
             .map_err(nats_error)?;
         ack.await.map_err(nats_error)?;
