@@ -3,11 +3,14 @@
 //! that settles requests whose outcome was unknown.
 //!
 //! ```sh
-//! cargo run --example payments --features http -- --addr 127.0.0.1:8080 --dir /tmp/payments
+//! cargo run --example payments -- --addr 127.0.0.1:8080 --dir /tmp/payments
 //! # with a shared store instead of the embedded one:
-//! cargo run --example payments --features http,postgres -- --addr 127.0.0.1:8080 --dir /tmp/p \
+//! cargo run --example payments -- --addr 127.0.0.1:8080 --dir /tmp/p \
 //!     --backend postgres://user@127.0.0.1:5432/db
 //! ```
+//!
+//! `--without-layer` serves the same routes with no idempotency at all (every request
+//! charges): the baseline for the layer's cost in `docs/http.md`.
 //!
 //! `payment_method_id` picks the provider's behaviour: `pm_card_declined` declines
 //! (`422`, stored and replayed), `pm_slow` takes about a second, `pm_timeout` charges but
@@ -34,13 +37,16 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Extension, Path, State};
 use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, LOCATION, RETRY_AFTER};
 use axum::http::request::Parts;
-use axum::http::{HeaderName, HeaderValue, Response, StatusCode};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use axum::routing::{get, post};
 use oncedb::http::{IdempotencyConfig, IdempotencyContext, IdempotencyLayer, StoredResponse};
 use oncedb::{Db, Durability, Options, Store, StoreLease};
 
 /// How long a request may stay in flight before reconciliation looks at it.
 const RECONCILE_AFTER: Duration = Duration::from_secs(3);
+
+/// The largest request body the layer buffers; a larger one gets `413`.
+const MAX_BODY_BYTES: usize = 64 * 1024;
 
 /// What the provider decided for one operation id.
 #[derive(Debug, Clone)]
@@ -173,7 +179,8 @@ fn error(status: StatusCode, error: &str) -> Response<Body> {
 /// `POST /v1/payments`: validate, call the provider with the stable operation id, answer.
 async fn create_payment(
     State(provider): State<Arc<Provider>>,
-    Extension(context): Extension<IdempotencyContext>,
+    context: Option<Extension<IdempotencyContext>>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Response<Body> {
     let Ok(request) = serde_json::from_slice::<serde_json::Value>(&body) else {
@@ -190,7 +197,19 @@ async fn create_payment(
     let (Some(amount), Some(currency), Some(method)) = (amount, currency, method) else {
         return error(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request");
     };
-    let operation_id = context.operation_id();
+    // Without the layer (`--without-layer`) nothing binds the key to a tenant or
+    // remembers it: the raw header stands in for the operation id.
+    let operation_id = match context {
+        Some(Extension(context)) => context.operation_id(),
+        None => format!(
+            "unprotected:{}",
+            String::from_utf8_lossy(
+                headers
+                    .get("idempotency-key")
+                    .map_or(&b""[..], HeaderValue::as_bytes)
+            )
+        ),
+    };
     match provider
         .authorize(
             &operation_id,
@@ -278,18 +297,22 @@ async fn reconcile<S: Store + Clone>(store: S, provider: Arc<Provider>) {
     }
 }
 
-async fn serve<S: Store + Clone>(store: S, addr: SocketAddr) {
+async fn serve<S: Store + Clone>(store: S, addr: SocketAddr, with_layer: bool) {
     let provider = Arc::new(Provider::default());
-    let config = IdempotencyConfig::new(tenant).replay_headers(vec![
-        CONTENT_TYPE,
-        LOCATION,
-        HeaderName::from_static("x-request-id"),
-    ]);
+    let config = IdempotencyConfig::new(tenant)
+        .max_body_bytes(MAX_BODY_BYTES)
+        .replay_headers(vec![
+            CONTENT_TYPE,
+            LOCATION,
+            HeaderName::from_static("x-request-id"),
+        ]);
+    let payments = if with_layer {
+        post(create_payment).route_layer(IdempotencyLayer::new(store.clone(), config))
+    } else {
+        post(create_payment)
+    };
     let app = Router::new()
-        .route(
-            "/v1/payments",
-            post(create_payment).route_layer(IdempotencyLayer::new(store.clone(), config)),
-        )
+        .route("/v1/payments", payments)
         .route("/v1/provider/calls/{operation_id}", get(provider_calls))
         .with_state(Arc::clone(&provider));
     tokio::spawn(reconcile(store, provider));
@@ -313,14 +336,20 @@ struct Args {
     addr: SocketAddr,
     dir: PathBuf,
     backend: Option<String>,
+    with_layer: bool,
 }
 
 fn args() -> Result<Args, String> {
     let mut addr = None;
     let mut dir = None;
     let mut backend = None;
+    let mut with_layer = true;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
+        if flag == "--without-layer" {
+            with_layer = false;
+            continue;
+        }
         let value = args.next().ok_or(format!("{flag} needs a value"))?;
         match flag.as_str() {
             "--addr" => addr = Some(value.parse().map_err(|e| format!("--addr: {e}"))?),
@@ -333,6 +362,7 @@ fn args() -> Result<Args, String> {
         addr: addr.ok_or("--addr HOST:PORT is required")?,
         dir: dir.ok_or("--dir DIR is required")?,
         backend,
+        with_layer,
     })
 }
 
@@ -342,7 +372,7 @@ async fn main() {
         Ok(args) => args,
         Err(err) => {
             eprintln!(
-                "payments: {err}\nusage: payments --addr HOST:PORT --dir DIR [--backend URL]"
+                "payments: {err}\nusage: payments --addr HOST:PORT --dir DIR [--backend URL] [--without-layer]"
             );
             std::process::exit(2);
         }
@@ -356,24 +386,24 @@ async fn main() {
                     .window(window),
             )
             .expect("cannot open the store in --dir");
-            serve(db, args.addr).await;
+            serve(db, args.addr, args.with_layer).await;
         }
         #[cfg(feature = "postgres")]
         Some(url) if url.starts_with("postgres") => {
             let store = oncedb::PostgresStore::connect(url, window).expect("bad --backend");
             store.migrate().await.expect("cannot migrate the database");
-            serve(store, args.addr).await;
+            serve(store, args.addr, args.with_layer).await;
         }
         #[cfg(feature = "redis")]
         Some(url) if url.starts_with("redis://") => {
             let store = oncedb::RedisStore::connect(url, "payments", window)
                 .await
                 .expect("cannot reach Redis");
-            serve(store, args.addr).await;
+            serve(store, args.addr, args.with_layer).await;
         }
         Some(other) => {
             eprintln!(
-                "payments: unsupported --backend {other} (postgres:// needs --features postgres, redis:// --features redis)"
+                "payments: unsupported --backend {other} (postgres:// and redis:// are supported)"
             );
             std::process::exit(2);
         }

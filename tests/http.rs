@@ -1,16 +1,13 @@
 //! The `Idempotency-Key` layer (feature `http`) on an axum router over a durable embedded
 //! store: every answer of the table in `oncedb::http`, the response policy, replay after a
-//! restart; and the payments example run as a real server, driven over TCP.
+//! restart. `tests/payments.rs` drives the payments example over HTTP.
 
 #![cfg(feature = "http")]
 #![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -291,153 +288,4 @@ async fn the_response_policy_decides_what_a_retry_gets() {
     let again = send(&app, request(Some("abandoned-000000001"), "", "{}")).await;
     assert_eq!(again.0, StatusCode::CONFLICT);
     assert_eq!(db.in_flight(Duration::ZERO).len(), 3);
-}
-
-/// The payments example as a child process, killed on drop.
-struct Payments {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Payments {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Payments {
-    fn start() -> Payments {
-        // Examples are built next to the test binaries' directory.
-        let exe = std::env::current_exe().unwrap();
-        let examples = exe.parent().unwrap().parent().unwrap().join("examples");
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let dir = tempfile::tempdir().unwrap();
-        let child = Command::new(examples.join("payments"))
-            .args(["--addr", &format!("127.0.0.1:{port}"), "--dir"])
-            .arg(dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "the example did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Payments {
-            child,
-            port,
-            _dir: dir,
-        }
-    }
-
-    /// One HTTP/1.1 exchange on a fresh connection: (status, head, body).
-    fn call(
-        &self,
-        method: &str,
-        path: &str,
-        headers: &[(&str, &str)],
-        body: &str,
-    ) -> (u16, String, String) {
-        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
-        let mut text = format!(
-            "{method} {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n",
-            body.len()
-        );
-        for (name, value) in headers {
-            text.push_str(&format!("{name}: {value}\r\n"));
-        }
-        text.push_str("\r\n");
-        text.push_str(body);
-        stream.write_all(text.as_bytes()).unwrap();
-        let mut answer = String::new();
-        stream.read_to_string(&mut answer).unwrap();
-        let (head, body) = answer.split_once("\r\n\r\n").unwrap();
-        let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-        (status, head.to_ascii_lowercase(), body.to_owned())
-    }
-
-    fn pay(&self, token: &str, key: &str, method: &str) -> (u16, String, String) {
-        let body = format!(
-            r#"{{"amount_cents": 5000, "currency": "USD", "payment_method_id": "{method}"}}"#
-        );
-        let auth = format!("Bearer {token}");
-        self.call(
-            "POST",
-            "/v1/payments",
-            &[("authorization", &auth), ("idempotency-key", key)],
-            &body,
-        )
-    }
-
-    fn provider_calls(&self, operation_id: &str) -> u64 {
-        let (_, _, body) = self.call(
-            "GET",
-            &format!("/v1/provider/calls/{operation_id}"),
-            &[],
-            "",
-        );
-        let value: serde_json::Value = serde_json::from_str(&body).unwrap();
-        value
-            .get("calls")
-            .and_then(serde_json::Value::as_u64)
-            .unwrap()
-    }
-}
-
-#[test]
-fn the_payments_example_charges_once_per_key() {
-    let app = Payments::start();
-    let key = "7d1f6c1e-5a8b-4c6f-9a1e-2b3c4d5e6f70";
-    let first = app.pay("tok_org_123", key, "pm_card_visa");
-    assert_eq!(first.0, 201, "{first:?}");
-    let payment: serde_json::Value = serde_json::from_str(&first.2).unwrap();
-    assert_eq!(payment["status"], "authorized");
-    assert_eq!(payment["amount_cents"], 5000);
-    let retry = app.pay("tok_org_123", key, "pm_card_visa");
-    assert_eq!((retry.0, &retry.2), (201, &first.2));
-    assert!(retry.1.contains("idempotent-replayed: true"));
-    assert_eq!(app.provider_calls(&format!("org_123:{key}")), 1);
-    // The same key from another tenant is another payment.
-    assert_eq!(app.pay("tok_org_456", key, "pm_card_visa").0, 201);
-    assert_eq!(app.provider_calls(&format!("org_456:{key}")), 1);
-    // Unknown token, changed body.
-    assert_eq!(app.pay("tok_nobody", key, "pm_card_visa").0, 401);
-    assert_eq!(app.pay("tok_org_123", key, "pm_other").0, 422);
-    // A decline is stored and replayed.
-    let declined = app.pay("tok_org_123", "declined-key-000000001", "pm_card_declined");
-    assert_eq!(declined.0, 422);
-    assert!(declined.2.contains("payment_declined"));
-    assert_eq!(
-        app.pay("tok_org_123", "declined-key-000000001", "pm_card_declined")
-            .2,
-        declined.2
-    );
-    assert_eq!(app.provider_calls("org_123:declined-key-000000001"), 1);
-    // A timeout leaves the outcome unknown; reconciliation finds the charge and
-    // completes the record, and the retry gets the payment without a second charge.
-    let timeout = app.pay("tok_org_123", "timeout-key-0000000001", "pm_timeout");
-    assert_eq!(timeout.0, 503);
-    assert!(timeout.1.contains("retry-after"));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let settled = loop {
-        let answer = app.pay("tok_org_123", "timeout-key-0000000001", "pm_timeout");
-        if answer.0 != 409 {
-            break answer;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "reconciliation never settled the payment"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    assert_eq!(settled.0, 201, "{settled:?}");
-    assert!(settled.1.contains("idempotent-replayed: true"));
-    assert_eq!(app.provider_calls("org_123:timeout-key-0000000001"), 1);
 }
