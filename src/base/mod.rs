@@ -8,11 +8,13 @@
 //!   recovery mode).
 //! - [`limits`]: every size limit, shared by encoders and decoders.
 //! - [`finish`]: how a lease ends.
+//! - [`prefetch`]: cache prefetch hints (the crate's only `unsafe`).
 
 pub(crate) mod config;
 pub(crate) mod error;
 pub(crate) mod fingerprint;
 pub(crate) mod finish;
 pub(crate) mod limits;
+pub(crate) mod prefetch;
 pub(crate) mod time;
 pub(crate) mod window;

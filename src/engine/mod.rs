@@ -27,7 +27,7 @@ use crate::base::window::Window;
 use crate::index::marks::Advanced;
 use crate::index::records::RecordSnapshot;
 use crate::index::shard::{InFlightRecord, Reserved, Shard};
-use crate::index::{Index, IndexConfig, IndexStats, touch_group};
+use crate::index::{Index, IndexConfig, IndexStats, ShardGroups, for_each_prefetched};
 use crate::io::Storage;
 use crate::log::entry::LogEntry;
 use crate::log::journal::{Journal, JournalStats, Ticket};
@@ -254,6 +254,8 @@ impl Engine {
     }
 
     /// Admits many keys: each shard locked once, one log append, at most one fsync.
+    /// Allocates nothing in steady state: its buffers are the calling thread's
+    /// [`Scratch`], kept across calls.
     pub(crate) fn insert_many<K: AsRef<[u8]>>(
         &self,
         keys: &[K],
@@ -271,21 +273,35 @@ impl Engine {
         self.check_writable()?;
         admitted.clear();
         admitted.resize(keys.len(), false);
-        let fingerprints: Vec<Fingerprint> =
-            keys.iter().map(|k| self.hasher.key(k.as_ref())).collect();
+        Scratch::with(|scratch| self.insert_many_with(keys, admitted, scratch))
+    }
+
+    fn insert_many_with<K: AsRef<[u8]>>(
+        &self,
+        keys: &[K],
+        admitted: &mut [bool],
+        scratch: &mut Scratch,
+    ) -> Result<()> {
+        let Scratch {
+            fingerprints,
+            stamps,
+            groups,
+            logged,
+        } = scratch;
+        fingerprints.clear();
+        fingerprints.extend(keys.iter().map(|k| self.hasher.key(k.as_ref())));
         // Bucket stamps are only needed to log the admitted keys.
         let durable = self.journal.is_some();
-        let mut stamps = if durable {
-            vec![0u64; keys.len()]
-        } else {
-            Vec::new()
-        };
+        stamps.clear();
+        if durable {
+            stamps.resize(keys.len(), 0);
+        }
         let bucket = self.current_bucket();
-        let order = self.index.group_by_shard(&fingerprints);
-        let groups: Vec<&[u32]> = self.index.shard_groups(&fingerprints, &order).collect();
+        self.index.group_by_shard(fingerprints, groups);
+        let fingerprints = &*fingerprints;
         let lock_group = |group: &[u32]| self.index.lock(fingerprints[group[0] as usize], bucket);
         let mut insert = |shard: &mut Shard, group: &[u32]| {
-            insert_group(shard, group, &fingerprints, admitted);
+            insert_group(shard, group, fingerprints, admitted);
             if durable {
                 for &index in group {
                     stamps[index as usize] = shard.current();
@@ -295,8 +311,9 @@ impl Engine {
         if self.index.bounded() {
             // Hold every shard of the batch (in ascending order, so batches cannot
             // deadlock) until all have room: a full store admits none of the batch.
+            // (This path allocates its list of held locks.)
             let mut shards = Vec::with_capacity(groups.len());
-            for group in &groups {
+            for group in groups.iter() {
                 let mut shard = lock_group(group);
                 shard.reserve_room(group.iter().map(|&i| fingerprints[i as usize]))?;
                 shards.push(shard);
@@ -304,16 +321,17 @@ impl Engine {
             for (group, mut shard) in groups.iter().zip(shards) {
                 insert(&mut shard, group);
             }
-        } else if !groups.is_empty() {
+        } else if groups.len() > 0 {
             // Start at a shard that depends on the batch, so that concurrent batches do
             // not walk the shards in lockstep and queue behind each other.
             let start = (fingerprints[0].tag() % groups.len() as u64) as usize;
-            for group in groups[start..].iter().chain(&groups[..start]) {
+            for n in (start..groups.len()).chain(0..start) {
+                let group = groups.get(n);
                 insert(&mut lock_group(group), group);
             }
         }
         if durable {
-            self.log_admitted(&fingerprints, &stamps, admitted)?;
+            self.log_admitted(fingerprints, stamps, admitted, logged)?;
         }
         Ok(())
     }
@@ -324,32 +342,54 @@ impl Engine {
         fingerprints: &[Fingerprint],
         stamps: &[u64],
         admitted: &[bool],
+        logged: &mut Vec<(u64, Fingerprint)>,
     ) -> Result<()> {
-        let mut new: Vec<(u64, Fingerprint)> = fingerprints
-            .iter()
-            .zip(stamps)
-            .zip(admitted)
-            .filter(|&(_, &yes)| yes)
-            .map(|((&fp, &stamp), _)| (stamp, fp))
-            .collect();
-        if new.is_empty() {
+        logged.clear();
+        logged.extend(
+            fingerprints
+                .iter()
+                .zip(stamps)
+                .zip(admitted)
+                .filter(|&(_, &yes)| yes)
+                .map(|((&fp, &stamp), _)| (stamp, fp)),
+        );
+        let Some(&(first_stamp, _)) = logged.first() else {
             return Ok(());
-        }
-        new.sort_by_key(|&(stamp, _)| stamp);
-        let fps: Vec<Fingerprint> = new.iter().map(|&(_, fp)| fp).collect();
-        let entries: Vec<LogEntry<'_>> = new
-            .chunk_by(|a, b| a.0 == b.0)
-            .scan(0usize, |start, run| {
-                let entry = LogEntry::Keys {
+        };
+        let ticket = if logged.iter().all(|&(stamp, _)| stamp == first_stamp) {
+            // The common case: one stamp, one entry, nothing to sort or copy out.
+            self.enqueue_keys(first_stamp, logged)?
+        } else {
+            // A batch that met a bucket boundary (rare): one entry per stamp.
+            logged.sort_by_key(|&(stamp, _)| stamp);
+            let fps: Vec<Fingerprint> = logged.iter().map(|&(_, fp)| fp).collect();
+            let mut entries = Vec::new();
+            let mut start = 0;
+            for run in logged.chunk_by(|a, b| a.0 == b.0) {
+                entries.push(LogEntry::Keys {
                     bucket: run[0].0,
-                    fingerprints: &fps[*start..*start + run.len()],
-                };
-                *start += run.len();
-                Some(entry)
-            })
-            .collect();
-        let ticket = self.enqueue(&entries)?;
+                    fingerprints: &fps[start..start + run.len()],
+                });
+                start += run.len();
+            }
+            self.enqueue(&entries)?
+        };
         self.wait(ticket)
+    }
+
+    /// Logs one `Keys` entry for `logged`, all stamped `stamp`.
+    fn enqueue_keys(&self, stamp: u64, logged: &[(u64, Fingerprint)]) -> Result<Option<Ticket>> {
+        KEY_LIST.with(|list| {
+            let mut list = list.take();
+            list.clear();
+            list.extend(logged.iter().map(|&(_, fp)| fp));
+            let ticket = self.enqueue(&[LogEntry::Keys {
+                bucket: stamp,
+                fingerprints: &list,
+            }]);
+            KEY_LIST.set(list);
+            ticket
+        })
     }
 
     /// Whether `key` is live. Read only.
@@ -586,15 +626,40 @@ impl Engine {
 }
 
 /// Admits the keys of one shard's group, in order, after loading their home slots.
+/// The batch path's buffers, one set per thread, kept across calls: once they have grown
+/// to the largest batch a thread sends, `insert_many` allocates nothing.
+#[derive(Default)]
+struct Scratch {
+    fingerprints: Vec<Fingerprint>,
+    stamps: Vec<u64>,
+    groups: ShardGroups,
+    logged: Vec<(u64, Fingerprint)>,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::Cell<Scratch> = std::cell::Cell::new(Scratch::default());
+    static KEY_LIST: std::cell::Cell<Vec<Fingerprint>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+impl Scratch {
+    /// Runs `f` with this thread's buffers. They are taken out of the thread-local for the
+    /// call, so a nested call (none exists today) would get fresh ones rather than panic.
+    fn with<T>(f: impl FnOnce(&mut Scratch) -> T) -> T {
+        let mut scratch = SCRATCH.take();
+        let answer = f(&mut scratch);
+        SCRATCH.set(scratch);
+        answer
+    }
+}
+
 fn insert_group(
     shard: &mut Shard,
     group: &[u32],
     fingerprints: &[Fingerprint],
     admitted: &mut [bool],
 ) {
-    touch_group(shard, group, fingerprints);
-    for &index in group {
-        admitted[index as usize] = shard.insert_key_unchecked(fingerprints[index as usize]);
-    }
+    for_each_prefetched(shard, group, fingerprints, |shard, index| {
+        admitted[index] = shard.insert_key_unchecked(fingerprints[index]);
+    });
     shard.after_writes(group.len());
 }

@@ -1,10 +1,5 @@
 //! The idempotency records of one shard, keyed by fingerprint, with full keys compared.
 
-#![expect(
-    clippy::cast_possible_truncation,
-    reason = "the map hashes a fingerprint by its low 64 bits on purpose"
-)]
-
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
@@ -86,7 +81,12 @@ impl StoredRecord {
     }
 }
 
-/// Fingerprints are already uniform: hash a map key by taking its low 64 bits.
+/// Fingerprints are already uniform: hash a map key by taking its high 64 bits.
+///
+/// Not the low 64: their top bits pick the shard, so within one shard they are nearly
+/// constant, and hashbrown takes its 7-bit control tag from the top of the hash. With
+/// the low half, every key of a shard shares one or two tags, and the SIMD tag filter
+/// lets most probes through to a full key comparison.
 #[derive(Default)]
 pub(crate) struct FingerprintHasher(u64);
 
@@ -102,7 +102,7 @@ impl Hasher for FingerprintHasher {
     }
 
     fn write_u128(&mut self, value: u128) {
-        self.0 = value as u64;
+        self.0 = (value >> 64) as u64;
     }
 }
 
@@ -266,6 +266,29 @@ impl RecordMap {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::base::fingerprint::Fingerprint;
+
+    #[test]
+    fn the_map_hash_spreads_the_control_tags_within_one_shard() {
+        // Fingerprints of one shard among 64 agree on the top 6 bits of their low half;
+        // hashbrown's control tag is the top 7 bits of the hash, which must still vary.
+        let mut tags = std::collections::BTreeSet::new();
+        let mut found = 0;
+        for i in 0u64.. {
+            let value = xxhash_rust::xxh3::xxh3_128(&i.to_le_bytes());
+            if Fingerprint(value).shard(6) != 0 {
+                continue;
+            }
+            let mut hasher = FingerprintHasher::default();
+            hasher.write_u128(value);
+            tags.insert(hasher.finish() >> 57);
+            found += 1;
+            if found == 2_000 {
+                break;
+            }
+        }
+        assert!(tags.len() > 100, "{} distinct control tags", tags.len());
+    }
 
     fn record(bucket: u64, key: &[u8]) -> StoredRecord {
         StoredRecord {

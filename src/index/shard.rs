@@ -259,10 +259,10 @@ impl Shard {
             .expire(EXPIRE_RECORDS_PER_WRITE * writes, window, current);
     }
 
-    /// Pre-loads the home slot of `fingerprint` (batch prefetch).
+    /// Requests the home slots of `fingerprint` ahead of a probe (batch prefetch).
     #[inline]
-    pub(crate) fn touch(&self, fingerprint: Fingerprint) -> u32 {
-        self.table.touch(fingerprint.tag())
+    pub(crate) fn prefetch(&self, fingerprint: Fingerprint) {
+        self.table.prefetch(fingerprint.tag());
     }
 
     /// Admits a dedup key; false if it is live already.

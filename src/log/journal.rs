@@ -148,6 +148,11 @@ impl Active {
 
 struct WriterState {
     buffer: Vec<u8>,
+    /// The other half of a double buffer: a leader writes one while appenders fill the
+    /// other, so in steady state a commit allocates nothing.
+    spare: Vec<u8>,
+    /// Where a leader encodes the group's mark (kept for its capacity).
+    mark: Vec<u8>,
     /// Log positions (bytes since open): appended to the buffer, written, synced.
     appended: u64,
     written: u64,
@@ -191,6 +196,8 @@ impl Journal {
         let shared = Arc::new(Shared {
             state: Mutex::new(WriterState {
                 buffer: Vec::new(),
+                spare: Vec::new(),
+                mark: Vec::with_capacity(MARK_FRAME_LEN),
                 appended: 0,
                 written: 0,
                 synced: 0,
@@ -397,13 +404,15 @@ impl Shared {
             unreachable!("only the leader takes the file, and there is one leader");
         };
         if let Some(position) = active.group_mark.take() {
-            let mut mark = Vec::with_capacity(MARK_FRAME_LEN);
-            encode_mark(&mut mark, seed, position, active.synced_len, false);
-            put(&mut state_ref.buffer, 0, &mark);
+            let mark = &mut state_ref.mark;
+            mark.clear();
+            encode_mark(mark, seed, position, active.synced_len, false);
+            put(&mut state_ref.buffer, 0, mark);
         }
         let segment_end = active.appended_len;
         state_ref.leader = true;
-        let data = std::mem::take(&mut state_ref.buffer);
+        let spare = std::mem::take(&mut state_ref.spare);
+        let data = std::mem::replace(&mut state_ref.buffer, spare);
         let end = state_ref.appended;
         let result = MutexGuard::unlocked(state, || {
             if !data.is_empty() {
@@ -436,11 +445,14 @@ impl Shared {
         if sync {
             state.synced = end;
         }
+        // Keep both buffers' capacity: the written one becomes the buffer again if nobody
+        // appended meanwhile, else the spare.
+        let mut data = data;
+        data.clear();
         if state.buffer.is_empty() {
-            let mut data = data;
-            data.clear();
-            state.buffer = data;
+            std::mem::swap(&mut state.buffer, &mut data);
         }
+        state.spare = data;
         Ok(())
     }
 
