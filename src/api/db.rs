@@ -78,8 +78,8 @@ impl Db {
     /// bytes gets [`Reservation::Mismatch`], never the stored response.
     pub fn reserve(&self, scope: &Scope, key: &[u8], request: &[u8]) -> Result<Reservation> {
         self.engine.check_key(key)?;
-        let scoped_key = scope.encode_key(key)?;
-        let answer = match self.engine.reserve(&scoped_key, request)? {
+        let reserved = with_scoped_key(scope, key, |scoped| self.engine.reserve(scoped, request))?;
+        let answer = match reserved {
             engine::Reservation::Acquired {
                 fingerprint,
                 lease_id,
@@ -107,8 +107,8 @@ impl Db {
     /// The record of `key` in `scope`, if one is inside the window.
     pub fn get(&self, scope: &Scope, key: &[u8]) -> Result<Option<Record>> {
         self.engine.check_key(key)?;
-        let scoped_key = scope.encode_key(key)?;
-        Ok(self.engine.get(&scoped_key)?.map(Record::from))
+        let record = with_scoped_key(scope, key, |scoped| self.engine.get(scoped))?;
+        Ok(record.map(Record::from))
     }
 
     /// Records in flight for at least `older_than` (by the database clock): stuck
@@ -140,8 +140,7 @@ impl Db {
     /// lease, and only the last one's epoch holds the record.
     pub fn take_over(&self, scope: &Scope, key: &[u8]) -> Result<Option<Lease>> {
         self.engine.check_key(key)?;
-        let scoped_key = scope.encode_key(key)?;
-        let taken = self.engine.take_over(&scoped_key)?;
+        let taken = with_scoped_key(scope, key, |scoped| self.engine.take_over(scoped))?;
         Ok(taken.map(|taken| {
             observe::take_over(scope, key, taken.lease_id);
             self.lease(scope, key, taken)
@@ -153,8 +152,8 @@ impl Db {
     /// taken over since, `Error::LeaseLost` if it is no longer in flight.
     pub fn resume(&self, scope: &Scope, key: &[u8], epoch: u64) -> Result<Lease> {
         self.engine.check_key(key)?;
-        let scoped_key = scope.encode_key(key)?;
-        Ok(self.lease(scope, key, self.engine.resume(&scoped_key, epoch)?))
+        let taken = with_scoped_key(scope, key, |scoped| self.engine.resume(scoped, epoch))?;
+        Ok(self.lease(scope, key, taken))
     }
 
     fn lease(&self, scope: &Scope, key: &[u8], taken: TakenOver) -> Lease {
@@ -174,8 +173,9 @@ impl Db {
     /// An aggregate without a live mark accepts any version as its first.
     pub fn advance(&self, scope: &Scope, aggregate_id: &[u8], version: u64) -> Result<Advance> {
         self.engine.check_key(aggregate_id)?;
-        let scoped_key = scope.encode_key(aggregate_id)?;
-        let answer = match self.engine.advance(&scoped_key, version)? {
+        let advanced =
+            with_scoped_key(scope, aggregate_id, |scoped| self.engine.advance(scoped, version))?;
+        let answer = match advanced {
             Advanced::Applied => Advance::Applied,
             Advanced::Duplicate => Advance::Duplicate,
             Advanced::Stale { current } => Advance::Stale { current },
@@ -269,4 +269,23 @@ pub fn verify_with(
     dir: impl AsRef<Path>,
 ) -> Result<VerifyReport> {
     crate::log::verify::verify_with(storage, dir.as_ref())
+}
+
+thread_local! {
+    /// Where the calling thread encodes scoped keys, kept for its capacity: a record call
+    /// allocates only what it stores.
+    static SCOPED_KEY: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// Runs `f` with `key` encoded in `scope` ([`Scope::encode_key`]) in this thread's buffer.
+/// The buffer is taken out for the call, so a nested call would get a fresh one.
+fn with_scoped_key<T>(scope: &Scope, key: &[u8], f: impl FnOnce(&[u8]) -> Result<T>) -> Result<T> {
+    /// A buffer grown past this by a long key is not kept.
+    const KEEP_BYTES: usize = 4096;
+    let mut buffer = SCOPED_KEY.take();
+    let answer = scope.encode_key_into(key, &mut buffer).and_then(|()| f(&buffer));
+    if buffer.capacity() <= KEEP_BYTES {
+        SCOPED_KEY.set(buffer);
+    }
+    answer
 }

@@ -44,9 +44,19 @@ impl Scope {
 
     /// Length-prefixed encoding `tenant_len u16 | tenant | operation_len u16 | operation |
     /// key`; the prefixes keep ("ab", "c") and ("a", "bc") apart. Fails on a part longer
-    /// than [`MAX_SCOPE_PART_BYTES`].
+    /// than [`MAX_SCOPE_PART_BYTES`]. (The shared-store backends use it; `Db` encodes
+    /// into a reused buffer with [`Scope::encode_key_into`].)
+    #[cfg(any(feature = "redis", feature = "postgres"))]
     pub(crate) fn encode_key(&self, key: &[u8]) -> Result<Vec<u8>> {
-        let mut out = Vec::with_capacity(4 + self.tenant.len() + self.operation.len() + key.len());
+        let mut out = Vec::new();
+        self.encode_key_into(key, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Scope::encode_key`] into `out` (cleared first), reusing its capacity.
+    pub(crate) fn encode_key_into(&self, key: &[u8], out: &mut Vec<u8>) -> Result<()> {
+        out.clear();
+        out.reserve_exact(4 + self.tenant.len() + self.operation.len() + key.len());
         for part in [&self.tenant[..], &self.operation[..]] {
             let len = u16::try_from(part.len())
                 .ok()
@@ -56,7 +66,7 @@ impl Scope {
             out.extend_from_slice(part);
         }
         out.extend_from_slice(key);
-        Ok(out)
+        Ok(())
     }
 }
 

@@ -67,6 +67,10 @@ pub(crate) enum Inserted {
     New,
 }
 
+/// How many old slots ahead a rebuild prefetches the new home of (about two thirds of
+/// them are occupied, so some ten requests are in flight).
+const REBUILD_PREFETCH_AHEAD: usize = 16;
+
 /// The table. `used` counts non-empty slots, live or expired.
 #[derive(Debug)]
 pub(crate) struct DedupTable {
@@ -201,7 +205,16 @@ impl DedupTable {
         let old = std::mem::replace(&mut self.slots, written_slots(capacity_for(live_keys + 1)));
         self.used = 0;
         self.sweep_cursor = None;
-        for slot in old {
+        // The old slots are read in order, the new ones written at random: request the
+        // home slot of the entry `REBUILD_PREFETCH_AHEAD` places on while placing this
+        // one, so that the writes' cache misses overlap.
+        for (index, &slot) in old.iter().enumerate() {
+            if let Some(&ahead) = old.get(index + REBUILD_PREFETCH_AHEAD)
+                && !slot_is_empty(ahead)
+                && let Some(home) = self.slots.get(self.home(slot_tag(ahead)))
+            {
+                prefetch_read(home);
+            }
             if !slot_is_empty(slot) && live.is_live(slot_bucket(slot)) {
                 self.place(slot);
             }
