@@ -39,9 +39,39 @@ pub(crate) fn prefetch_read<T>(value: &T) {
     let _ = pointer;
 }
 
+/// Asks the CPU to bring the cache line at `address` into L1. The address may be stale
+/// or point nowhere: a prefetch never faults and never reads on the program's behalf, so
+/// this needs no valid pointer (it is used for slots located without the shard lock).
+#[inline(always)]
+pub(crate) fn prefetch_address(address: usize) {
+    let pointer = std::ptr::without_provenance::<i8>(address);
+    #[cfg(target_arch = "x86_64")]
+    {
+        use core::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        // SAFETY: `prefetcht0` is a hint: it never faults, even on an unmapped address,
+        // and neither reads nor writes memory the program can observe.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(pointer) };
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        // SAFETY: `prfm` is a hint that never faults, even on an unmapped address, and
+        // writes nothing (`readonly`, `nostack`, no flags touched).
+        unsafe {
+            core::arch::asm!(
+                "prfm pldl1keep, [{address}]",
+                address = in(reg) pointer,
+                options(nostack, readonly, preserves_flags)
+            );
+        }
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    let _ = pointer;
+}
+
 #[cfg(test)]
 mod tests {
     use super::prefetch_read;
+
 
     #[test]
     fn a_prefetch_changes_nothing() {
@@ -50,5 +80,12 @@ mod tests {
             prefetch_read(value);
         }
         assert!(values.iter().all(|&v| v == 7));
+    }
+
+    #[test]
+    fn a_prefetch_of_an_unmapped_address_does_not_fault() {
+        for address in [0, 8, usize::MAX - 63, 0x10_0000_0000] {
+            super::prefetch_address(address);
+        }
     }
 }

@@ -308,6 +308,7 @@ impl Engine {
         let lock_group = |group: &[u32]| self.index.lock(fingerprints[group[0] as usize], bucket);
         let mut insert = |shard: &mut Shard, group: &[u32]| {
             insert_group(shard, group, fingerprints, admitted);
+            self.index.publish_table(fingerprints[group[0] as usize], shard);
             if durable {
                 for &index in group {
                     stamps[index as usize] = shard.current();
@@ -331,7 +332,13 @@ impl Engine {
             // Start at a shard that depends on the batch, so that concurrent batches do
             // not walk the shards in lockstep and queue behind each other.
             let start = (fingerprints[0].tag() % groups.len() as u64) as usize;
-            for n in (start..groups.len()).chain(0..start) {
+            let mut order = (start..groups.len()).chain(0..start).peekable();
+            self.index.prefetch_group(groups.get(start), fingerprints);
+            while let Some(n) = order.next() {
+                // The next shard's first home slots are on their way while this one works.
+                if let Some(&next) = order.peek() {
+                    self.index.prefetch_group(groups.get(next), fingerprints);
+                }
                 let group = groups.get(n);
                 insert(&mut lock_group(group), group);
             }

@@ -18,10 +18,13 @@ pub(crate) mod records;
 pub(crate) mod shard;
 pub(crate) mod table;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use parking_lot::{Mutex, MutexGuard};
 
 use crate::base::config::FullPolicy;
 use crate::base::fingerprint::Fingerprint;
+use crate::base::prefetch::prefetch_address;
 use crate::base::window::Window;
 use counters::Counters;
 use shard::Shard;
@@ -29,6 +32,22 @@ use shard::Shard;
 /// Keeps each shard lock on its own cache lines so that shards do not false-share.
 #[repr(align(128))]
 struct Padded<T>(T);
+
+/// Where a shard's dedup table was when its lock was last released by a batch: lets a
+/// batch prefetch the home slots of its next shard before it takes that shard's lock.
+/// Only ever used as a prefetch address, so a stale value costs a useless prefetch, never
+/// a wrong answer.
+#[derive(Default)]
+struct TableHint {
+    base: AtomicUsize,
+    slots: AtomicUsize,
+}
+
+/// One shard and its table hint, on cache lines of its own.
+struct ShardCell {
+    lock: Mutex<Shard>,
+    hint: TableHint,
+}
 
 /// How the index is sized and bounded.
 #[derive(Debug, Clone, Copy)]
@@ -57,7 +76,7 @@ pub(crate) struct IndexStats {
 
 /// The shards. Every method locks one shard at a time, or several in ascending order.
 pub(crate) struct Index {
-    shards: Box<[Padded<Mutex<Shard>>]>,
+    shards: Box<[Padded<ShardCell>]>,
     shard_bits: u32,
     window: Window,
     bounded: bool,
@@ -85,7 +104,14 @@ impl Index {
                 config.shard_capacity,
                 config.full_policy,
             )?;
-            shards.push(Padded(Mutex::new(shard)));
+            let hint = TableHint::default();
+            let (base, slots) = shard.table_place();
+            hint.base.store(base, Ordering::Relaxed);
+            hint.slots.store(slots, Ordering::Relaxed);
+            shards.push(Padded(ShardCell {
+                lock: Mutex::new(shard),
+                hint,
+            }));
         }
         Ok(Index {
             shards: shards.into_boxed_slice(),
@@ -109,8 +135,36 @@ impl Index {
 
     fn lock_index(&self, index: usize) -> MutexGuard<'_, Shard> {
         match self.shards.get(index) {
-            Some(padded) => padded.0.lock(),
+            Some(padded) => padded.0.lock.lock(),
             None => unreachable!("a fingerprint's shard is below the shard count"),
+        }
+    }
+
+    /// Records where the table of `shard` (locked, owning `fingerprint`) is now, for
+    /// [`Index::prefetch_group`].
+    pub(crate) fn publish_table(&self, fingerprint: Fingerprint, shard: &Shard) {
+        if let Some(padded) = self.shards.get(fingerprint.shard(self.shard_bits)) {
+            let (base, slots) = shard.table_place();
+            padded.0.hint.base.store(base, Ordering::Relaxed);
+            padded.0.hint.slots.store(slots, Ordering::Relaxed);
+        }
+    }
+
+    /// Prefetches, without the lock, the home slots of up to `PREFETCH_AHEAD` members of
+    /// `group` (one shard's keys) at the table place last published for that shard.
+    pub(crate) fn prefetch_group(&self, group: &[u32], fingerprints: &[Fingerprint]) {
+        let Some(first) = group.first().and_then(|&i| fingerprints.get(i as usize)) else {
+            return;
+        };
+        let Some(padded) = self.shards.get(first.shard(self.shard_bits)) else {
+            return;
+        };
+        let base = padded.0.hint.base.load(Ordering::Relaxed);
+        let slots = padded.0.hint.slots.load(Ordering::Relaxed);
+        for &index in group.iter().take(PREFETCH_AHEAD) {
+            if let Some(fp) = fingerprints.get(index as usize) {
+                prefetch_address(table::home_address(base, slots, fp.tag()));
+            }
         }
     }
 
@@ -157,7 +211,7 @@ impl Index {
     pub(crate) fn in_flight(&self, bucket: u64, before_ms: u64) -> Vec<shard::InFlightRecord> {
         let mut found = Vec::new();
         for padded in self.shards.iter() {
-            let mut shard = padded.0.lock();
+            let mut shard = padded.0.lock.lock();
             shard.advance(bucket);
             found.extend(shard.in_flight(before_ms));
         }
@@ -169,7 +223,7 @@ impl Index {
         self.shards
             .iter()
             .map(|padded| {
-                let mut shard = padded.0.lock();
+                let mut shard = padded.0.lock.lock();
                 shard.advance(bucket);
                 shard.count_in_flight(before_ms)
             })
@@ -181,7 +235,7 @@ impl Index {
     pub(crate) fn bucket_counts(&self, bucket: u64) -> std::collections::BTreeMap<u64, [u64; 3]> {
         let mut counts = std::collections::BTreeMap::new();
         for padded in self.shards.iter() {
-            let mut shard = padded.0.lock();
+            let mut shard = padded.0.lock.lock();
             shard.advance(bucket);
             shard.add_bucket_counts(&mut counts);
         }
@@ -193,7 +247,7 @@ impl Index {
         let mut stats = IndexStats::default();
         let mut live_buckets = vec![false; self.window.live_buckets() as usize];
         for padded in self.shards.iter() {
-            let mut shard = padded.0.lock();
+            let mut shard = padded.0.lock.lock();
             shard.advance(bucket);
             stats.counters.add(&shard.counters);
             stats.live_keys += shard.live_keys();

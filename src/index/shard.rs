@@ -259,6 +259,11 @@ impl Shard {
             .expire(EXPIRE_RECORDS_PER_WRITE * writes, window, current);
     }
 
+    /// Where the dedup table's slots are: (address of the first, count).
+    pub(crate) fn table_place(&self) -> (usize, usize) {
+        self.table.place_of_slots()
+    }
+
     /// Requests the home slots of `fingerprint` ahead of a probe (batch prefetch).
     #[inline]
     pub(crate) fn prefetch(&self, fingerprint: Fingerprint) {

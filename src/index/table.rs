@@ -126,6 +126,12 @@ impl DedupTable {
         if next == self.slots.len() { 0 } else { next }
     }
 
+    /// The address of the first slot and the number of slots, for a prefetch taken
+    /// without the shard lock ([`home_address`]).
+    pub(crate) fn place_of_slots(&self) -> (usize, usize) {
+        (self.slots.as_ptr().addr(), self.slots.len())
+    }
+
     /// Prefetches the home slot of `tag` and the slot one cache line further, so that
     /// the lines a probe is likely to read are on their way before it starts. Unlike a
     /// load, a prefetch does not hold up the instructions after it when it misses.
@@ -312,6 +318,13 @@ fn written_slots(capacity: usize) -> Vec<Slot> {
     let mut slots = Vec::with_capacity(capacity);
     slots.resize(capacity, EMPTY);
     slots
+}
+
+/// The address of the home slot of `tag` in a table of `slots` slots starting at `base`
+/// (the same multiply-shift as [`DedupTable::home`]). Only a prefetch address.
+pub(crate) fn home_address(base: usize, slots: usize, tag: u64) -> usize {
+    let home = ((u128::from(tag) * slots as u128) >> 64) as usize;
+    base.wrapping_add(home.wrapping_mul(size_of::<Slot>()))
 }
 
 /// Capacity for `keys` keys at two thirds of `MAX_LOAD`, the load right after a 1.5x
