@@ -19,7 +19,11 @@ const BATCH: usize = 1024;
 fn batch(n: u64, ids: &mut Vec<[u8; 16]>) {
     ids.clear();
     for i in 0..BATCH as u64 {
-        let id = if i % 2 == 0 { n * 1024 + i } else { (n.max(1) - 1) * 1024 + i - 1 };
+        let id = if i % 2 == 0 {
+            n * 1024 + i
+        } else {
+            (n.max(1) - 1) * 1024 + i - 1
+        };
         let mut key = [0u8; 16];
         key[..8].copy_from_slice(&id.to_le_bytes());
         key[8..].copy_from_slice(&(!id).to_le_bytes());
@@ -30,7 +34,10 @@ fn batch(n: u64, ids: &mut Vec<[u8; 16]>) {
 /// Warms the thread's buffers up with a few batches, then counts the heap operations of
 /// 200 more.
 fn steady_state_allocations(db: &Db) -> (u64, usize) {
-    assert!(densa_alloc::is_active(), "the counting allocator is not installed");
+    assert!(
+        densa_alloc::is_active(),
+        "the counting allocator is not installed"
+    );
     let mut ids = Vec::with_capacity(BATCH);
     let mut admitted = Vec::with_capacity(BATCH);
     for n in 0..8 {
@@ -84,5 +91,8 @@ fn with_interval_durability_only_the_log_buffers_grow() {
     // doublings of each of the two buffers; without reuse it would be thousands.
     let (allocations, new) = on_disk(Durability::Interval(Duration::from_millis(10)));
     assert_eq!(new, 200 * BATCH / 2);
-    assert!(allocations <= 40, "{allocations} allocations in 200 batches");
+    assert!(
+        allocations <= 40,
+        "{allocations} allocations in 200 batches"
+    );
 }

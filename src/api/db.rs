@@ -173,8 +173,9 @@ impl Db {
     /// An aggregate without a live mark accepts any version as its first.
     pub fn advance(&self, scope: &Scope, aggregate_id: &[u8], version: u64) -> Result<Advance> {
         self.engine.check_key(aggregate_id)?;
-        let advanced =
-            with_scoped_key(scope, aggregate_id, |scoped| self.engine.advance(scoped, version))?;
+        let advanced = with_scoped_key(scope, aggregate_id, |scoped| {
+            self.engine.advance(scoped, version)
+        })?;
         let answer = match advanced {
             Advanced::Applied => Advance::Applied,
             Advanced::Duplicate => Advance::Duplicate,
@@ -283,7 +284,9 @@ fn with_scoped_key<T>(scope: &Scope, key: &[u8], f: impl FnOnce(&[u8]) -> Result
     /// A buffer grown past this by a long key is not kept.
     const KEEP_BYTES: usize = 4096;
     let mut buffer = SCOPED_KEY.take();
-    let answer = scope.encode_key_into(key, &mut buffer).and_then(|()| f(&buffer));
+    let answer = scope
+        .encode_key_into(key, &mut buffer)
+        .and_then(|()| f(&buffer));
     if buffer.capacity() <= KEEP_BYTES {
         SCOPED_KEY.set(buffer);
     }

@@ -72,7 +72,6 @@ pub(crate) fn prefetch_address(address: usize) {
 mod tests {
     use super::prefetch_read;
 
-
     #[test]
     fn a_prefetch_changes_nothing() {
         let values = vec![7u64; 1024];

@@ -308,7 +308,8 @@ impl Engine {
         let lock_group = |group: &[u32]| self.index.lock(fingerprints[group[0] as usize], bucket);
         let mut insert = |shard: &mut Shard, group: &[u32]| {
             insert_group(shard, group, fingerprints, admitted);
-            self.index.publish_table(fingerprints[group[0] as usize], shard);
+            self.index
+                .publish_table(fingerprints[group[0] as usize], shard);
             if durable {
                 for &index in group {
                     stamps[index as usize] = shard.current();

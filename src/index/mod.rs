@@ -170,7 +170,11 @@ impl Index {
 
     /// Orders the indices of `fingerprints` by shard into `groups`, reusing its buffers.
     pub(crate) fn group_by_shard(&self, fingerprints: &[Fingerprint], groups: &mut ShardGroups) {
-        let ShardGroups { starts, order, runs } = groups;
+        let ShardGroups {
+            starts,
+            order,
+            runs,
+        } = groups;
         starts.clear();
         starts.resize(self.shards.len() + 1, 0);
         for fp in fingerprints {
@@ -314,7 +318,10 @@ pub(crate) fn for_each_prefetched(
         }
     }
     for (n, &index) in group.iter().enumerate() {
-        if let Some(fp) = group.get(n + PREFETCH_AHEAD).and_then(|&ahead| fingerprint(ahead)) {
+        if let Some(fp) = group
+            .get(n + PREFETCH_AHEAD)
+            .and_then(|&ahead| fingerprint(ahead))
+        {
             shard.prefetch(fp);
         }
         visit(shard, index as usize);
