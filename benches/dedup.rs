@@ -32,6 +32,8 @@ use workload::{id_stream, idempotency_keys, response_body};
 /// Operations in the large in-memory stream: 12.5 M ops with 20% duplicates leave 10 M
 /// live keys.
 const LARGE_OPS: usize = 12_500_000;
+/// Operations in the medium stream: 4 M ops leave 3.2 M live keys.
+const MEDIUM_OPS: usize = 4_000_000;
 /// Distinct keys in the large stream.
 const LIVE_KEYS: u64 = 10_000_000;
 /// Operations for the slower (durable, TTL-cache) systems.
@@ -280,6 +282,13 @@ fn memory(c: &mut Criterion) {
     group.finish();
 }
 
+fn medium_memory(c: &mut Criterion) {
+    let ids = id_stream(MEDIUM_OPS, DUP_RATE, 42);
+    let mut group = group(c, "memory_3M_live", ids.len());
+    memory_common(&mut group, &ids);
+    group.finish();
+}
+
 fn small_memory(c: &mut Criterion) {
     let ids = id_stream(SMALL_OPS, DUP_RATE, 42);
     let mut group = group(c, "memory_1M", ids.len());
@@ -397,5 +406,13 @@ fn buckets(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, memory, small_memory, durable, records, buckets);
+criterion_group!(
+    benches,
+    memory,
+    medium_memory,
+    small_memory,
+    durable,
+    records,
+    buckets
+);
 criterion_main!(benches);
