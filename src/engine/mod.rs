@@ -176,8 +176,7 @@ impl Engine {
         self.bucket_at(self.clock.now_ms())
     }
 
-    /// The bucket for a clock reading `now_ms` the caller already took (one clock read
-    /// per operation: the reading stamps the record and picks its bucket).
+    /// The bucket for the clock reading `now_ms`, raising the high-water mark.
     fn bucket_at(&self, now_ms: u64) -> u64 {
         let now = self.window.bucket_of(now_ms);
         let seen = self.high_water.load(Ordering::Acquire);
@@ -424,7 +423,7 @@ impl Engine {
         let fingerprint = self.hasher.record(scoped_key);
         let request_hash = self.hasher.request(request);
         let now_ms = self.clock.now_ms();
-        let bucket = self.bucket_at(now_ms);
+        let bucket = self.current_bucket();
         let (reserved, ticket) = {
             let mut shard = self.index.lock(fingerprint, bucket);
             let reserved = shard.reserve(fingerprint, scoped_key, request_hash, now_ms, || {
@@ -477,7 +476,7 @@ impl Engine {
         self.check_response(finish.response())?;
         self.check_writable()?;
         let now_ms = self.clock.now_ms();
-        let bucket = self.bucket_at(now_ms);
+        let bucket = self.current_bucket();
         let ticket = {
             let mut shard = self.index.lock(fingerprint, bucket);
             shard.finish(fingerprint, lease_id, &finish, now_ms)?;
@@ -518,7 +517,7 @@ impl Engine {
         self.check_writable()?;
         let fingerprint = self.hasher.record(scoped_key);
         let now_ms = self.clock.now_ms();
-        let bucket = self.bucket_at(now_ms);
+        let bucket = self.current_bucket();
         let (taken, ticket) = {
             let mut shard = self.index.lock(fingerprint, bucket);
             match shard.take_over(fingerprint, scoped_key, || self.next_lease_id())? {
