@@ -467,6 +467,32 @@ async fn a_relay_killed_between_publish_and_mark_duplicates_only_same_ids() {
     };
     child.kill().unwrap();
     child.wait().unwrap();
+    // The dead relay's backend holds its row locks until PostgreSQL notices the closed
+    // connection and aborts the transaction; a relay started before that would skip the
+    // locked rows. Wait for the server to end that transaction.
+    let client = store.pool().get().await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let open: i64 = client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE state LIKE 'idle in transaction%' AND pid <> pg_backend_pid()",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if open == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the killed relay's transaction never ended"
+        );
+        // Polling the server's own view; nothing in this process can signal it.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(client);
 
     let sink = Sink::default();
     let relay = Relay::new(&store, sink.clone());
