@@ -81,22 +81,30 @@ fn run_bare_probe(ids: &[[u8; 16]]) -> u64 {
     let mask = capacity - 1;
     let mut count = 0;
     for id in ids {
-        let hash = xxhash_rust::xxh3::xxh3_64(id).max(1);
-        let mut index = hash as usize & mask;
-        loop {
-            let slot = slots[index];
-            if slot == 0 {
-                slots[index] = hash;
-                count += 1;
-                break;
-            }
-            if slot == hash {
-                break;
-            }
-            index = (index + 1) & mask;
-        }
+        count += u64::from(probe_insert(
+            &mut slots,
+            mask,
+            xxhash_rust::xxh3::xxh3_64(id).max(1),
+        ));
     }
     count
+}
+
+/// Linear probing for `hash` in the bare table: inserts it if absent; true if it was.
+#[inline]
+fn probe_insert(slots: &mut [u64], mask: usize, hash: u64) -> bool {
+    let mut index = hash as usize & mask;
+    loop {
+        let slot = slots[index];
+        if slot == 0 {
+            slots[index] = hash;
+            return true;
+        }
+        if slot == hash {
+            return false;
+        }
+        index = (index + 1) & mask;
+    }
 }
 
 /// The bare table again, probing in batches of 1024 with the home slot of the key 8
@@ -115,20 +123,7 @@ fn run_bare_probe_prefetch(ids: &[[u8; 16]]) -> u64 {
             if let Some(&ahead) = hashes.get(n + AHEAD) {
                 prefetch(&slots[ahead as usize & mask]);
             }
-            let hash = hashes[n];
-            let mut index = hash as usize & mask;
-            loop {
-                let slot = slots[index];
-                if slot == 0 {
-                    slots[index] = hash;
-                    count += 1;
-                    break;
-                }
-                if slot == hash {
-                    break;
-                }
-                index = (index + 1) & mask;
-            }
+            count += u64::from(probe_insert(&mut slots, mask, hashes[n]));
         }
     }
     count

@@ -15,28 +15,7 @@
 /// A no-op on targets other than x86_64 and aarch64.
 #[inline(always)]
 pub(crate) fn prefetch_read<T>(value: &T) {
-    let pointer: *const T = value;
-    #[cfg(target_arch = "x86_64")]
-    {
-        use core::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        // SAFETY: `prefetcht0` is a hint that never faults and writes nothing; the pointer
-        // comes from a live reference, so it is valid and aligned for `T` anyway.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(pointer.cast::<i8>()) };
-    }
-    #[cfg(target_arch = "aarch64")]
-    {
-        // SAFETY: `prfm` is a hint that never faults and writes nothing (`readonly`,
-        // `nostack`, no flags touched); the address comes from a live reference.
-        unsafe {
-            core::arch::asm!(
-                "prfm pldl1keep, [{address}]",
-                address = in(reg) pointer,
-                options(nostack, readonly, preserves_flags)
-            );
-        }
-    }
-    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-    let _ = pointer;
+    prefetch_address(std::ptr::from_ref(value).addr());
 }
 
 /// Asks the CPU to bring the cache line at `address` into L1. The address may be stale
