@@ -38,14 +38,23 @@ impl Rng {
 }
 
 fn example() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("examples")
-        .join("jetstream_dedup")
+    servers::example("jetstream_dedup")
 }
+
+/// Creates stream `name` on `subject` with the broker's duplicate window `window`.
+async fn create_stream(js: &jetstream::Context, name: &str, subject: &str, window: Duration) {
+    js.create_stream(stream::Config {
+        name: name.into(),
+        subjects: vec![subject.into()],
+        duplicate_window: window,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+}
+
+/// JetStream's default duplicate window.
+const BROKER_DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 
 async fn jetstream(url: &str) -> jetstream::Context {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -74,22 +83,8 @@ async fn jetstream(url: &str) -> jetstream::Context {
 /// published twice at once (a publisher retry the broker drops), and every seventh again
 /// after the input's duplicate window (a late duplicate the broker accepts).
 async fn publish_input(js: &jetstream::Context) {
-    js.create_stream(stream::Config {
-        name: "IN".into(),
-        subjects: vec!["in".into()],
-        duplicate_window: INPUT_DUPLICATE_WINDOW,
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    js.create_stream(stream::Config {
-        name: "OUT".into(),
-        subjects: vec!["out".into()],
-        duplicate_window: Duration::from_secs(120),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    create_stream(js, "IN", "in", INPUT_DUPLICATE_WINDOW).await;
+    create_stream(js, "OUT", "out", BROKER_DUPLICATE_WINDOW).await;
     let publish = |i: usize| async move {
         let mut headers = HeaderMap::new();
         headers.insert(
@@ -359,14 +354,7 @@ async fn the_outbox_relay_publishes_to_jetstream_with_stable_ids() {
     let nats = NatsServer::start();
     let postgres = PgServer::start();
     let js = jetstream(&nats.url()).await;
-    js.create_stream(stream::Config {
-        name: "EVENTS".into(),
-        subjects: vec!["events".into()],
-        duplicate_window: Duration::from_secs(120),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    create_stream(&js, "EVENTS", "events", BROKER_DUPLICATE_WINDOW).await;
     let store = PostgresStore::connect(&postgres.url(), Duration::from_secs(60)).unwrap();
     store.migrate().await.unwrap();
     let mut client = store.pool().get().await.unwrap();
@@ -414,20 +402,14 @@ async fn throughput_with_and_without_oncedb() {
     let modes: [&[&str]; 3] = [&[], &["--passthrough"], &["--one-by-one"]];
     for (n, mode) in modes.into_iter().cycle().take(9).enumerate() {
         let (input, subject) = (format!("IN{n}"), format!("in{n}"));
-        js.create_stream(stream::Config {
-            name: input.clone(),
-            subjects: vec![subject.clone()],
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-        js.create_stream(stream::Config {
-            name: format!("OUT{n}"),
-            subjects: vec![format!("out{n}")],
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+        create_stream(&js, &input, &subject, BROKER_DUPLICATE_WINDOW).await;
+        create_stream(
+            &js,
+            &format!("OUT{n}"),
+            &format!("out{n}"),
+            BROKER_DUPLICATE_WINDOW,
+        )
+        .await;
         let mut acks = Vec::new();
         for i in 0..messages {
             let mut headers = HeaderMap::new();

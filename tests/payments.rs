@@ -6,8 +6,10 @@
 #![cfg(feature = "http")]
 #![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
 
-use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+mod servers;
+
+use std::net::TcpStream;
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -43,26 +45,11 @@ impl Answer {
     }
 }
 
-fn example(name: &str) -> PathBuf {
-    // Examples are built next to the test binaries' directory.
-    let exe = std::env::current_exe().unwrap();
-    exe.parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("examples")
-        .join(name)
-}
-
 impl Payments {
     /// Starts the example on a free loopback port with its store in `dir`.
     fn start(dir: &Path, flags: &[&str]) -> Payments {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = Command::new(example("payments"))
+        let port = servers::free_port();
+        let child = Command::new(servers::example("payments"))
             .args(["--addr", &format!("127.0.0.1:{port}"), "--dir"])
             .arg(dir)
             .args(flags)
@@ -70,11 +57,9 @@ impl Payments {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "the example did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        servers::wait_for("the example's start", || {
+            TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
         Payments {
             child,
             base: format!("http://127.0.0.1:{port}"),

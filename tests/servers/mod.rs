@@ -14,6 +14,14 @@ use std::net::TcpListener;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+/// The path of example `name`, built by `cargo test` next to the test binaries'
+/// directory.
+pub fn example(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    deps.parent().unwrap().join("examples").join(name)
+}
+
 /// A free loopback port whose cluster bus port (+10000) is free too.
 pub fn free_port() -> u16 {
     loop {
