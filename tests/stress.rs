@@ -105,7 +105,8 @@ struct World {
     /// Leases held per key: incremented right after `Acquired`, decremented right before
     /// the lease is completed, failed or released.
     holders: Vec<AtomicUsize>,
-    holder_tokens: Vec<Mutex<Vec<u64>>>,
+    /// The tokens of those leases, each with the tick its acquisition returned at.
+    holder_tokens: Vec<Mutex<Vec<(u64, u64)>>>,
     max_holders: AtomicUsize,
 }
 
@@ -248,16 +249,25 @@ fn reserve(
             let before = world.holders[key as usize].fetch_add(1, Ordering::SeqCst);
             world.max_holders.fetch_max(before + 1, Ordering::SeqCst);
             let mut tokens = world.holder_tokens[key as usize].lock().unwrap();
-            if !tokens.is_empty() {
+            // Only holders whose acquisition returned before this call started are
+            // certainly earlier. One that was acquired while this call ran may have come
+            // after it in the store (this record expired under a clock jump and was
+            // acquired again), only to be registered here first.
+            let earlier: Vec<u64> = tokens
+                .iter()
+                .filter(|&&(_, acquired_end)| acquired_end < event.start)
+                .map(|&(other, _)| other)
+                .collect();
+            if !earlier.is_empty() {
                 events.push(Event {
                     outcome: Outcome::Overlap {
                         token,
-                        others: tokens.clone(),
+                        others: earlier,
                     },
                     ..event.clone()
                 });
             }
-            tokens.push(token);
+            tokens.push((token, event.end));
             drop(tokens);
             held = Some(Held {
                 lease,
@@ -296,7 +306,7 @@ fn finish(world: &World, held: Held, kind: FinishKind, padding: usize, events: &
     response.resize(response.len() + padding, b'.');
     {
         let mut tokens = world.holder_tokens[key as usize].lock().unwrap();
-        tokens.retain(|&t| t != token);
+        tokens.retain(|&(t, _)| t != token);
     }
     world.holders[key as usize].fetch_sub(1, Ordering::SeqCst);
     let (result, mut event) = world.record(key, request, || {
