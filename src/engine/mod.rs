@@ -176,7 +176,8 @@ impl Engine {
         self.bucket_at(self.clock.now_ms())
     }
 
-    /// The bucket for the clock reading `now_ms`, raising the high-water mark.
+    /// The bucket for the clock reading `now_ms`, raising the high-water mark. Record calls
+    /// take one reading for both the record's timestamp and its bucket.
     fn bucket_at(&self, now_ms: u64) -> u64 {
         let now = self.window.bucket_of(now_ms);
         let seen = self.high_water.load(Ordering::Acquire);
@@ -423,7 +424,7 @@ impl Engine {
         let fingerprint = self.hasher.record(scoped_key);
         let request_hash = self.hasher.request(request);
         let now_ms = self.clock.now_ms();
-        let bucket = self.current_bucket();
+        let bucket = self.bucket_at(now_ms);
         let (reserved, ticket) = {
             let mut shard = self.index.lock(fingerprint, bucket);
             let reserved = shard.reserve(fingerprint, scoped_key, request_hash, now_ms, || {
@@ -476,7 +477,7 @@ impl Engine {
         self.check_response(finish.response())?;
         self.check_writable()?;
         let now_ms = self.clock.now_ms();
-        let bucket = self.current_bucket();
+        let bucket = self.bucket_at(now_ms);
         let ticket = {
             let mut shard = self.index.lock(fingerprint, bucket);
             shard.finish(fingerprint, lease_id, &finish, now_ms)?;
@@ -517,7 +518,7 @@ impl Engine {
         self.check_writable()?;
         let fingerprint = self.hasher.record(scoped_key);
         let now_ms = self.clock.now_ms();
-        let bucket = self.current_bucket();
+        let bucket = self.bucket_at(now_ms);
         let (taken, ticket) = {
             let mut shard = self.index.lock(fingerprint, bucket);
             match shard.take_over(fingerprint, scoped_key, || self.next_lease_id())? {
