@@ -4,9 +4,11 @@
 
 mod common;
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::{BUCKET, WINDOW, durable_options, manual_clock};
+use oncedb::io::{StdStorage, Storage, StorageFile};
 use oncedb::{Db, Durability, Error, Options, RecordStatus, Reservation, Scope};
 
 fn segment_files(dir: &std::path::Path) -> Vec<String> {
@@ -171,6 +173,9 @@ fn expired_segments_are_deleted_whole() {
     assert_eq!(segment_files(dir.path()).len(), 5);
     clock.advance(WINDOW);
     db.insert_if_absent(b"now").unwrap();
+    // The segment worker deletes expired segments off the writer's path; a flush waits
+    // for it.
+    db.flush().unwrap();
     assert_eq!(
         segment_files(dir.path()).len(),
         1,
@@ -229,6 +234,9 @@ fn a_batch_costs_one_fsync_and_writers_share_fsyncs() {
     let clock = manual_clock();
     let db = Db::open(durable_options(dir.path(), &clock).durability(Durability::Sync)).unwrap();
     db.insert_if_absent(b"warm-up").unwrap();
+    // The warm-up rolled over to the first segment: let the segment worker finish its
+    // fsyncs (it prepares the next segments) before counting the batch's.
+    db.flush().unwrap();
     let before = db.stats().fsyncs;
     let keys: Vec<[u8; 4]> = (0..1_000u32).map(u32::to_le_bytes).collect();
     db.insert_many(&keys).unwrap();
@@ -346,4 +354,152 @@ fn stats_report_bytes_on_disk_and_fsync_latency() {
     assert!(stats.fsyncs >= 301, "{stats:?}");
     assert!(stats.fsync_p50_us > 0 && stats.fsync_p50_us <= stats.fsync_p99_us);
     assert!(stats.fsync_p99_us <= stats.fsync_max_us);
+}
+
+/// One state-changing call: the calling thread's name, the operation, the file name.
+type Call = (String, &'static str, String);
+
+/// A [`Storage`] over the real file system that records which thread made each
+/// state-changing call.
+#[derive(Clone, Default)]
+struct RecordingStorage {
+    calls: std::sync::Arc<parking_lot::Mutex<Vec<Call>>>,
+}
+
+impl RecordingStorage {
+    fn record(&self, op: &'static str, path: &std::path::Path) {
+        let thread = std::thread::current().name().unwrap_or("").to_string();
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+        self.calls
+            .lock()
+            .push((thread, op, name.unwrap_or_default()));
+    }
+
+    fn take(&self) -> Vec<Call> {
+        std::mem::take(&mut *self.calls.lock())
+    }
+}
+
+struct RecordingFile {
+    inner: Box<dyn StorageFile>,
+    storage: RecordingStorage,
+    path: PathBuf,
+}
+
+impl StorageFile for RecordingFile {
+    fn append(&mut self, data: &[u8]) -> std::io::Result<()> {
+        self.inner.append(data)
+    }
+    fn sync(&mut self) -> std::io::Result<()> {
+        self.storage.record("sync", &self.path);
+        self.inner.sync()
+    }
+    fn len(&self) -> std::io::Result<u64> {
+        self.inner.len()
+    }
+    fn truncate(&mut self, len: u64) -> std::io::Result<()> {
+        self.inner.truncate(len)
+    }
+}
+
+impl Storage for RecordingStorage {
+    fn create_dir_all(&self, dir: &Path) -> std::io::Result<()> {
+        StdStorage.create_dir_all(dir)
+    }
+    fn list(&self, dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+        StdStorage.list(dir)
+    }
+    fn open_append(&self, path: &Path, create: bool) -> std::io::Result<Box<dyn StorageFile>> {
+        if create {
+            self.record("create", path);
+        }
+        Ok(Box::new(RecordingFile {
+            inner: StdStorage.open_append(path, create)?,
+            storage: self.clone(),
+            path: path.to_path_buf(),
+        }))
+    }
+    fn read(&self, path: &Path, max_bytes: u64) -> std::io::Result<Vec<u8>> {
+        StdStorage.read(path, max_bytes)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
+        self.record("rename", to);
+        StdStorage.rename(from, to)
+    }
+    fn remove(&self, path: &Path) -> std::io::Result<()> {
+        self.record("remove", path);
+        StdStorage.remove(path)
+    }
+    fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
+        self.record("sync_dir", dir);
+        StdStorage.sync_dir(dir)
+    }
+    fn lock(&self, path: &Path) -> std::io::Result<Box<dyn std::any::Any + Send + Sync>> {
+        StdStorage.lock(path)
+    }
+}
+
+#[test]
+fn roll_over_and_expiry_leave_the_writer_one_seal() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = manual_clock();
+    let storage = RecordingStorage::default();
+    let options = durable_options(dir.path(), &clock)
+        .window(3 * BUCKET)
+        .durability(Durability::Buffered)
+        .storage(std::sync::Arc::new(storage.clone()));
+    let db = Db::open(options).unwrap();
+    // Four buckets, one segment each; the fourth advance takes the first bucket's
+    // segment out of the window (it lives through bucket 0 + 3) at the next roll-over.
+    for i in 0..4u32 {
+        db.insert_if_absent(&i.to_le_bytes()).unwrap();
+        clock.advance(BUCKET);
+    }
+    db.flush().unwrap();
+    storage.take();
+    let writer = std::thread::current().name().unwrap_or("").to_string();
+    db.insert_if_absent(b"rolls over").unwrap();
+    let on_writer: Vec<_> = storage
+        .take()
+        .into_iter()
+        .filter(|(thread, _, _)| *thread == writer)
+        .map(|(_, op, name)| (op, name))
+        .collect();
+    // The writer seals the old segment (one fsync; nothing was unsynced) and renames the
+    // prepared segment into the log; no create, no directory fsync, no unlink.
+    assert_eq!(on_writer.len(), 2, "{on_writer:?}");
+    assert_eq!(on_writer[0].0, "sync");
+    assert_eq!(on_writer[1].0, "rename");
+    assert!(on_writer[1].1.starts_with("seg-"), "{on_writer:?}");
+    db.flush().unwrap();
+    let on_worker = storage.take();
+    assert!(
+        on_worker
+            .iter()
+            .any(|(thread, op, _)| thread == "oncedb-segments" && *op == "remove"),
+        "{on_worker:?}"
+    );
+    assert_eq!(db.stats().segments_deleted, 1);
+    assert!(db.contains(b"rolls over").unwrap());
+    drop(db);
+    // A clean close leaves no prepared file, and the store reopens with every key.
+    assert!(std::fs::read_dir(dir.path()).unwrap().all(|e| {
+        !e.unwrap()
+            .file_name()
+            .to_string_lossy()
+            .starts_with("prep-")
+    }));
+}
+
+#[test]
+fn a_prepared_file_left_by_a_crash_is_removed_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = manual_clock();
+    drop(Db::open(durable_options(dir.path(), &clock)).unwrap());
+    // What a crash can leave: a prepared segment, possibly torn.
+    let stale = dir.path().join("prep-00000000000099999999-0000000000.log");
+    std::fs::write(&stale, b"torn header").unwrap();
+    let db = Db::open(durable_options(dir.path(), &clock)).unwrap();
+    assert!(!stale.exists());
+    assert!(db.insert_if_absent(b"after").unwrap());
 }

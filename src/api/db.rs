@@ -210,7 +210,9 @@ impl Db {
     }
 
     /// Durability barrier: when it returns, everything acknowledged before the call is on
-    /// stable storage. A no-op for in-memory stores.
+    /// stable storage, and the segment worker has finished the work asked of it so far
+    /// (expired segments unlinked, the next segments prepared). A no-op for in-memory
+    /// stores.
     pub fn flush(&self) -> Result<()> {
         self.engine.flush()
     }

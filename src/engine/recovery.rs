@@ -20,7 +20,9 @@ use crate::log::entry::{DecodedEntry, DecodedFinish, encode_mark};
 use crate::log::format::{MAX_SEGMENT_FILE_BYTES, SEGMENT_HEADER_LEN, frame_seed};
 use crate::log::journal::{Journal, JournalConfig};
 use crate::log::manifest::{MANIFEST_NAME, Manifest};
-use crate::log::names::{LOCK_NAME, MANIFEST_TEMP_NAME, parse_segment_name, segment_path};
+use crate::log::names::{
+    LOCK_NAME, MANIFEST_TEMP_NAME, is_prepared_name, parse_segment_name, segment_path,
+};
 use crate::log::report::{RecoveryReport, SkippedRange, TornTail};
 use crate::log::scan::{Scan, Verdict, scan};
 use crate::log::verify::header_problem;
@@ -172,15 +174,16 @@ fn count_logged_keys(storage: &dyn Storage, dir: &Path, segments: &[(u64, u32)],
 }
 
 /// Segment files of `dir` in replay order; any other name is ignored. A stale manifest
-/// temp file is removed.
+/// temp file and segments prepared ahead of need (never part of the log) are removed.
 fn list_segments(storage: &dyn Storage, dir: &Path) -> Result<Vec<(u64, u32)>> {
     let mut segments = Vec::new();
     for path in storage.list(dir)? {
         if let Some(id) = parse_segment_name(&path) {
             segments.push(id);
-        } else if path
-            .file_name()
-            .is_some_and(|name| name == MANIFEST_TEMP_NAME)
+        } else if is_prepared_name(&path)
+            || path
+                .file_name()
+                .is_some_and(|name| name == MANIFEST_TEMP_NAME)
         {
             storage.remove(&path)?;
         }

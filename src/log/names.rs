@@ -27,6 +27,27 @@ pub(crate) fn parse_segment_name(path: &Path) -> Option<(u64, u32)> {
     Some((bucket.parse().ok()?, seq.parse().ok()?))
 }
 
+/// File name of segment `seq` of `bucket` while it is prepared ahead of need: created,
+/// its header written and fsynced, but not yet part of the log. A roll-over renames it to
+/// [`segment_file_name`]; recovery removes any left over.
+pub(crate) fn prepared_file_name(bucket: u64, seq: u32) -> String {
+    format!("prep-{bucket:020}-{seq:010}.log")
+}
+
+/// Whether `path` names a prepared segment (see [`prepared_file_name`]).
+pub(crate) fn is_prepared_name(path: &Path) -> bool {
+    path.file_name()
+        .and_then(|name| name.to_str())
+        .and_then(|name| name.strip_prefix("prep-"))
+        .and_then(|rest| parse_segment_name(Path::new(&format!("seg-{rest}"))))
+        .is_some()
+}
+
+/// Path of a prepared segment inside `dir`.
+pub(crate) fn prepared_path(dir: &Path, bucket: u64, seq: u32) -> PathBuf {
+    dir.join(prepared_file_name(bucket, seq))
+}
+
 /// Path of a segment inside `dir`.
 pub(crate) fn segment_path(dir: &Path, bucket: u64, seq: u32) -> PathBuf {
     dir.join(segment_file_name(bucket, seq))
@@ -52,6 +73,11 @@ mod tests {
         for (bucket, seq) in [(0, 999_999), (0, 1_000_000), (u64::MAX, u32::MAX)] {
             let path = segment_path(Path::new("/db"), bucket, seq);
             assert_eq!(parse_segment_name(&path), Some((bucket, seq)));
+            assert!(!is_prepared_name(&path));
+            let prepared = prepared_path(Path::new("/db"), bucket, seq);
+            assert!(is_prepared_name(&prepared));
+            assert_eq!(parse_segment_name(&prepared), None);
         }
+        assert!(!is_prepared_name(Path::new("/db/prep-1-2.log")));
     }
 }

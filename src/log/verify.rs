@@ -7,7 +7,7 @@ use std::path::Path;
 use super::entry::DecodedEntry;
 use super::format::{MAX_SEGMENT_FILE_BYTES, frame_seed};
 use super::manifest::{MANIFEST_NAME, Manifest};
-use super::names::{LOCK_NAME, MANIFEST_TEMP_NAME, parse_segment_name};
+use super::names::{LOCK_NAME, MANIFEST_TEMP_NAME, is_prepared_name, parse_segment_name};
 use super::report::{SegmentReport, SegmentState, VerifyReport};
 use super::scan::{Verdict, scan};
 use crate::base::error::{Error, Result};
@@ -36,9 +36,10 @@ pub(crate) fn verify_with(storage: &dyn Storage, dir: &Path) -> Result<VerifyRep
             Some(id) => segments.push(id),
             None => {
                 let known = [LOCK_NAME, MANIFEST_NAME, MANIFEST_TEMP_NAME];
-                if !path
-                    .file_name()
-                    .is_some_and(|name| known.iter().any(|k| name == *k))
+                if !is_prepared_name(&path)
+                    && !path
+                        .file_name()
+                        .is_some_and(|name| known.iter().any(|k| name == *k))
                 {
                     report.stray_files.push(path);
                 }

@@ -1,5 +1,7 @@
-//! The journal writer: appends log entries to the active segment with group commit, rolls
-//! segments over per bucket and size, and deletes the segments of expired buckets.
+//! The journal writer: appends log entries to the active segment with group commit and
+//! rolls segments over per bucket and size. A worker thread ([`worker`]) prepares the
+//! next segments ahead of need and deletes the segments of expired buckets, so neither
+//! runs on a writer's path.
 //!
 //! Every group of frames written at once starts with a durability mark: a frame saying
 //! how many bytes of the segment the last completed fsync covered when the group was
@@ -7,6 +9,8 @@
 //! from damage to acknowledged bytes (see `docs/design.md`).
 
 use std::any::Any;
+mod worker;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -19,7 +23,7 @@ use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use super::entry::{LogEntry, encode_mark};
 use super::format::{MARK_FRAME_LEN, MAX_APPEND_BYTES, SEGMENT_HEADER_LEN, SegmentHeader, put};
-use super::names::segment_path;
+use super::names::{prepared_path, segment_path};
 use crate::base::config::Durability;
 use crate::base::error::{Error, Result};
 use crate::base::window::Window;
@@ -129,11 +133,16 @@ struct Active {
     /// Segment offset of the mark opening the buffered group, which the leader fills in
     /// when it writes the group.
     group_mark: Option<u64>,
+    /// Whether the segment's directory entry is durable. A prepared segment renamed into
+    /// the log is not until a directory fsync; every fsync of the segment's data (a group
+    /// commit, a seal) is followed by one while this is false, so a synced byte never
+    /// depends on a directory entry that a power loss could undo.
+    entry_durable: bool,
 }
 
 impl Active {
     /// A segment holding only its header, fsynced, to append to.
-    fn empty(bucket: u64, seq: u32, file: Box<dyn StorageFile>) -> Active {
+    fn empty(bucket: u64, seq: u32, file: Box<dyn StorageFile>, entry_durable: bool) -> Active {
         let header_len = SEGMENT_HEADER_LEN as u64;
         Active {
             bucket,
@@ -142,6 +151,7 @@ impl Active {
             appended_len: header_len,
             synced_len: header_len,
             group_mark: None,
+            entry_durable,
         }
     }
 }
@@ -161,6 +171,13 @@ struct WriterState {
     active: Option<Active>,
     /// Every segment on disk, as (bucket, seq) → length in bytes.
     segments: BTreeMap<(u64, u32), u64>,
+    /// Segments the worker prepared ahead of need, by the name they take in the log:
+    /// header written and fsynced, file still under its prepared name.
+    prepared: BTreeMap<(u64, u32), Box<dyn StorageFile>>,
+    /// Rounds of background work asked for (one per roll-over) and finished; the worker
+    /// runs while `work_done < work_requested`.
+    work_requested: u64,
+    work_done: u64,
 }
 
 struct Shared {
@@ -168,6 +185,8 @@ struct Shared {
     changed: Condvar,
     /// Wakes the interval flusher for shutdown.
     flusher_wake: Condvar,
+    /// Wakes the segment worker for a round of work or for shutdown.
+    worker_wake: Condvar,
     poisoned: AtomicBool,
     shutdown: AtomicBool,
     storage: Arc<dyn Storage>,
@@ -188,6 +207,7 @@ struct Shared {
 pub(crate) struct Journal {
     shared: Arc<Shared>,
     flusher: Option<JoinHandle<()>>,
+    worker: Option<JoinHandle<()>>,
     _lock: Box<dyn Any + Send + Sync>,
 }
 
@@ -204,9 +224,13 @@ impl Journal {
                 leader: false,
                 active: None,
                 segments: config.segments,
+                prepared: BTreeMap::new(),
+                work_requested: 0,
+                work_done: 0,
             }),
             changed: Condvar::new(),
             flusher_wake: Condvar::new(),
+            worker_wake: Condvar::new(),
             poisoned: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
             storage: config.storage,
@@ -234,9 +258,22 @@ impl Journal {
             }
             Durability::Buffered | Durability::Sync => None,
         };
+        let worker = {
+            let shared = Arc::clone(&shared);
+            std::thread::Builder::new()
+                .name("oncedb-segments".into())
+                .spawn(move || shared.run_worker())?
+        };
+        {
+            // The worker's first round prepares the segments after the active one.
+            let mut state = shared.state.lock();
+            state.work_requested += 1;
+            shared.worker_wake.notify_one();
+        }
         Ok(Journal {
             shared,
             flusher,
+            worker: Some(worker),
             _lock: config.lock,
         })
     }
@@ -305,13 +342,16 @@ impl Journal {
         }
     }
 
-    /// Writes and fsyncs everything appended so far.
+    /// Writes and fsyncs everything appended so far, then waits for the worker to finish
+    /// the background work asked for so far (expired segments deleted, the next segments
+    /// prepared), reporting its failure.
     pub(crate) fn flush(&self) -> Result<()> {
         let shared = &*self.shared;
         let mut state = shared.state.lock();
         shared.check_writable()?;
         let target = state.appended;
-        shared.persist(&mut state, target, true)
+        shared.persist(&mut state, target, true)?;
+        shared.drain_worker(&mut state)
     }
 
     /// Every segment on disk: (bucket, seq) and its length.
@@ -344,14 +384,25 @@ impl Drop for Journal {
         {
             let _state = self.shared.state.lock();
             self.shared.flusher_wake.notify_all();
+            self.shared.worker_wake.notify_all();
         }
         if let Some(flusher) = self.flusher.take() {
             let _ = flusher.join();
         }
+        if let Some(worker) = self.worker.take() {
+            let _ = worker.join();
+        }
         // A clean close persists what is buffered, seals the segment and starts an empty
         // one, so that a sealed segment is never the newest and a cut one is detected; a
         // failure has poisoned the store and there is no caller left to tell.
-        let _ = self.flush().and_then(|()| self.shared.close());
+        let shared = &*self.shared;
+        let mut state = shared.state.lock();
+        let target = state.appended;
+        let _ = shared
+            .check_writable()
+            .and_then(|()| shared.persist(&mut state, target, true));
+        drop(state);
+        let _ = shared.close();
     }
 }
 
@@ -410,6 +461,7 @@ impl Shared {
             put(&mut state_ref.buffer, 0, mark);
         }
         let segment_end = active.appended_len;
+        let sync_entry = sync && !active.entry_durable;
         state_ref.leader = true;
         let spare = std::mem::take(&mut state_ref.spare);
         let data = std::mem::replace(&mut state_ref.buffer, spare);
@@ -420,6 +472,10 @@ impl Shared {
             }
             if sync {
                 self.sync_times.time(&self.fsyncs, || file.sync())?;
+            }
+            if sync_entry {
+                self.sync_times
+                    .time(&self.fsyncs, || self.storage.sync_dir(&self.dir))?;
             }
             Ok(())
         });
@@ -434,6 +490,7 @@ impl Shared {
                     .or_default() += data.len() as u64;
                 if sync {
                     active.synced_len = segment_end;
+                    active.entry_durable = true;
                 }
             }
         }
@@ -497,21 +554,37 @@ impl Shared {
         }
     }
 
-    /// Seals the active segment (all synced by the caller) and creates the next one.
+    /// Seals the active segment (all synced by the caller) and starts the next one: the
+    /// worker's prepared file renamed into the log if it has the right name, else a file
+    /// created here. Then asks the worker to delete expired segments and prepare more.
     fn roll_over(&self, state: &mut WriterState, bucket: u64) -> Result<()> {
         self.seal_active(state)?;
         let newest = state.segments.keys().next_back().copied();
         let (bucket, seq) = next_segment(newest, bucket)
             .ok_or_else(|| self.poison(std::io::Error::other("segment names are exhausted")))?;
-        let file = self
-            .create_segment(bucket, seq)
-            .map_err(|err| self.poison(err))?;
+        let (file, entry_durable) = match state.prepared.remove(&(bucket, seq)) {
+            Some(file) => {
+                let from = prepared_path(&self.dir, bucket, seq);
+                let to = segment_path(&self.dir, bucket, seq);
+                self.storage
+                    .rename(&from, &to)
+                    .map_err(|err| self.poison(err))?;
+                (file, false)
+            }
+            None => {
+                let file = self
+                    .create_segment(bucket, seq)
+                    .map_err(|err| self.poison(err))?;
+                (file, true)
+            }
+        };
         state
             .segments
             .insert((bucket, seq), SEGMENT_HEADER_LEN as u64);
-        state.active = Some(Active::empty(bucket, seq, file));
-        self.delete_expired(state, bucket)
-            .map_err(|err| self.poison(err))
+        state.active = Some(Active::empty(bucket, seq, file, entry_durable));
+        state.work_requested += 1;
+        self.worker_wake.notify_one();
+        Ok(())
     }
 
     fn create_segment(&self, bucket: u64, seq: u32) -> std::io::Result<Box<dyn StorageFile>> {
@@ -529,27 +602,6 @@ impl Shared {
         Ok(file)
     }
 
-    /// Unlinks the segments of buckets that have left the window, then syncs the
-    /// directory once.
-    fn delete_expired(&self, state: &mut WriterState, current: u64) -> std::io::Result<()> {
-        let expired: Vec<(u64, u32)> = state
-            .segments
-            .keys()
-            .copied()
-            .take_while(|&(bucket, _)| !self.window.is_live(bucket, current))
-            .collect();
-        if expired.is_empty() {
-            return Ok(());
-        }
-        for &(bucket, seq) in &expired {
-            self.storage.remove(&segment_path(&self.dir, bucket, seq))?;
-            state.segments.remove(&(bucket, seq));
-            self.segments_deleted.fetch_add(1, Ordering::Relaxed);
-        }
-        self.sync_times
-            .time(&self.fsyncs, || self.storage.sync_dir(&self.dir))
-    }
-
     /// The segment appends go to after open: the empty newest segment, or a new one if
     /// any segment holds data (its predecessor was sealed by recovery).
     fn start(&self, adopt: Option<(u64, u32)>, bucket: u64) -> Result<()> {
@@ -558,7 +610,7 @@ impl Shared {
             let file = self
                 .storage
                 .open_append(&segment_path(&self.dir, bucket, seq), false)?;
-            state.active = Some(Active::empty(bucket, seq, file));
+            state.active = Some(Active::empty(bucket, seq, file, true));
         } else if !state.segments.is_empty() {
             self.roll_over(&mut state, bucket)?;
         }
@@ -583,6 +635,12 @@ impl Shared {
         file.append(&seal)
             .and_then(|()| self.sync_times.time(&self.fsyncs, || file.sync()))
             .map_err(|err| self.poison(err))?;
+        if !active.entry_durable {
+            self.sync_times
+                .time(&self.fsyncs, || self.storage.sync_dir(&self.dir))
+                .map_err(|err| self.poison(err))?;
+            active.entry_durable = true;
+        }
         let len = seal.len() as u64;
         *state
             .segments
@@ -597,19 +655,33 @@ impl Shared {
         Ok(())
     }
 
-    /// A clean close after a flush: if the active segment holds frames, seal it and
-    /// start an empty one of the same bucket.
+    /// A clean close after a flush, with the worker stopped: if the active segment holds
+    /// frames, seal it and start an empty one of the same bucket whose directory entry is
+    /// durable; then remove the prepared segments nobody will use.
     fn close(&self) -> Result<()> {
         let mut state = self.state.lock();
         self.check_writable()?;
         let Some(active) = state.active.as_ref() else {
             return Ok(());
         };
-        if active.appended_len == SEGMENT_HEADER_LEN as u64 || state.synced < state.appended {
-            return Ok(());
+        if active.appended_len != SEGMENT_HEADER_LEN as u64 && state.synced == state.appended {
+            let bucket = active.bucket;
+            self.roll_over(&mut state, bucket)?;
+            if let Some(active) = state.active.as_mut().filter(|a| !a.entry_durable) {
+                self.sync_times
+                    .time(&self.fsyncs, || self.storage.sync_dir(&self.dir))
+                    .map_err(|err| self.poison(err))?;
+                active.entry_durable = true;
+            }
         }
-        let bucket = active.bucket;
-        self.roll_over(&mut state, bucket)
+        // Left-over prepared files are also removed by the next open.
+        for ((bucket, seq), file) in std::mem::take(&mut state.prepared) {
+            drop(file);
+            self.storage
+                .remove(&prepared_path(&self.dir, bucket, seq))
+                .map_err(|err| self.poison(err))?;
+        }
+        Ok(())
     }
 
     fn run_flusher(&self, interval: Duration) {
