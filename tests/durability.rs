@@ -503,3 +503,44 @@ fn a_prepared_file_left_by_a_crash_is_removed_at_open() {
     assert!(!stale.exists());
     assert!(db.insert_if_absent(b"after").unwrap());
 }
+
+#[test]
+fn a_roll_over_at_the_size_limit_takes_a_prepared_segment_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = manual_clock();
+    let storage = RecordingStorage::default();
+    let options = durable_options(dir.path(), &clock)
+        .durability(Durability::Buffered)
+        .segment_max_bytes(4096)
+        .storage(std::sync::Arc::new(storage.clone()));
+    let db = Db::open(options).unwrap();
+    let writer = std::thread::current().name().unwrap_or("").to_string();
+    let mut renamed = Vec::new();
+    for i in 0..400u32 {
+        // The flush lets the worker finish the round the writer asked for at half full.
+        db.flush().unwrap();
+        storage.take();
+        db.insert_if_absent(&i.to_le_bytes()).unwrap();
+        for (thread, op, name) in storage.take() {
+            if thread != writer {
+                continue;
+            }
+            if i > 0 {
+                // The first insert creates the store's first segment itself.
+                assert!(
+                    op == "sync" || op == "rename",
+                    "insert {i}: the writer did {op} {name}"
+                );
+            }
+            if op == "rename" {
+                renamed.push(name);
+            }
+        }
+    }
+    // Every key is 4 bytes, so 400 of them fill several 4 KiB segments of one bucket.
+    assert!(renamed.len() >= 3, "{renamed:?}");
+    assert!(renamed.iter().all(|name| name.starts_with("seg-")));
+    drop(db);
+    let db = Db::open(durable_options(dir.path(), &clock).segment_max_bytes(4096)).unwrap();
+    assert!((0..400u32).all(|i| db.contains(&i.to_le_bytes()).unwrap()));
+}

@@ -138,6 +138,9 @@ struct Active {
     /// commit, a seal) is followed by one while this is false, so a synced byte never
     /// depends on a directory entry that a power loss could undo.
     entry_durable: bool,
+    /// Whether the worker was asked to prepare the segment a size roll-over takes: once
+    /// the segment is half full (a bucket roll-over's is prepared at once).
+    size_successor_asked: bool,
 }
 
 impl Active {
@@ -152,6 +155,7 @@ impl Active {
             synced_len: header_len,
             group_mark: None,
             entry_durable,
+            size_successor_asked: false,
         }
     }
 }
@@ -318,6 +322,11 @@ impl Journal {
             let start = state.buffer.len();
             entry.encode(&mut state.buffer, shared.seed, position);
             active.appended_len += (state.buffer.len() - start) as u64;
+        }
+        if !active.size_successor_asked && shared.half_full(active) {
+            active.size_successor_asked = true;
+            state.work_requested += 1;
+            shared.worker_wake.notify_one();
         }
         let added = (state.buffer.len() - before) as u64;
         state.appended += added;
@@ -511,6 +520,12 @@ impl Shared {
         }
         state.spare = data;
         Ok(())
+    }
+
+    /// Whether `active` is at least half its size limit: time to prepare the segment a
+    /// roll-over at the limit will take.
+    fn half_full(&self, active: &Active) -> bool {
+        active.appended_len >= self.segment_max_bytes / 2
     }
 
     /// Whether an append of `needed` bytes for `bucket` must go to a new segment: none is

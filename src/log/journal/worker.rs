@@ -6,10 +6,11 @@
 //!    renamed into the log), fsync the directory;
 //! 2. unlink every segment whose bucket has left the window, then fsync the directory;
 //! 3. remove prepared files whose names the log has passed;
-//! 4. prepare the two segments a roll-over can ask for next: the next sequence number of
-//!    the active bucket (a roll-over at the size limit) and sequence 0 of the bucket
-//!    after it (a roll-over at a bucket boundary). Each is created under its prepared
-//!    name with its header written and fsynced.
+//! 4. prepare the segments a roll-over can ask for next: sequence 0 of the bucket after
+//!    the active one (a roll-over at a bucket boundary), and, once the active segment is
+//!    half full, the next sequence number of its bucket (a roll-over at the size limit;
+//!    the writer asks for a round when the segment passes half). Each is created under
+//!    its prepared name with its header written and fsynced.
 //!
 //! Step 1 comes first, so a segment's directory entry is durable before any older
 //! segment is unlinked (a file whose unlink a power loss undoes is then never taken for
@@ -59,7 +60,8 @@ impl Plan {
             .next_back()
             .copied()
             .unwrap_or(current);
-        let wanted = [Some(newest.0), newest.0.checked_add(1)]
+        let size_successor = shared.half_full(active).then_some(newest.0);
+        let wanted = [newest.0.checked_add(1), size_successor]
             .into_iter()
             .flatten()
             .filter_map(|bucket| next_segment(Some(newest), bucket))
