@@ -248,6 +248,28 @@ fn memory(c: &mut Criterion) {
     let ids = id_stream(LARGE_OPS, DUP_RATE, 42);
     let mut group = group(c, "memory_10M_live", ids.len());
     memory_common(&mut group, &ids);
+    // Tables sized up front without huge pages (by default tables made at open are
+    // mapped and advised for transparent huge pages; growing ones stay on the heap).
+    let presized_small_pages = || {
+        Db::open(
+            Options::in_memory()
+                .expected_keys(LIVE_KEYS)
+                .huge_pages(false),
+        )
+        .unwrap()
+    };
+    bench(
+        &mut group,
+        "oncedb_insert_many_1024_presized_small_pages",
+        presized_small_pages,
+        |db| run_oncedb_batches(db, &ids),
+    );
+    bench(
+        &mut group,
+        "oncedb_insert_if_absent_presized_small_pages",
+        presized_small_pages,
+        |db| run_oncedb_single(db, &ids),
+    );
     // Tables sized for the live keys up front, like the bare table.
     let presized = || Db::open(Options::in_memory().expected_keys(LIVE_KEYS)).unwrap();
     bench(

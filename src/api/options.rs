@@ -34,6 +34,7 @@ pub struct Options {
     pub(crate) full_policy: FullPolicy,
     pub(crate) recovery_mode: RecoveryMode,
     pub(crate) stuck_after_ms: u64,
+    pub(crate) huge_pages: bool,
 }
 
 impl fmt::Debug for Options {
@@ -52,6 +53,7 @@ impl fmt::Debug for Options {
             .field("full_policy", &self.full_policy)
             .field("recovery_mode", &self.recovery_mode)
             .field("stuck_after_ms", &self.stuck_after_ms)
+            .field("huge_pages", &self.huge_pages)
             .finish_non_exhaustive()
     }
 }
@@ -113,6 +115,7 @@ impl Options {
             full_policy: FullPolicy::Reject,
             recovery_mode: RecoveryMode::Strict,
             stuck_after_ms: 5 * 60 * 1000,
+            huge_pages: true,
         }
     }
 
@@ -156,6 +159,17 @@ impl Options {
     /// [`Error::InvalidOptions`].
     pub fn expected_keys(mut self, keys: u64) -> Self {
         self.expected_keys = keys;
+        self
+    }
+
+    /// Whether dedup tables of 2 MiB and more made at open (sized by
+    /// [`expected_keys`](Self::expected_keys)) are mapped and advised for transparent huge
+    /// pages (`madvise(MADV_HUGEPAGE)`, Linux only; elsewhere, or where the kernel has no
+    /// transparent huge pages, they stay on the heap). Default on: a probe of a large
+    /// table then needs one TLB entry per 2 MiB instead of per 4 KiB. Tables rebuilt while
+    /// growing stay on the heap either way (`docs/performance.md` has the figures).
+    pub fn huge_pages(mut self, on: bool) -> Self {
+        self.huge_pages = on;
         self
     }
 
@@ -237,6 +251,7 @@ impl Options {
             full_policy: self.full_policy,
             recovery_mode: self.recovery_mode,
             stuck_after_ms: self.stuck_after_ms,
+            huge_pages: self.huge_pages,
         })
     }
 

@@ -48,6 +48,7 @@ pub(crate) struct Config {
     pub(crate) storage: Arc<dyn Storage>,
     pub(crate) shard_capacity: Option<u64>,
     pub(crate) full_policy: FullPolicy,
+    pub(crate) huge_pages: bool,
     pub(crate) recovery_mode: RecoveryMode,
     /// Records in flight this long are counted as stuck in the stats.
     pub(crate) stuck_after_ms: u64,
@@ -61,6 +62,7 @@ impl Config {
             expected_keys,
             shard_capacity: self.shard_capacity,
             full_policy: self.full_policy,
+            huge_pages: self.huge_pages,
         }
     }
 

@@ -549,6 +549,7 @@ mod tests {
             storage: Arc::new(disk.clone()),
             shard_capacity: None,
             full_policy: FullPolicy::Reject,
+            huge_pages: false,
             recovery_mode: RecoveryMode::Strict,
             stuck_after_ms: 60_000,
         }

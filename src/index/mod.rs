@@ -16,6 +16,7 @@ pub(crate) mod counters;
 pub(crate) mod marks;
 pub(crate) mod records;
 pub(crate) mod shard;
+pub(crate) mod slots;
 pub(crate) mod table;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -59,6 +60,8 @@ pub(crate) struct IndexConfig {
     /// Most live keys plus records per shard (`None`: unbounded).
     pub(crate) shard_capacity: Option<u64>,
     pub(crate) full_policy: FullPolicy,
+    /// Map large tables and advise them for transparent huge pages.
+    pub(crate) huge_pages: bool,
 }
 
 /// Sizes and counters summed over every shard.
@@ -103,6 +106,7 @@ impl Index {
                 bucket,
                 config.shard_capacity,
                 config.full_policy,
+                config.huge_pages,
             )?;
             let hint = TableHint::default();
             let (base, slots) = shard.table_place();

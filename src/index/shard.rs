@@ -112,11 +112,12 @@ impl Shard {
         current: u64,
         capacity: Option<u64>,
         policy: FullPolicy,
+        huge_pages: bool,
     ) -> Result<Self, TryReserveError> {
         Ok(Shard {
             window,
             current,
-            table: DedupTable::with_keys(expected_keys)?,
+            table: DedupTable::with_keys(expected_keys, huge_pages)?,
             records: RecordMap::default(),
             ring: vec![BucketCount::default(); window.live_buckets() as usize].into_boxed_slice(),
             current_ring_index: (current % window.live_buckets()) as usize,

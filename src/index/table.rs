@@ -17,6 +17,7 @@
 
 use std::collections::TryReserveError;
 
+use super::slots::{EMPTY, Slot, SlotMemory};
 use crate::base::prefetch::prefetch_read;
 use crate::base::window::Liveness;
 
@@ -30,11 +31,6 @@ const MAX_LOAD_DEN: usize = 5;
 
 /// Smallest table allocated.
 const MIN_CAPACITY: usize = 16;
-
-/// One slot: tag low word, tag high word, bucket.
-type Slot = [u32; 3];
-
-const EMPTY: Slot = [0; 3];
 
 const _: () = assert!(size_of::<Slot>() == 12);
 
@@ -74,22 +70,21 @@ const REBUILD_PREFETCH_AHEAD: usize = 16;
 /// The table. `used` counts non-empty slots, live or expired.
 #[derive(Debug)]
 pub(crate) struct DedupTable {
-    slots: Vec<Slot>,
+    slots: SlotMemory,
     used: usize,
     sweep_cursor: Option<usize>,
     probes: u64,
+    /// Whether large slot arrays are mapped and advised for huge pages.
+    huge_pages: bool,
 }
 
 impl DedupTable {
     /// A table that holds `keys` live keys without growing.
     /// Fails, without aborting the process, if the slots cannot be allocated.
-    pub(crate) fn with_keys(keys: usize) -> Result<Self, TryReserveError> {
-        let capacity = capacity_for(keys);
-        let mut slots = Vec::new();
-        slots.try_reserve_exact(capacity)?;
-        slots.resize(capacity, EMPTY);
+    pub(crate) fn with_keys(keys: usize, huge_pages: bool) -> Result<Self, TryReserveError> {
         Ok(DedupTable {
-            slots,
+            slots: SlotMemory::try_zeroed(capacity_for(keys), huge_pages)?,
+            huge_pages,
             used: 0,
             sweep_cursor: None,
             probes: 0,
@@ -112,7 +107,7 @@ impl DedupTable {
 
     /// Bytes of memory held by the slot array.
     pub(crate) fn heap_bytes(&self) -> usize {
-        self.slots.capacity() * size_of::<Slot>()
+        self.slots.len() * size_of::<Slot>()
     }
 
     #[inline]
@@ -208,7 +203,10 @@ impl DedupTable {
     /// Rebuilds the table for `live_keys + 1` keys at two thirds of `MAX_LOAD`, dropping expired
     /// entries on the way. Ends any sweep pass: the new table holds no expired entry.
     pub(crate) fn rebuild(&mut self, live_keys: usize, live: Liveness) {
-        let old = std::mem::replace(&mut self.slots, written_slots(capacity_for(live_keys + 1)));
+        let old = std::mem::replace(
+            &mut self.slots,
+            SlotMemory::written(capacity_for(live_keys + 1)),
+        );
         self.used = 0;
         self.sweep_cursor = None;
         // The old slots are read in order, the new ones written at random: request the
@@ -230,7 +228,9 @@ impl DedupTable {
     /// Drops every entry at once (all of them expired), keeping the allocation size. The
     /// new table is a lazily zeroed allocation, so this costs O(1) in the table size.
     pub(crate) fn clear(&mut self) {
-        self.slots = vec![EMPTY; self.slots.len()];
+        // A mapped table stays mapped (lazily zeroed by the kernel), a heap one on the heap.
+        let huge_pages = self.huge_pages && self.slots.is_mapped();
+        self.slots = SlotMemory::zeroed(self.slots.len(), huge_pages);
         self.used = 0;
         self.sweep_cursor = None;
     }
@@ -314,12 +314,6 @@ impl DedupTable {
 /// A table of empty slots whose pages are written now. A lazily zeroed allocation would
 /// map the shared zero page on the first read (the batch prefetch reads before it
 /// writes) and take a copy-on-write fault with a cross-CPU TLB flush on the first write.
-fn written_slots(capacity: usize) -> Vec<Slot> {
-    let mut slots = Vec::with_capacity(capacity);
-    slots.resize(capacity, EMPTY);
-    slots
-}
-
 /// The address of the home slot of `tag` in a table of `slots` slots starting at `base`
 /// (the same multiply-shift as [`DedupTable::home`]). Only a prefetch address.
 pub(crate) fn home_address(base: usize, slots: usize, tag: u64) -> usize {
@@ -357,7 +351,7 @@ mod tests {
 
     #[test]
     fn insert_then_duplicate() {
-        let mut table = DedupTable::with_keys(10).unwrap();
+        let mut table = DedupTable::with_keys(10, false).unwrap();
         let live = window().liveness(0);
         assert_eq!(table.insert(42, live), Inserted::New);
         assert_eq!(table.insert(42, live), Inserted::Present);
@@ -367,7 +361,7 @@ mod tests {
 
     #[test]
     fn expired_entries_are_absent_and_reused() {
-        let mut table = DedupTable::with_keys(10).unwrap();
+        let mut table = DedupTable::with_keys(10, false).unwrap();
         assert_eq!(table.insert(42, window().liveness(0)), Inserted::New);
         let later = window().liveness(5);
         assert!(!table.contains(42, later));
@@ -377,7 +371,7 @@ mod tests {
 
     #[test]
     fn sweep_removes_expired_and_keeps_live_reachable() {
-        let mut table = DedupTable::with_keys(64).unwrap();
+        let mut table = DedupTable::with_keys(64, false).unwrap();
         let tags = tags_with_home(&table, 3, 12);
         // Old entries (even) first, then new ones (odd) in one cluster; bucket 0 is still
         // live at bucket 3, so no insert reuses an old slot.
@@ -400,7 +394,7 @@ mod tests {
 
     #[test]
     fn sweep_handles_clusters_that_wrap() {
-        let mut table = DedupTable::with_keys(8).unwrap();
+        let mut table = DedupTable::with_keys(8, false).unwrap();
         let last = table.capacity() - 1;
         let tags = tags_with_home(&table, last, 5);
         for (i, &tag) in tags.iter().enumerate() {
@@ -420,7 +414,7 @@ mod tests {
 
     #[test]
     fn rebuild_keeps_live_entries_only() {
-        let mut table = DedupTable::with_keys(4).unwrap();
+        let mut table = DedupTable::with_keys(4, false).unwrap();
         for tag in 1..=10u64 {
             let bucket = if tag <= 5 { 0 } else { 9 };
             table.insert(
@@ -438,7 +432,7 @@ mod tests {
 
     #[test]
     fn may_move_respects_cyclic_order() {
-        let table = DedupTable::with_keys(10).unwrap();
+        let table = DedupTable::with_keys(10, false).unwrap();
         // No wrap: hole 2, entry at 5.
         assert!(table.may_move(1, 2, 5));
         assert!(table.may_move(2, 2, 5));

@@ -72,6 +72,10 @@ pub struct BenchArgs {
     /// Size the tables for this many live keys up front (0: grow as needed).
     #[arg(long, default_value_t = 0)]
     expected_keys: u64,
+    /// Keep the dedup tables on 4 KiB pages (the default maps tables of 2 MiB and more
+    /// and advises them for transparent huge pages).
+    #[arg(long)]
+    small_pages: bool,
     /// Run the backend suite through the `Store` trait against: embedded, postgres://...,
     /// redis://... or redis+cluster://host:port,host:port,... (needs the binary built
     /// with the `async`, `postgres` or `redis` feature).
@@ -258,6 +262,7 @@ fn options(
         None => Options::in_memory(),
     };
     let base = base
+        .huge_pages(!args.small_pages)
         .window(Duration::from_secs(args.window))
         .bucket_width(Duration::from_secs(args.bucket));
     match clock {
