@@ -26,6 +26,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
@@ -52,6 +53,9 @@ struct Disk {
     dirs: BTreeSet<PathBuf>,
     locks: BTreeSet<PathBuf>,
     next_id: FileId,
+    /// Simulated crashes so far: a handle made before the latest belongs to a dead
+    /// process, and its changes fail.
+    crashes: u64,
 }
 
 impl Disk {
@@ -62,9 +66,39 @@ impl Disk {
 }
 
 /// A simulated disk. Clones share it.
-#[derive(Debug, Clone, Default)]
+///
+/// A clone belongs to the process that made it: after a simulated crash (or power loss),
+/// every change made through a clone (or a file or lock) from before it fails, as the
+/// threads of a dead process do nothing more. The handle the crash was simulated through
+/// stays usable, as does every clone made after it.
+#[derive(Debug, Default)]
 pub struct MemStorage {
     disk: Arc<Mutex<Disk>>,
+    /// The crash count when this handle was made.
+    born: AtomicU64,
+}
+
+impl Clone for MemStorage {
+    fn clone(&self) -> Self {
+        MemStorage {
+            disk: Arc::clone(&self.disk),
+            born: AtomicU64::new(self.disk.lock().crashes),
+        }
+    }
+}
+
+/// The error of a change made by a process that has crashed.
+fn dead_process() -> io::Error {
+    io::Error::other("the simulated process that made this handle has crashed")
+}
+
+/// Fails unless `born` is the disk's current crash count.
+fn alive(disk: &Disk, born: u64) -> io::Result<()> {
+    if disk.crashes == born {
+        Ok(())
+    } else {
+        Err(dead_process())
+    }
 }
 
 impl MemStorage {
@@ -76,7 +110,7 @@ impl MemStorage {
     /// Simulates a power loss: every file and directory returns to its last synced
     /// state. Locks are released (the process died).
     pub fn power_loss(&self) {
-        let mut disk = self.disk.lock();
+        let mut disk = self.crash();
         disk.names = disk.synced_names.clone();
         let live: BTreeSet<FileId> = disk.names.values().copied().collect();
         disk.files.retain(|id, _| live.contains(id));
@@ -96,7 +130,7 @@ impl MemStorage {
     /// Bytes that were synced are never changed. Directory entries roll back as in
     /// [`MemStorage::power_loss`].
     pub fn torn_power_loss(&self, seed: u64) {
-        let mut disk = self.disk.lock();
+        let mut disk = self.crash();
         disk.names = disk.synced_names.clone();
         let live: BTreeSet<FileId> = disk.names.values().copied().collect();
         disk.files.retain(|id, _| live.contains(id));
@@ -112,7 +146,21 @@ impl MemStorage {
     /// Simulates a process crash: all writes survive (the page cache is the kernel's),
     /// only the locks are released.
     pub fn process_crash(&self) {
-        self.disk.lock().locks.clear();
+        self.crash().locks.clear();
+    }
+
+    /// Counts a crash: handles from before it are dead, except this one.
+    fn crash(&self) -> parking_lot::MutexGuard<'_, Disk> {
+        let mut disk = self.disk.lock();
+        disk.crashes += 1;
+        self.born.store(disk.crashes, Ordering::Relaxed);
+        disk
+    }
+
+    fn lock_alive(&self) -> io::Result<parking_lot::MutexGuard<'_, Disk>> {
+        let disk = self.disk.lock();
+        alive(&disk, self.born.load(Ordering::Relaxed))?;
+        Ok(disk)
     }
 
     /// The current bytes of `path`, for tests that damage files.
@@ -209,11 +257,13 @@ fn tear(synced: &[u8], current: &[u8], random: &mut SplitMix) -> Vec<u8> {
 struct MemFile {
     disk: Arc<Mutex<Disk>>,
     id: FileId,
+    born: u64,
 }
 
 impl MemFile {
     fn with<T>(&self, f: impl FnOnce(&mut FileData) -> T) -> io::Result<T> {
         let mut disk = self.disk.lock();
+        alive(&disk, self.born)?;
         let file = disk
             .files
             .get_mut(&self.id)
@@ -246,7 +296,7 @@ fn parent(path: &Path) -> &Path {
 
 impl Storage for MemStorage {
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
-        self.disk.lock().dirs.insert(dir.to_path_buf());
+        self.lock_alive()?.dirs.insert(dir.to_path_buf());
         Ok(())
     }
 
@@ -264,7 +314,7 @@ impl Storage for MemStorage {
     }
 
     fn open_append(&self, path: &Path, create: bool) -> io::Result<Box<dyn StorageFile>> {
-        let mut disk = self.disk.lock();
+        let mut disk = self.lock_alive()?;
         let id = match disk.names.get(path) {
             Some(&id) => id,
             None if create => {
@@ -282,6 +332,7 @@ impl Storage for MemStorage {
         Ok(Box::new(MemFile {
             disk: Arc::clone(&self.disk),
             id,
+            born: disk.crashes,
         }))
     }
 
@@ -295,20 +346,20 @@ impl Storage for MemStorage {
     }
 
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        let mut disk = self.disk.lock();
+        let mut disk = self.lock_alive()?;
         let id = disk.names.remove(from).ok_or(io::ErrorKind::NotFound)?;
         disk.names.insert(to.to_path_buf(), id);
         Ok(())
     }
 
     fn remove(&self, path: &Path) -> io::Result<()> {
-        let mut disk = self.disk.lock();
+        let mut disk = self.lock_alive()?;
         disk.names.remove(path).ok_or(io::ErrorKind::NotFound)?;
         Ok(())
     }
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
-        let mut disk = self.disk.lock();
+        let mut disk = self.lock_alive()?;
         let disk = &mut *disk;
         disk.synced_names.retain(|path, _| parent(path) != dir);
         for (path, &id) in &disk.names {
@@ -320,13 +371,14 @@ impl Storage for MemStorage {
     }
 
     fn lock(&self, path: &Path) -> io::Result<Box<dyn Any + Send + Sync>> {
-        let mut disk = self.disk.lock();
+        let mut disk = self.lock_alive()?;
         if !disk.locks.insert(path.to_path_buf()) {
             return Err(io::ErrorKind::WouldBlock.into());
         }
         Ok(Box::new(MemLock {
             disk: Arc::clone(&self.disk),
             path: path.to_path_buf(),
+            born: disk.crashes,
         }))
     }
 }
@@ -334,17 +386,44 @@ impl Storage for MemStorage {
 struct MemLock {
     disk: Arc<Mutex<Disk>>,
     path: PathBuf,
+    born: u64,
 }
 
 impl Drop for MemLock {
     fn drop(&mut self) {
-        self.disk.lock().locks.remove(&self.path);
+        // A dead process's lock went with it; the path may be another process's now.
+        let mut disk = self.disk.lock();
+        if disk.crashes == self.born {
+            disk.locks.remove(&self.path);
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn handles_from_before_a_crash_change_nothing() {
+        let disk = MemStorage::new();
+        let dir = Path::new("/db");
+        disk.create_dir_all(dir).unwrap();
+        let before = disk.clone();
+        let mut file = before.open_append(&dir.join("a"), true).unwrap();
+        file.append(b"kept").unwrap();
+        let lock = before.lock(&dir.join("LOCK")).unwrap();
+        disk.process_crash();
+        assert!(file.append(b"late").is_err());
+        assert!(before.open_append(&dir.join("b"), true).is_err());
+        assert!(before.remove(&dir.join("a")).is_err());
+        let after = disk.clone();
+        let _new_lock = after.lock(&dir.join("LOCK")).unwrap();
+        // The dead process's lock guard must not release the new holder's lock.
+        drop(lock);
+        assert!(after.lock(&dir.join("LOCK")).is_err());
+        assert_eq!(disk.contents(&dir.join("a")).unwrap(), b"kept");
+        after.open_append(&dir.join("b"), true).unwrap();
+    }
 
     #[test]
     fn power_loss_keeps_only_synced_state() {
