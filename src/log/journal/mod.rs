@@ -602,9 +602,23 @@ impl Shared {
         Ok(())
     }
 
+    /// Creates segment `(bucket, seq)` in the log: file and header fsynced, then the
+    /// directory.
     fn create_segment(&self, bucket: u64, seq: u32) -> std::io::Result<Box<dyn StorageFile>> {
-        let path = segment_path(&self.dir, bucket, seq);
-        let mut file = self.storage.open_append(&path, true)?;
+        let file = self.create_with_header(&segment_path(&self.dir, bucket, seq), bucket, seq)?;
+        self.sync_times
+            .time(&self.fsyncs, || self.storage.sync_dir(&self.dir))?;
+        Ok(file)
+    }
+
+    /// Creates `path` holding the header of segment `(bucket, seq)`, fsynced.
+    fn create_with_header(
+        &self,
+        path: &std::path::Path,
+        bucket: u64,
+        seq: u32,
+    ) -> std::io::Result<Box<dyn StorageFile>> {
+        let mut file = self.storage.open_append(path, true)?;
         let header = SegmentHeader {
             bucket,
             seq,
@@ -612,9 +626,18 @@ impl Shared {
         };
         file.append(&header.encode())?;
         self.sync_times.time(&self.fsyncs, || file.sync())?;
-        self.sync_times
-            .time(&self.fsyncs, || self.storage.sync_dir(&self.dir))?;
         Ok(file)
+    }
+
+    /// Makes `active`'s directory entry durable if it is not yet.
+    fn sync_entry(&self, active: &mut Active) -> Result<()> {
+        if !active.entry_durable {
+            self.sync_times
+                .time(&self.fsyncs, || self.storage.sync_dir(&self.dir))
+                .map_err(|err| self.poison(err))?;
+            active.entry_durable = true;
+        }
+        Ok(())
     }
 
     /// The segment appends go to after open: the empty newest segment, or a new one if
@@ -650,12 +673,7 @@ impl Shared {
         file.append(&seal)
             .and_then(|()| self.sync_times.time(&self.fsyncs, || file.sync()))
             .map_err(|err| self.poison(err))?;
-        if !active.entry_durable {
-            self.sync_times
-                .time(&self.fsyncs, || self.storage.sync_dir(&self.dir))
-                .map_err(|err| self.poison(err))?;
-            active.entry_durable = true;
-        }
+        self.sync_entry(active)?;
         let len = seal.len() as u64;
         *state
             .segments
@@ -682,11 +700,8 @@ impl Shared {
         if active.appended_len != SEGMENT_HEADER_LEN as u64 && state.synced == state.appended {
             let bucket = active.bucket;
             self.roll_over(&mut state, bucket)?;
-            if let Some(active) = state.active.as_mut().filter(|a| !a.entry_durable) {
-                self.sync_times
-                    .time(&self.fsyncs, || self.storage.sync_dir(&self.dir))
-                    .map_err(|err| self.poison(err))?;
-                active.entry_durable = true;
+            if let Some(active) = state.active.as_mut() {
+                self.sync_entry(active)?;
             }
         }
         // Left-over prepared files are also removed by the next open.

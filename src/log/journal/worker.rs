@@ -24,7 +24,6 @@ use parking_lot::MutexGuard;
 use super::{Shared, WriterState, next_segment};
 use crate::base::error::Result;
 use crate::io::StorageFile;
-use crate::log::format::SegmentHeader;
 use crate::log::names::{prepared_path, segment_path};
 
 /// What one round does, read under the lock.
@@ -161,17 +160,7 @@ impl Shared {
     /// No directory fsync: the rename into the log is made durable later (see
     /// `Active::entry_durable`), and a prepared file lost to a power loss held nothing.
     fn prepare(&self, bucket: u64, seq: u32) -> std::io::Result<Box<dyn StorageFile>> {
-        let mut file = self
-            .storage
-            .open_append(&prepared_path(&self.dir, bucket, seq), true)?;
-        let header = SegmentHeader {
-            bucket,
-            seq,
-            database_id: self.database_id,
-        };
-        file.append(&header.encode())?;
-        self.sync_times.time(&self.fsyncs, || file.sync())?;
-        Ok(file)
+        self.create_with_header(&prepared_path(&self.dir, bucket, seq), bucket, seq)
     }
 
     fn publish(&self, state: &mut WriterState, done: Done) {
