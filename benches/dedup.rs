@@ -14,9 +14,6 @@
 )]
 #![expect(clippy::unwrap_used, reason = "benchmark: a failure aborts the run")]
 
-#[path = "../src/bin/oncedb/workload.rs"]
-#[allow(dead_code)]
-mod workload;
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -27,7 +24,7 @@ use criterion::{
 use dashmap::DashMap;
 use oncedb::{Db, Durability, ManualClock, Options, Reservation, Scope};
 use redb::ReadableTable;
-use workload::{id_stream, idempotency_keys, response_body};
+use oncedb_testkit::workload::{id_stream, idempotency_keys, response_body};
 
 /// Operations in the large in-memory stream: 12.5 M ops with 20% duplicates leave 10 M
 /// live keys.

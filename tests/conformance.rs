@@ -9,7 +9,7 @@
 #[path = "shared/conformance.rs"]
 mod conformance;
 #[cfg(any(feature = "redis", feature = "postgres"))]
-mod servers;
+use oncedb_testkit::servers;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, SystemTime};

@@ -10,6 +10,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 
+use oncedb::io::SplitMix64;
 use oncedb::{Db, Durability, Options, RecordStatus, Reservation, Scope};
 
 /// The tests here run one at a time: a child spawned by one test inherits, between fork
@@ -89,19 +90,6 @@ fn write_one(db: &Db, n: u64) {
     out.flush().unwrap();
 }
 
-/// A small deterministic generator for kill points.
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-}
-
 #[derive(Default)]
 struct Acked {
     keys: Vec<u64>,
@@ -171,10 +159,10 @@ fn crash_rounds(mode: &str, seed: u64) {
         .and_then(|r| r.parse().ok())
         .unwrap_or(20);
     let dir = tempfile::tempdir().unwrap();
-    let mut rng = SplitMix(seed);
+    let mut rng = SplitMix64::new(seed);
     let mut all = Acked::default();
     for round in 0..rounds {
-        let kill_after = 1 + (rng.next() % 400) as usize;
+        let kill_after = 1 + (rng.next_u64() % 400) as usize;
         let first_key = (round + 1) * 1_000_000_000;
         let acked = run_child(dir.path(), mode, first_key, kill_after);
         assert!(acked.keys.len() + acked.records.len() >= kill_after);

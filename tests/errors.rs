@@ -5,7 +5,7 @@
     reason = "test code: values are small and chosen by the test"
 )]
 
-mod common;
+use oncedb_testkit::fixtures as common;
 
 use std::time::Duration;
 

@@ -1,6 +1,6 @@
 //! The window: how long a key is remembered, when it is forgotten, and clocks that jump.
 
-mod common;
+use oncedb_testkit::fixtures as common;
 
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 #![expect(clippy::expect_used, reason = "test code: a panic is the test failing")]
 #![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
 
-mod common;
+use oncedb_testkit::fixtures as common;
 
 use std::sync::Arc;
 

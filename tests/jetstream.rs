@@ -7,7 +7,7 @@
 
 #![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
 
-mod servers;
+use oncedb_testkit::servers;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -17,6 +17,7 @@ use std::time::{Duration, Instant, SystemTime};
 use async_nats::HeaderMap;
 use async_nats::jetstream::{self, consumer::pull, stream};
 use futures_util::StreamExt;
+use oncedb::io::SplitMix64;
 use oncedb::{Db, Options};
 use servers::nats::NatsServer;
 
@@ -24,18 +25,6 @@ const MESSAGES: usize = 1500;
 /// The input stream's duplicate window: re-publishes after it are new messages to the
 /// broker, and only oncedb can drop them.
 const INPUT_DUPLICATE_WINDOW: Duration = Duration::from_secs(1);
-
-/// A small deterministic generator for kill delays (the seed is printed on failure).
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
 
 fn example() -> PathBuf {
     servers::example("jetstream_dedup")
@@ -172,7 +161,7 @@ fn drain(
     min_kills: usize,
     crash_broker: bool,
 ) -> Runs {
-    let mut rng = Rng(seed);
+    let mut rng = SplitMix64::new(seed);
     let mut runs = Runs::default();
     let mut broker_crashed = !crash_broker;
     let deadline = Instant::now() + Duration::from_secs(240);

@@ -2,7 +2,7 @@
 
 #![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
 
-mod common;
+use oncedb_testkit::fixtures as common;
 
 use common::{BUCKET, WINDOW, manual_clock};
 use oncedb::{Db, Error, FullPolicy, ManualClock, Options, Reservation, Scope};

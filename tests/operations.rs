@@ -3,7 +3,7 @@
 
 #![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
 
-mod common;
+use oncedb_testkit::fixtures as common;
 
 use std::sync::{Arc, Barrier};
 use std::time::Duration;

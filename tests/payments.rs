@@ -6,7 +6,7 @@
 #![cfg(feature = "http")]
 #![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
 
-mod servers;
+use oncedb_testkit::servers;
 
 use std::net::TcpStream;
 use std::path::Path;

@@ -6,7 +6,7 @@
 #![cfg(feature = "postgres")]
 #![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
 
-mod servers;
+use oncedb_testkit::servers;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};

@@ -4,7 +4,7 @@
 
 #![cfg(feature = "redis")]
 
-mod servers;
+use oncedb_testkit::servers;
 
 use std::time::Duration;
 

@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Barrier, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
+use oncedb::io::SplitMix64;
 use oncedb::{Db, Error, ManualClock, Options, RecordStatus, Reservation, Scope};
 
 const THREADS: usize = 8;
@@ -30,26 +31,6 @@ const BUCKET_MS: u64 = 1_000;
 const SPAN: u64 = 4;
 /// The clock thread moves time after this many of its own operations.
 const ADVANCE_EVERY: usize = 6;
-
-/// Small deterministic generator (xorshift64*), one per thread.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum FinishKind {
@@ -151,7 +132,7 @@ struct Held {
 const MAX_HELD: usize = 2;
 
 fn worker(world: &World, thread: usize) -> Vec<Event> {
-    let mut rng = Rng::new(thread as u64 + 1);
+    let mut rng = SplitMix64::new(thread as u64 + 1);
     let mut events = Vec::new();
     let mut held: Vec<Held> = Vec::new();
     let mut serial = 0u64;
@@ -212,7 +193,7 @@ fn worker(world: &World, thread: usize) -> Vec<Event> {
     events
 }
 
-fn advance_clock(world: &World, rng: &mut Rng) {
+fn advance_clock(world: &World, rng: &mut SplitMix64) {
     let now = world
         .clock
         .now()

@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
-use super::{Storage, StorageFile};
+use super::{SplitMix64, Storage, StorageFile};
 
 #[derive(Debug, Clone, Default)]
 struct FileData {
@@ -134,7 +134,7 @@ impl MemStorage {
         disk.names = disk.synced_names.clone();
         let live: BTreeSet<FileId> = disk.names.values().copied().collect();
         disk.files.retain(|id, _| live.contains(id));
-        let mut random = SplitMix(seed);
+        let mut random = SplitMix64::new(seed);
         for file in disk.files.values_mut() {
             let torn = tear(&file.synced, &file.current, &mut random);
             file.current = torn.clone();
@@ -194,36 +194,18 @@ impl MemStorage {
     }
 }
 
-/// A small deterministic generator for tears.
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// A value in `0..=max`.
-    fn upto(&mut self, max: usize) -> usize {
-        (self.next() % (max as u64 + 1)) as usize
-    }
-}
-
 const PAGE: usize = 4096;
 
 /// What a power loss leaves of a file whose synced bytes are `synced` and whose bytes
 /// before the loss were `current`.
-fn tear(synced: &[u8], current: &[u8], random: &mut SplitMix) -> Vec<u8> {
+fn tear(synced: &[u8], current: &[u8], random: &mut SplitMix64) -> Vec<u8> {
     let Some(unsynced) = current.strip_prefix(synced).filter(|rest| !rest.is_empty()) else {
         // Nothing appended since the sync (or a truncation not yet synced): the synced
         // bytes are what the disk has.
         return synced.to_vec();
     };
     let mut out = synced.to_vec();
-    match random.next() % 4 {
+    match random.next_u64() % 4 {
         0 => {}
         1 => out.extend_from_slice(&unsynced[..random.upto(unsynced.len())]),
         2 => {
@@ -242,7 +224,7 @@ fn tear(synced: &[u8], current: &[u8], random: &mut SplitMix) -> Vec<u8> {
             while at < current.len() {
                 let page_end = ((at / PAGE) + 1) * PAGE;
                 let end = page_end.min(current.len());
-                if random.next().is_multiple_of(2) {
+                if random.next_u64().is_multiple_of(2) {
                     out[at..end].copy_from_slice(&current[at..end]);
                     kept_end = end;
                 }

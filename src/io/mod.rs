@@ -4,6 +4,7 @@
 
 mod faulty;
 mod mem;
+mod random;
 mod std_fs;
 
 use std::any::Any;
@@ -12,6 +13,7 @@ use std::path::{Path, PathBuf};
 
 pub use faulty::{FaultKind, FaultyStorage};
 pub use mem::MemStorage;
+pub use random::SplitMix64;
 pub use std_fs::StdStorage;
 
 /// A file opened for appending.

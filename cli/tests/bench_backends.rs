@@ -2,10 +2,10 @@
 //! run succeeds only when each workload admitted exactly the distinct keys of its stream,
 //! and the table says so.
 
-#![cfg(all(feature = "cli", feature = "postgres", feature = "redis"))]
+#![cfg(all(feature = "postgres", feature = "redis"))]
 #![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
 
-mod servers;
+use oncedb_testkit::servers;
 
 use std::process::Command;
 

@@ -8,6 +8,7 @@ use super::{free_port, wait_for};
 /// A NATS server with JetStream, killed on drop.
 pub struct NatsServer {
     child: Child,
+    /// The loopback port it listens on.
     pub port: u16,
     dir: tempfile::TempDir,
 }
@@ -27,6 +28,7 @@ fn spawn(port: u16, dir: &std::path::Path) -> Child {
 }
 
 impl NatsServer {
+    /// Starts `nats-server -js` on a free port in a temp dir.
     pub fn start() -> NatsServer {
         let port = free_port();
         let dir = tempfile::tempdir().unwrap();
@@ -37,6 +39,7 @@ impl NatsServer {
         }
     }
 
+    /// `nats://127.0.0.1:PORT`.
     pub fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
     }

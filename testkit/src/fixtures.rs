@@ -7,7 +7,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use oncedb::{Db, ManualClock, Options};
 
+/// The tests' window: one hour.
 pub const WINDOW: Duration = Duration::from_secs(3600);
+/// The tests' bucket width: one minute.
 pub const BUCKET: Duration = Duration::from_secs(60);
 
 /// A fixed start time, aligned to a bucket boundary plus `offset`.
@@ -15,6 +17,7 @@ pub fn start_at(offset: Duration) -> SystemTime {
     UNIX_EPOCH + Duration::from_secs(1_700_000_040) + offset
 }
 
+/// A manual clock at [`start_at`] with no offset.
 pub fn manual_clock() -> ManualClock {
     ManualClock::new(start_at(Duration::ZERO))
 }

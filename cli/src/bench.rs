@@ -23,7 +23,7 @@ use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
 use oncedb::{Db, Durability, ManualClock, Options, Reservation, Scope, Stats};
 
-use crate::workload::{id_stream, idempotency_keys, response_body, rss_bytes};
+use oncedb_testkit::workload::{id_stream, idempotency_keys, response_body, rss_bytes};
 
 /// Flags of `oncedb bench`.
 #[derive(Args, Debug, Clone)]
@@ -119,7 +119,6 @@ struct Outcome {
 
 pub fn run(args: &BenchArgs) -> Result<(), String> {
     if let Some(backend) = &args.backend {
-        #[cfg(feature = "async")]
         return crate::backends::run(
             backend,
             args.keys,
@@ -128,10 +127,6 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
             args.dup_rate,
             Duration::from_secs(args.window),
         );
-        #[cfg(not(feature = "async"))]
-        return Err(format!(
-            "--backend {backend} needs oncedb built with --features async (or postgres, redis)"
-        ));
     }
     let scenarios = if args.keys.is_none()
         && args.threads.is_none()

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant, SystemTime};
 use hdrhistogram::Histogram;
 use oncedb::{Db, Options, Reserved, Scope, Store, StoreLease};
 
-use crate::workload::{id_stream, idempotency_keys, response_body};
+use oncedb_testkit::workload::{id_stream, idempotency_keys, response_body};
 
 /// One workload of the backend suite.
 #[derive(Debug, Clone, Copy)]

@@ -12,6 +12,7 @@ use super::{alive, children, free_port, signal, wait_for};
 pub struct PgServer {
     bin: PathBuf,
     dir: tempfile::TempDir,
+    /// The loopback port it listens on.
     pub port: u16,
     /// Who the server runs as when the tests run as root.
     owner: Option<(u32, u32)>,
@@ -70,6 +71,7 @@ fn postgres_user() -> (u32, u32) {
 }
 
 impl PgServer {
+    /// Runs `initdb` and `pg_ctl start` in a temp dir, on a free port.
     pub fn start() -> PgServer {
         let owner = (euid() == 0).then(postgres_user);
         let dir = tempfile::tempdir().unwrap();

@@ -18,6 +18,7 @@ pub enum Persistence {
 /// A `redis-server` child, killed on drop.
 pub struct RedisServer {
     child: Child,
+    /// The loopback port it listens on.
     pub port: u16,
     cluster: bool,
     persistence: Persistence,
@@ -64,10 +65,12 @@ fn spawn(port: u16, dir: &Path, cluster: bool, persistence: Persistence) -> Chil
 }
 
 impl RedisServer {
+    /// Starts `redis-server` (cluster-enabled if `cluster`) with default persistence.
     pub fn start(cluster: bool) -> RedisServer {
         RedisServer::start_with(cluster, Persistence::None)
     }
 
+    /// Starts `redis-server` with `persistence`.
     pub fn start_with(cluster: bool, persistence: Persistence) -> RedisServer {
         let port = free_port();
         let dir = tempfile::tempdir().unwrap();
@@ -96,10 +99,12 @@ impl RedisServer {
         });
     }
 
+    /// `redis://127.0.0.1:PORT/`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
+    /// Runs `redis-cli` against this server and returns its output.
     pub fn cli(&self, args: &[&str]) -> String {
         let out = Command::new("redis-cli")
             .args(["-p", &self.port.to_string()])

@@ -3,14 +3,12 @@
 //! store's files without changing them; `oncedb bench` measures throughput, latency,
 //! memory per key and fsync batching on this machine.
 
-#[cfg(feature = "async")]
 mod backends;
 mod bench;
 mod dedup;
 mod duration;
 mod inspect;
 mod verify;
-mod workload;
 
 use std::process::ExitCode;
 

@@ -10,30 +10,12 @@
     reason = "benchmark tool: indices come from the workload it generates"
 )]
 
-/// SplitMix64: a small, fast, deterministic generator.
-#[derive(Debug, Clone)]
-pub struct SplitMix(pub u64);
-
-impl SplitMix {
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// A value in `0..bound`.
-    pub fn below(&mut self, bound: u64) -> u64 {
-        ((u128::from(self.next_u64()) * u128::from(bound)) >> 64) as u64
-    }
-}
+use oncedb::io::SplitMix64;
 
 /// `ops` 16-byte ids of which a fraction `dup_rate` repeats an earlier id (chosen
 /// uniformly among those before it), like redeliveries in a message stream.
 pub fn id_stream(ops: usize, dup_rate: f64, seed: u64) -> Vec<[u8; 16]> {
-    let mut rng = SplitMix(seed);
+    let mut rng = SplitMix64::new(seed);
     let threshold = (dup_rate.clamp(0.0, 1.0) * u64::MAX as f64) as u64;
     let mut keys: Vec<[u8; 16]> = Vec::with_capacity(ops);
     for i in 0..ops {
@@ -72,7 +54,7 @@ pub fn idempotency_keys(ops: usize, dup_rate: f64, seed: u64) -> Vec<String> {
 
 /// A 256-byte response body to store for replay.
 pub fn response_body(seed: u64) -> Vec<u8> {
-    let mut rng = SplitMix(seed);
+    let mut rng = SplitMix64::new(seed);
     let mut body = br#"{"id":"pay_"#.to_vec();
     while body.len() < 254 {
         body.push(b'a' + (rng.next_u64() % 26) as u8);

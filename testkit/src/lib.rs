@@ -1,0 +1,13 @@
+//! What oncedb's tests, benches and tools share, so that none keeps a copy of its own:
+//! - [`fixtures`]: the test window, a manual clock at a fixed start, stores on it;
+//! - [`servers`]: real PostgreSQL, Redis (single and cluster) and NATS servers, started on
+//!   free loopback ports in temp dirs and stopped when dropped;
+//! - [`workload`]: the deterministic key streams of `oncedb bench` and the criterion
+//!   benches.
+//!
+//! The one seeded generator is [`oncedb::io::SplitMix64`]: the engine's simulated power
+//! loss uses it too.
+
+pub mod fixtures;
+pub mod servers;
+pub mod workload;
