@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use oncedb::{Db, Options, RedisStore, Reserved, Scope, Store, StoreLease};
+use oncedb::{Db, Options, RedisStore, Reservation, Scope, Store, StoreLease};
 
 struct Server(Child);
 
@@ -55,7 +55,7 @@ fn start_redis() -> (Server, u16) {
 }
 
 async fn reserve_complete<S: Store>(store: &S, scope: &Scope, key: u64) {
-    let Reserved::Acquired(lease) = store
+    let Reservation::Acquired(lease) = store
         .reserve(scope, &key.to_le_bytes(), b"req")
         .await
         .unwrap()

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use oncedb::{Db, Durability, Options, Reservation, Reserved, Scope, Store, StoreLease};
+use oncedb::{Db, Durability, Options, Reservation, Scope, Store, StoreLease};
 
 fn stores() -> Vec<(&'static str, Db, tempfile::TempDir)> {
     let mut out = Vec::new();
@@ -57,7 +57,7 @@ fn reserve_complete(c: &mut Criterion) {
                 let key = next.fetch_add(1, Ordering::Relaxed).to_le_bytes();
                 let (db, scope) = (&db, &scope);
                 async move {
-                    let Reserved::Acquired(lease) =
+                    let Reservation::Acquired(lease) =
                         Store::reserve(db, scope, &key, b"req").await.unwrap()
                     else {
                         panic!("fresh key");

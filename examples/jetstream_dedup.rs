@@ -7,6 +7,9 @@
 //!     --input-stream ORDERS --output-subject orders.clean --dir /tmp/dedup [--idle-exit 5] [--batch 100]
 //! ```
 //!
+//! `--create-streams --input-subject orders --output-stream CLEAN` first creates the input
+//! stream on `orders` and the output stream on `orders.clean` if they are missing.
+//!
 //! - The dedup key is the input's `Nats-Msg-Id`, or `h:` and the XXH3-128 of the payload
 //!   when the header is absent.
 //! - A batch is fetched from the durable pull consumer `oncedb` (created if missing,
@@ -49,6 +52,11 @@ struct Args {
     mode: Mode,
     /// Await each confirmation before the next publish.
     one_by_one: bool,
+    /// Create missing streams: `input_stream` on `input_subject`, `output_stream` on
+    /// `output_subject`.
+    create_streams: bool,
+    input_subject: Option<String>,
+    output_stream: Option<String>,
 }
 
 /// What stands between input and output.
@@ -77,6 +85,9 @@ fn args() -> Result<Args, String> {
         ack_wait: Duration::from_secs(30),
         mode: Mode::Reserve,
         one_by_one: false,
+        create_streams: false,
+        input_subject: None,
+        output_stream: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -88,8 +99,12 @@ fn args() -> Result<Args, String> {
             };
             continue;
         }
-        if flag == "--one-by-one" {
-            parsed.one_by_one = true;
+        if flag == "--one-by-one" || flag == "--create-streams" {
+            if flag == "--one-by-one" {
+                parsed.one_by_one = true;
+            } else {
+                parsed.create_streams = true;
+            }
             continue;
         }
         let value = args.next().ok_or(format!("{flag} needs a value"))?;
@@ -98,6 +113,8 @@ fn args() -> Result<Args, String> {
             "--server" => parsed.server = value.clone(),
             "--input-stream" => parsed.input_stream = value.clone(),
             "--output-subject" => parsed.output_subject = value.clone(),
+            "--input-subject" => parsed.input_subject = Some(value.clone()),
+            "--output-stream" => parsed.output_stream = Some(value.clone()),
             "--dir" => parsed.dir = PathBuf::from(&value),
             "--idle-exit" => parsed.idle_exit = Some(Duration::from_secs(number("--idle-exit")?)),
             "--batch" => {
@@ -116,6 +133,10 @@ fn args() -> Result<Args, String> {
         || parsed.dir.as_os_str().is_empty()
     {
         return Err("--server, --input-stream, --output-subject and --dir are required".into());
+    }
+    if parsed.create_streams && (parsed.input_subject.is_none() || parsed.output_stream.is_none())
+    {
+        return Err("--create-streams needs --input-subject and --output-stream".into());
     }
     Ok(parsed)
 }
@@ -192,7 +213,8 @@ async fn main() {
         Err(err) => {
             eprintln!(
                 "jetstream_dedup: {err}\nusage: jetstream_dedup --server URL --input-stream NAME \
-                 --output-subject SUBJECT --dir DIR [--idle-exit SECONDS] [--batch N] [--ack-wait-ms MS] [--naive | --passthrough] [--one-by-one]"
+                 --output-subject SUBJECT --dir DIR [--idle-exit SECONDS] [--batch N] [--ack-wait-ms MS] [--naive | --passthrough] [--one-by-one] \
+                 [--create-streams --input-subject SUBJECT --output-stream NAME]"
             );
             std::process::exit(2);
         }
@@ -203,9 +225,32 @@ async fn main() {
     }
 }
 
+/// Creates the input and the output stream where missing (`--create-streams`), so the
+/// example runs against a bare `nats-server -js` with no other NATS tool. A stream that
+/// exists is left as it is.
+async fn create_streams(js: &jetstream::Context, args: &Args) -> Result<(), async_nats::Error> {
+    let streams = [
+        (&args.input_stream, args.input_subject.as_ref()),
+        (args.output_stream.as_ref().unwrap_or(&args.input_stream), Some(&args.output_subject)),
+    ];
+    for (name, subject) in streams {
+        let subjects = subject.into_iter().cloned().collect();
+        js.get_or_create_stream(jetstream::stream::Config {
+            name: name.clone(),
+            subjects,
+            ..Default::default()
+        })
+        .await?;
+    }
+    Ok(())
+}
+
 async fn run(args: &Args) -> Result<(), async_nats::Error> {
     let client = async_nats::connect(&args.server).await?;
     let js = jetstream::new(client);
+    if args.create_streams {
+        create_streams(&js, args).await?;
+    }
     let consumer: jetstream::consumer::PullConsumer = js
         .get_stream(&args.input_stream)
         .await?

@@ -1,4 +1,4 @@
-//! The seed's payment service: `POST /v1/payments` behind the `Idempotency-Key` layer,
+//! A payment service: `POST /v1/payments` behind the `Idempotency-Key` layer,
 //! a fake payment provider that deduplicates by operation id, and a reconciliation task
 //! that settles requests whose outcome was unknown.
 //!

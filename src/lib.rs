@@ -66,34 +66,29 @@ mod engine;
 pub mod http;
 mod index;
 pub mod io;
-mod log;
 #[cfg(feature = "async")]
 mod store;
+mod wal;
 
-pub use api::db::{BucketInfo, Db, verify, verify_with};
-pub use api::options::Options;
-pub use api::record::{
-    Advance, InFlight, Lease, LeaseError, Record, RecordStatus, Reservation, Scope,
+pub use api::{
+    Advance, BucketInfo, Db, InFlight, Lease, LeaseError, Options, Record, RecordStatus,
+    Reservation, Scope, Stats, verify, verify_with,
 };
-pub use api::stats::Stats;
 #[cfg(feature = "postgres")]
 pub use backend::postgres;
 #[cfg(feature = "postgres")]
 pub use backend::postgres::{MAX_POSTGRES_VERSION, PostgresLease, PostgresStore};
 #[cfg(feature = "redis")]
 pub use backend::redis::{MAX_REDIS_VERSION, RedisLease, RedisStore};
-pub use base::config::{Durability, FullPolicy, RecoveryMode};
-pub use base::error::{Error, Result};
-pub use base::limits::{
-    MAX_BATCH_KEYS, MAX_BUCKETS_PER_WINDOW, MAX_EXPECTED_KEYS, MAX_KEY_BYTES_LIMIT, MAX_NOTE_BYTES,
-    MAX_RESPONSE_BYTES_LIMIT, MAX_SCOPE_PART_BYTES, MAX_SEGMENT_BYTES_LIMIT, MAX_SHARDS,
-};
-pub use base::time::{Clock, ManualClock, SystemClock};
-pub use log::report::{
-    RecoveryReport, SegmentReport, SegmentState, SkippedRange, TornTail, VerifyReport,
+pub use base::{
+    Clock, Durability, Error, FullPolicy, MAX_BATCH_KEYS, MAX_BUCKETS_PER_WINDOW,
+    MAX_EXPECTED_KEYS, MAX_KEY_BYTES_LIMIT, MAX_NOTE_BYTES, MAX_RESPONSE_BYTES_LIMIT,
+    MAX_SCOPE_PART_BYTES, MAX_SEGMENT_BYTES_LIMIT, MAX_SHARDS, ManualClock, RecoveryMode, Result,
+    SystemClock,
 };
 #[cfg(feature = "async")]
-pub use store::{Guarded, GuardedLease, OutagePolicy, Reserved, Store, StoreLease};
+pub use store::{Guarded, GuardedLease, OutagePolicy, Store, StoreLease};
+pub use wal::{RecoveryReport, SegmentReport, SegmentState, SkippedRange, TornTail, VerifyReport};
 
 /// Compiles and runs the README's examples as doc tests.
 #[cfg(doctest)]

@@ -45,7 +45,7 @@ impl Harness for Embedded {
     }
 
     async fn pass(&self, _store: &Db, window: Duration) {
-        self.clock.advance(window + window / 5);
+        self.clock.forward(window + window / 5);
     }
 }
 

@@ -48,7 +48,7 @@ fn build(clock: &ManualClock, crash: bool) -> (MemStorage, Vec<PathBuf>) {
             panic!("acquire");
         };
         lease.complete(b"response").unwrap();
-        clock.advance(BUCKET);
+        clock.forward(BUCKET);
     }
     if crash {
         std::mem::forget(db);

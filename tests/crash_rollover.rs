@@ -89,7 +89,7 @@ fn crash_rollover_child() {
                 let start = first + thread * 1_000_000;
                 for (i, n) in (start..start + 1_000_000).enumerate() {
                     if thread == 0 && i as u64 % WRITES_PER_BUCKET == WRITES_PER_BUCKET - 1 {
-                        clock.advance(Duration::from_millis(BUCKET_MS));
+                        clock.forward(Duration::from_millis(BUCKET_MS));
                     }
                     write_one(&db, &clock, n);
                 }

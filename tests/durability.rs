@@ -149,10 +149,10 @@ fn keys_remember_their_bucket_across_reopen() {
     {
         let db = Db::open(durable_options(dir.path(), &clock)).unwrap();
         db.insert_if_absent(b"early").unwrap();
-        clock.advance(WINDOW / 2);
+        clock.forward(WINDOW / 2);
         db.insert_if_absent(b"late").unwrap();
     }
-    clock.advance(WINDOW / 2 + BUCKET);
+    clock.forward(WINDOW / 2 + BUCKET);
     let db = Db::open(durable_options(dir.path(), &clock)).unwrap();
     assert!(
         !db.contains(b"early").unwrap(),
@@ -168,10 +168,10 @@ fn expired_segments_are_deleted_whole() {
     let db = Db::open(durable_options(dir.path(), &clock)).unwrap();
     for i in 0..5u32 {
         db.insert_if_absent(&i.to_le_bytes()).unwrap();
-        clock.advance(BUCKET);
+        clock.forward(BUCKET);
     }
     assert_eq!(segment_files(dir.path()).len(), 5);
-    clock.advance(WINDOW);
+    clock.forward(WINDOW);
     db.insert_if_absent(b"now").unwrap();
     // The segment worker deletes expired segments off the writer's path; a flush waits
     // for it.
@@ -198,7 +198,7 @@ fn expired_segments_are_deleted_at_open() {
         db.insert_if_absent(b"old").unwrap();
         db
     });
-    clock.advance(WINDOW + BUCKET);
+    clock.forward(WINDOW + BUCKET);
     let db = Db::open(durable_options(dir.path(), &clock)).unwrap();
     assert!(segment_files(dir.path()).is_empty());
     // The sealed segment holding "old" and the empty one its clean close started.
@@ -338,7 +338,7 @@ fn stats_report_bytes_on_disk_and_fsync_latency() {
     for i in 0..300u32 {
         db.insert_if_absent(&i.to_le_bytes()).unwrap();
     }
-    clock.advance(BUCKET);
+    clock.forward(BUCKET);
     db.insert_if_absent(b"next bucket").unwrap();
     let stats = db.stats();
     let files = segment_files(dir.path());
@@ -453,7 +453,7 @@ fn roll_over_and_expiry_leave_the_writer_one_seal() {
     // segment out of the window (it lives through bucket 0 + 3) at the next roll-over.
     for i in 0..4u32 {
         db.insert_if_absent(&i.to_le_bytes()).unwrap();
-        clock.advance(BUCKET);
+        clock.forward(BUCKET);
     }
     db.flush().unwrap();
     storage.take();

@@ -52,7 +52,7 @@ fn memory_is_reclaimed_when_the_window_passes() {
     let before = db.stats();
     assert_eq!(before.live_keys, 10_000);
     assert!(before.table_slots_used >= 10_000);
-    clock.advance(WINDOW + BUCKET);
+    clock.forward(WINDOW + BUCKET);
     let after = db.stats();
     assert_eq!(after.live_keys, 0);
     assert_eq!(
@@ -70,11 +70,11 @@ fn sweep_reclaims_slots_while_other_buckets_stay() {
     for i in 0..5_000u32 {
         db.insert_if_absent(&i.to_le_bytes()).unwrap();
     }
-    clock.advance(WINDOW / 2);
+    clock.forward(WINDOW / 2);
     for i in 5_000..10_000u32 {
         db.insert_if_absent(&i.to_le_bytes()).unwrap();
     }
-    clock.advance(WINDOW / 2 + BUCKET);
+    clock.forward(WINDOW / 2 + BUCKET);
     // The first half has expired; writes drive the incremental sweep.
     for i in 10_000..40_000u32 {
         db.insert_if_absent(&i.to_le_bytes()).unwrap();
@@ -124,12 +124,12 @@ fn buckets_are_counted_and_dropped_whole() {
     let db = memory_db(&clock);
     for minute in 0..3u32 {
         db.insert_if_absent(&minute.to_le_bytes()).unwrap();
-        clock.advance(BUCKET);
+        clock.forward(BUCKET);
     }
     let stats = db.stats();
     assert_eq!(stats.buckets_live, 3);
     assert_eq!(stats.live_keys, 3);
-    clock.advance(WINDOW - 2 * BUCKET);
+    clock.forward(WINDOW - 2 * BUCKET);
     let stats = db.stats();
     assert_eq!(stats.buckets_live, 2, "the first bucket left the window");
     assert_eq!(stats.live_keys, 2);
@@ -144,9 +144,9 @@ fn records_expire_with_the_window() {
         panic!("first reserve acquires");
     };
     lease.complete(b"resp").unwrap();
-    clock.advance(WINDOW - MS);
+    clock.forward(WINDOW - MS);
     assert!(db.get(&scope, b"k").unwrap().is_some());
-    clock.advance(BUCKET + MS);
+    clock.forward(BUCKET + MS);
     assert!(db.get(&scope, b"k").unwrap().is_none());
     assert_eq!(db.stats().live_records, 0);
     assert!(matches!(
@@ -163,7 +163,7 @@ fn a_lease_outliving_its_record_is_told_so() {
     let oncedb::Reservation::Acquired(lease) = db.reserve(&scope, b"k", b"req").unwrap() else {
         panic!("first reserve acquires");
     };
-    clock.advance(WINDOW + BUCKET);
+    clock.forward(WINDOW + BUCKET);
     assert!(matches!(
         lease.complete(b"late").map_err(oncedb::Error::from),
         Err(oncedb::Error::LeaseLost)

@@ -50,7 +50,7 @@ fn workload(db: &Db, clock: &ManualClock, acked: &mut Acked) -> Result<(), Error
         lease.complete(&round.to_le_bytes())?;
         acked.records.push(round);
         // Move to the next bucket; the last rounds push early buckets out of the window.
-        clock.advance(if round == 3 {
+        clock.forward(if round == 3 {
             WINDOW - 3 * BUCKET
         } else {
             BUCKET

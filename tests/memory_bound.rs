@@ -64,7 +64,7 @@ fn reject_fails_closed_and_loses_nothing() {
     }
     assert!(full);
     // When the window passes, room comes back.
-    clock.advance(WINDOW + BUCKET);
+    clock.forward(WINDOW + BUCKET);
     assert!(db.insert_if_absent(b"after the window").unwrap());
 }
 
@@ -111,7 +111,7 @@ fn evict_oldest_stays_bounded_and_keeps_recent_keys() {
             key += 1;
         }
         assert!(db.stats().live_keys <= MAX_KEYS);
-        clock.advance(BUCKET);
+        clock.forward(BUCKET);
     }
     let stats = db.stats();
     assert!(stats.buckets_evicted > 0);

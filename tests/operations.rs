@@ -174,7 +174,7 @@ fn in_flight_lists_stuck_records_with_their_notes() {
     early.note(b"provider timeout after 30s").unwrap();
     let done = acquire(&db, b"done");
     done.complete(b"ok").unwrap();
-    clock.advance(Duration::from_secs(400));
+    clock.forward(Duration::from_secs(400));
     let _late = acquire(&db, b"late");
     assert!(matches!(
         _late.note(&[0; oncedb::MAX_NOTE_BYTES + 1]),
@@ -231,9 +231,9 @@ fn the_ordering_guard_gives_every_answer() {
         (6, 1, 1, 1, 3)
     );
     // The mark lives through the window after its last change, then any version starts.
-    clock.advance(WINDOW);
+    clock.forward(WINDOW);
     assert_eq!(db.advance(&scope(), agg, 4).unwrap(), Advance::Duplicate);
-    clock.advance(BUCKET);
+    clock.forward(BUCKET);
     assert_eq!(db.advance(&scope(), agg, 1).unwrap(), Advance::Applied);
 }
 
@@ -304,7 +304,7 @@ fn a_lease_whose_record_expired_is_lost_not_fenced() {
     let clock = manual_clock();
     let db = memory_db(&clock);
     let first = acquire(&db, b"pay-6");
-    clock.advance(WINDOW + BUCKET);
+    clock.forward(WINDOW + BUCKET);
     let second = acquire(&db, b"pay-6");
     assert!(second.epoch() > first.epoch());
     assert!(matches!(

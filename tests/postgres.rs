@@ -17,7 +17,7 @@ use std::time::Duration;
 use oncedb::postgres::inbox::{self, Received};
 use oncedb::postgres::outbox::{self, NewMessage, OutboxMessage, Publisher, Relay};
 use oncedb::{
-    Error, Guarded, MAX_POSTGRES_VERSION, OutagePolicy, PostgresStore, Reserved, Scope, Store,
+    Error, Guarded, MAX_POSTGRES_VERSION, OutagePolicy, PostgresStore, Reservation, Scope, Store,
     StoreLease,
 };
 use servers::postgres::PgServer;
@@ -66,7 +66,7 @@ async fn migrations_apply_once_and_are_recorded() {
         i64::try_from(oncedb::postgres::MIGRATIONS.len()).unwrap()
     );
     assert!(store.insert_if_absent(b"k").await.unwrap());
-    // The seed's partial indexes are there.
+    // The partial indexes for cleanup and stuck records are there.
     assert_eq!(
         count(
             &store,
@@ -97,7 +97,7 @@ async fn versions_and_resume() {
             .unwrap(),
         oncedb::Advance::Applied
     );
-    let Reserved::Acquired(first) = store.reserve(&scope, b"w", b"req").await.unwrap() else {
+    let Reservation::Acquired(first) = store.reserve(&scope, b"w", b"req").await.unwrap() else {
         panic!("acquire");
     };
     let second = store.take_over(&scope, b"w").await.unwrap().unwrap();
@@ -122,7 +122,7 @@ async fn expired_rows_are_deleted_in_batches() {
     let keys: Vec<Vec<u8>> = (0..50u32).map(|i| i.to_le_bytes().to_vec()).collect();
     store.insert_many(keys).await.unwrap();
     for i in 0..20u32 {
-        let Reserved::Acquired(lease) =
+        let Reservation::Acquired(lease) =
             store.reserve(&scope, &i.to_le_bytes(), b"r").await.unwrap()
         else {
             panic!("acquire");
@@ -528,7 +528,7 @@ async fn an_unreachable_server_follows_the_outage_policy() {
             .unwrap(),
         [true, true]
     );
-    let Reserved::Acquired(lease) = open.reserve(&scope, b"k", b"r").await.unwrap() else {
+    let Reservation::Acquired(lease) = open.reserve(&scope, b"k", b"r").await.unwrap() else {
         panic!("fail-open reservations proceed");
     };
     lease.complete(b"nothing stored").await.unwrap();

@@ -64,7 +64,7 @@ fn in_flight_is_reported_with_its_start() {
     let scope = Scope::new("org", "op");
     let started = clock.now();
     let lease = acquire(&db, &scope, b"key", b"req");
-    clock.advance(Duration::from_secs(5));
+    clock.forward(Duration::from_secs(5));
     match db.reserve(&scope, b"key", b"req").unwrap() {
         Reservation::InFlight { since } => assert_eq!(since, started),
         other => panic!("expected InFlight, got {other:?}"),

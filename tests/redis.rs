@@ -9,7 +9,7 @@ use oncedb_testkit::servers;
 use std::time::Duration;
 
 use oncedb::{
-    Error, Guarded, OutagePolicy, RecordStatus, RedisStore, Reserved, Scope, Store, StoreLease,
+    Error, Guarded, OutagePolicy, RecordStatus, RedisStore, Reservation, Scope, Store, StoreLease,
 };
 use servers::redis::{Persistence, RedisServer, start_cluster};
 use servers::runtime;
@@ -28,7 +28,8 @@ fn versions_beyond_lua_numbers_are_refused_and_leases_resume() {
             Err(Error::InvalidOptions(_))
         ));
         // Resume by epoch, and fencing of an older one.
-        let Reserved::Acquired(first) = store.reserve(&scope, b"w", b"req").await.unwrap() else {
+        let Reservation::Acquired(first) = store.reserve(&scope, b"w", b"req").await.unwrap()
+        else {
             panic!("acquire");
         };
         let second = store.take_over(&scope, b"w").await.unwrap().unwrap();
@@ -74,7 +75,7 @@ fn aof_always_keeps_every_acknowledged_reservation_across_a_kill() {
             .unwrap();
         for i in 0..200u32 {
             assert!(store.insert_if_absent(&i.to_le_bytes()).await.unwrap());
-            let Reserved::Acquired(lease) = store
+            let Reservation::Acquired(lease) = store
                 .reserve(&scope, &i.to_le_bytes(), b"req")
                 .await
                 .unwrap()

@@ -210,7 +210,7 @@ fn advance_clock(world: &World, rng: &mut SplitMix64) {
         6 => (SPAN + 1) * BUCKET_MS,
         _ => rng.below(3 * BUCKET_MS),
     };
-    world.clock.advance(Duration::from_millis(by));
+    world.clock.forward(Duration::from_millis(by));
 }
 
 /// Reserves `key`; returns the lease, named `token`, if acquired.

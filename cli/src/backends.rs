@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use hdrhistogram::Histogram;
-use oncedb::{Db, Options, Reserved, Scope, Store, StoreLease};
+use oncedb::{Db, Options, Reservation, Scope, Store, StoreLease};
 
 use oncedb_testkit::workload::{id_stream, idempotency_keys, response_body};
 
@@ -250,7 +250,7 @@ async fn client<S: Store>(store: &S, mix: Mix, keys: &[Vec<u8>]) -> Result<Part,
             }
             Mix::Records => {
                 for key in keys {
-                    if let Reserved::Acquired(lease) = store
+                    if let Reservation::Acquired(lease) = store
                         .reserve(&scope, key, key)
                         .await
                         .map_err(|e| e.to_string())?

@@ -463,7 +463,7 @@ fn run_chunk(db: &Db, chunk: &[Vec<u8>], driver: &Driver<'_>) -> Result<Latencie
         if let Some((clock, every, by)) = driver.clock
             && since_advance >= every
         {
-            clock.advance(by);
+            clock.forward(by);
             since_advance = 0;
             just_advanced = true;
         }

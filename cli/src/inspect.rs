@@ -37,8 +37,8 @@ fn lossy(bytes: &[u8]) -> String {
 /// Opens the store (taking its lock, like any open) and prints what it holds.
 pub fn run(args: &InspectArgs) -> Result<(), String> {
     let options = Options::from_dir(&args.dir).map_err(|err| err.to_string())?;
-    let (window, bucket) = (options.window_length(), options.bucket_length());
     let db = Db::open(options).map_err(|err| err.to_string())?;
+    let (window, bucket) = (db.window(), db.bucket_width());
     let buckets = db.buckets();
     let in_flight = db.in_flight(Duration::ZERO);
     let stats = db.stats();

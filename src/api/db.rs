@@ -2,16 +2,14 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::observe;
 use super::options::Options;
-use super::record::{Advance, InFlight, Lease, Record, Reservation, Scope};
+use super::record::{InFlight, Lease, Reservation, Scope};
 use super::stats::Stats;
-use crate::base::error::Result;
-use crate::base::time::{duration_to_ms, ms_to_system_time};
-use crate::engine::{self, Engine, TakenOver};
-use crate::index::marks::Advanced;
-use crate::log::report::{RecoveryReport, VerifyReport};
+use crate::base::{Advance, Record, RecordStatus, Result, duration_to_ms, ms_to_system_time};
+use crate::engine::{Engine, Grant, RecoveryReport, Reserved, VerifyReport};
 
 /// An embedded store of dedup keys and idempotency records over a sliding time window.
 ///
@@ -80,25 +78,15 @@ impl Db {
         self.engine.check_key(key)?;
         let reserved = with_scoped_key(scope, key, |scoped| self.engine.reserve(scoped, request))?;
         let answer = match reserved {
-            engine::Reservation::Acquired {
-                fingerprint,
-                lease_id,
-                since_ms,
-            } => Reservation::Acquired(self.lease(
-                scope,
-                key,
-                TakenOver {
-                    fingerprint,
-                    lease_id,
-                    since_ms,
+            Reserved::Acquired(grant) => Reservation::Acquired(self.lease(scope, key, grant)),
+            Reserved::Existing(record) => match record.status {
+                RecordStatus::InFlight => Reservation::InFlight {
+                    since: record.created_at(),
                 },
-            )),
-            engine::Reservation::InFlight { since_ms } => Reservation::InFlight {
-                since: ms_to_system_time(since_ms),
+                RecordStatus::Completed => Reservation::Completed(record),
+                RecordStatus::Failed => Reservation::Failed(record),
             },
-            engine::Reservation::Completed(record) => Reservation::Completed(record.into()),
-            engine::Reservation::Failed(record) => Reservation::Failed(record.into()),
-            engine::Reservation::Mismatch => Reservation::Mismatch,
+            Reserved::Mismatch => Reservation::Mismatch,
         };
         observe::reservation(scope, key, &answer);
         Ok(answer)
@@ -108,7 +96,7 @@ impl Db {
     pub fn get(&self, scope: &Scope, key: &[u8]) -> Result<Option<Record>> {
         self.engine.check_key(key)?;
         let record = with_scoped_key(scope, key, |scoped| self.engine.get(scoped))?;
-        Ok(record.map(Record::from))
+        Ok(record)
     }
 
     /// Records in flight for at least `older_than` (by the database clock): stuck
@@ -156,7 +144,7 @@ impl Db {
         Ok(self.lease(scope, key, taken))
     }
 
-    fn lease(&self, scope: &Scope, key: &[u8], taken: TakenOver) -> Lease {
+    fn lease(&self, scope: &Scope, key: &[u8], taken: Grant) -> Lease {
         Lease {
             engine: Arc::clone(&self.engine),
             scope: scope.clone(),
@@ -173,15 +161,9 @@ impl Db {
     /// An aggregate without a live mark accepts any version as its first.
     pub fn advance(&self, scope: &Scope, aggregate_id: &[u8], version: u64) -> Result<Advance> {
         self.engine.check_key(aggregate_id)?;
-        let advanced = with_scoped_key(scope, aggregate_id, |scoped| {
+        let answer = with_scoped_key(scope, aggregate_id, |scoped| {
             self.engine.advance(scoped, version)
         })?;
-        let answer = match advanced {
-            Advanced::Applied => Advance::Applied,
-            Advanced::Duplicate => Advance::Duplicate,
-            Advanced::Stale { current } => Advance::Stale { current },
-            Advanced::Gap { expected } => Advance::Gap { expected },
-        };
         observe::version(scope, answer);
         Ok(answer)
     }
@@ -224,6 +206,18 @@ impl Db {
         self.engine.recovery_report()
     }
 
+    /// How long a key is remembered: the setting of [`Options::window`] the store was
+    /// opened (or created, for a reopened durable store) with.
+    pub fn window(&self) -> Duration {
+        let window = self.engine.window();
+        Duration::from_millis(window.span * window.width_ms)
+    }
+
+    /// The width of one time bucket: [`Options::bucket_width`].
+    pub fn bucket_width(&self) -> Duration {
+        Duration::from_millis(self.engine.window().width_ms)
+    }
+
     /// Whether the store keeps files (and so its writes may wait for an fsync).
     pub fn is_durable(&self) -> bool {
         self.engine.is_durable()
@@ -263,15 +257,15 @@ pub struct BucketInfo {
 /// [`Error::Locked`](crate::Error::Locked)), and reports per segment what `Db::open`
 /// would find. `oncedb verify --dir D` prints it.
 pub fn verify(dir: impl AsRef<Path>) -> Result<VerifyReport> {
-    crate::log::verify::verify_with(&crate::io::StdStorage, dir.as_ref())
+    crate::engine::verify_with(&crate::engine::StdStorage, dir.as_ref())
 }
 
 /// [`verify`] through a given storage layer (for tests on a simulated disk).
 pub fn verify_with(
-    storage: &dyn crate::io::Storage,
+    storage: &dyn crate::engine::Storage,
     dir: impl AsRef<Path>,
 ) -> Result<VerifyReport> {
-    crate::log::verify::verify_with(storage, dir.as_ref())
+    crate::engine::verify_with(storage, dir.as_ref())
 }
 
 thread_local! {

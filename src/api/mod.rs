@@ -2,8 +2,14 @@
 //! `Stats`. It validates input, hands plain values to the engine, and turns the
 //! engine's answers into public types.
 
-pub(crate) mod db;
-pub(crate) mod observe;
-pub(crate) mod options;
-pub(crate) mod record;
-pub(crate) mod stats;
+mod db;
+mod observe;
+mod options;
+mod record;
+mod stats;
+
+pub use crate::base::{Advance, Record, RecordStatus};
+pub use db::{BucketInfo, Db, verify, verify_with};
+pub use options::Options;
+pub use record::{InFlight, Lease, LeaseError, Reservation, Scope};
+pub use stats::Stats;

@@ -18,8 +18,9 @@
 //! the customer base, is never a label. Tracing events carry the tenant, the operation
 //! and `key_hash`, the XXH3-64 (seed 0) of the key in hex, never the key itself.
 
-use super::record::{Advance, Reservation, Scope};
+use super::record::{Reservation, Scope};
 use super::stats::Stats;
+use crate::base::Advance;
 
 /// The outcome of a reserve.
 pub(crate) fn reservation(scope: &Scope, key: &[u8], answer: &Reservation) {

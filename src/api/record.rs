@@ -4,13 +4,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use crate::base::error::Result;
-use crate::base::fingerprint::Fingerprint;
-use crate::base::finish::Finish;
-use crate::base::limits::MAX_SCOPE_PART_BYTES;
-use crate::base::time::ms_to_system_time;
+use crate::base::{Fingerprint, Finish, MAX_SCOPE_PART_BYTES, Record, Result, ms_to_system_time};
 use crate::engine::Engine;
-use crate::index::records::{RecordSnapshot, Status};
 
 /// The tenant and operation a key belongs to. The same key in two scopes names two
 /// independent records.
@@ -95,86 +90,13 @@ impl fmt::Debug for Scope {
     }
 }
 
-/// Where a record is in its lifecycle.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RecordStatus {
-    /// A lease holder is working on it, or crashed while working (outcome unknown).
-    InFlight,
-    /// Finished; the stored response is replayed to retries.
-    Completed,
-    /// Finished with a deterministic failure; the stored failure is replayed to retries.
-    Failed,
-}
-
-impl From<Status> for RecordStatus {
-    fn from(status: Status) -> Self {
-        match status {
-            Status::InFlight => RecordStatus::InFlight,
-            Status::Completed => RecordStatus::Completed,
-            Status::Failed => RecordStatus::Failed,
-        }
-    }
-}
-
-/// A snapshot of one idempotency record.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Record {
-    pub(crate) status: RecordStatus,
-    pub(crate) response: Option<Arc<[u8]>>,
-    pub(crate) created_ms: u64,
-    pub(crate) finished_ms: Option<u64>,
-}
-
-impl From<RecordSnapshot> for Record {
-    fn from(snapshot: RecordSnapshot) -> Self {
-        Record {
-            status: snapshot.status.into(),
-            response: snapshot.response,
-            created_ms: snapshot.created_ms,
-            finished_ms: snapshot.finished_ms,
-        }
-    }
-}
-
-impl Record {
-    /// The lifecycle state.
-    pub fn status(&self) -> RecordStatus {
-        self.status
-    }
-
-    /// The stored response (or failure) bytes; `None` while in flight.
-    pub fn response(&self) -> Option<&[u8]> {
-        self.response.as_deref()
-    }
-
-    /// When the record was reserved, by the database clock.
-    pub fn created_at(&self) -> SystemTime {
-        ms_to_system_time(self.created_ms)
-    }
-
-    /// When the record was completed or failed, by the database clock.
-    pub fn finished_at(&self) -> Option<SystemTime> {
-        self.finished_ms.map(ms_to_system_time)
-    }
-}
-
-impl fmt::Debug for Record {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Record")
-            .field("status", &self.status)
-            .field("response_bytes", &self.response.as_ref().map(|r| r.len()))
-            .field("created_ms", &self.created_ms)
-            .field("finished_ms", &self.finished_ms)
-            .finish()
-    }
-}
-
-/// The answer of [`Db::reserve`](crate::Db::reserve).
+/// The answer of [`Db::reserve`](crate::Db::reserve) and of every
+/// [`Store::reserve`](crate::Store::reserve), with the store's own lease type `L`.
 #[derive(Debug)]
 #[must_use = "a reservation says whether to run the operation or replay a stored result"]
-pub enum Reservation {
+pub enum Reservation<L = Lease> {
     /// This caller owns the key: run the operation, then complete, fail or release.
-    Acquired(Lease),
+    Acquired(L),
     /// Another attempt holds the key and has not finished (or crashed without finishing).
     InFlight {
         /// When that attempt reserved the key.
@@ -186,6 +108,20 @@ pub enum Reservation {
     Failed(Record),
     /// The key was used with a different request: reject this one.
     Mismatch,
+}
+
+impl<L> Reservation<L> {
+    /// The same answer with the lease (if acquired) turned into another type: how a
+    /// wrapping store such as [`Guarded`](crate::Guarded) hands out its own leases.
+    pub fn map_lease<M>(self, f: impl FnOnce(L) -> M) -> Reservation<M> {
+        match self {
+            Reservation::Acquired(lease) => Reservation::Acquired(f(lease)),
+            Reservation::InFlight { since } => Reservation::InFlight { since },
+            Reservation::Completed(record) => Reservation::Completed(record),
+            Reservation::Failed(record) => Reservation::Failed(record),
+            Reservation::Mismatch => Reservation::Mismatch,
+        }
+    }
 }
 
 /// Ownership of one in-flight record. It owns what it needs (no borrow of the `Db`), so
@@ -361,27 +297,4 @@ pub struct InFlight {
     pub epoch: u64,
     /// The note its lease holder attached, if any.
     pub note: Option<Vec<u8>>,
-}
-
-/// The answer of [`Db::advance`](crate::Db::advance), the ordering guard.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[must_use = "the answer says whether to apply, skip, reject or buffer the event"]
-pub enum Advance {
-    /// The version is the next one (or the aggregate has no version inside the window):
-    /// it is now the aggregate's version. Apply the event.
-    Applied,
-    /// The version equals the aggregate's version: a redelivery. Skip it.
-    Duplicate,
-    /// The version is older than the aggregate's: an out-of-order or replayed event.
-    /// Skip or reject it.
-    Stale {
-        /// The aggregate's version.
-        current: u64,
-    },
-    /// A version was skipped: buffer this event and wait for `expected`, or refetch the
-    /// aggregate. Nothing changed.
-    Gap {
-        /// The version that would be applied next.
-        expected: u64,
-    },
 }

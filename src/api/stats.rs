@@ -153,6 +153,7 @@ impl Stats {
             table_slots_used: index.table_slots_used,
             table_probes: index.table_probes,
             index_bytes: index.heap_bytes,
+            bytes_on_disk: engine.bytes_on_disk,
             ..Stats::default()
         };
         if let Some(journal) = &engine.journal {
@@ -161,7 +162,6 @@ impl Stats {
             stats.log_bytes = journal.log_bytes;
             stats.segments_deleted = journal.segments_deleted;
             stats.segments = journal.segment_count;
-            stats.bytes_on_disk = journal.segment_bytes + crate::log::manifest::MANIFEST_LEN as u64;
             stats.fsync_p50_us = quantile_us(&journal.fsync_micros, 500);
             stats.fsync_p99_us = quantile_us(&journal.fsync_micros, 990);
             stats.fsync_max_us = quantile_us(&journal.fsync_micros, 1000);

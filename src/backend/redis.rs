@@ -19,11 +19,9 @@ use ::redis::aio::{ConnectionLike, MultiplexedConnection};
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::{Cmd, Pipeline, RedisFuture, Script, Value};
 
-use crate::api::record::{Advance, InFlight, Record, RecordStatus, Scope};
-use crate::base::error::{Error, Result};
-use crate::base::limits::check_key;
-use crate::base::time::{duration_to_ms, ms_to_system_time, system_time_to_ms};
-use crate::store::{Reserved, Store, StoreLease};
+use crate::api::{Advance, InFlight, Record, RecordStatus, Reservation, Scope};
+use crate::base::{Error, Result, check_key, duration_to_ms, ms_to_system_time, system_time_to_ms};
+use crate::store::{Store, StoreLease};
 
 /// Highest version the Redis ordering guard accepts.
 pub const MAX_REDIS_VERSION: u64 = (1 << 53) - 1;
@@ -367,7 +365,7 @@ impl Store for RedisStore {
         scope: &Scope,
         key: &[u8],
         request: &[u8],
-    ) -> Result<Reserved<RedisLease>> {
+    ) -> Result<Reservation<RedisLease>> {
         let (scoped, record, epoch) = self.record_keys(scope, key)?;
         let request_hash = format!("{:032x}", xxhash_rust::xxh3::xxh3_128(request));
         let now = now_ms().to_string();
@@ -386,14 +384,14 @@ impl Store for RedisStore {
             .await?;
         let kind = reply.first().map(Vec::as_slice);
         Ok(match kind {
-            Some(b"acquired") => Reserved::Acquired(RedisLease {
+            Some(b"acquired") => Reservation::Acquired(RedisLease {
                 store: self.clone(),
                 record,
                 epoch: number(reply.get(1), "reserve")?,
                 since_ms: number(reply.get(2), "reserve")?,
             }),
-            Some(b"mismatch") => Reserved::Mismatch,
-            Some(b"in_flight") => Reserved::InFlight {
+            Some(b"mismatch") => Reservation::Mismatch,
+            Some(b"in_flight") => Reservation::InFlight {
                 since: ms_to_system_time(number(reply.get(1), "reserve")?),
             },
             Some(b"completed") | Some(b"failed") => {
@@ -408,9 +406,9 @@ impl Store for RedisStore {
                     finished_ms: Some(number(reply.get(3), "reserve")?),
                 };
                 if record.status == RecordStatus::Completed {
-                    Reserved::Completed(record)
+                    Reservation::Completed(record)
                 } else {
-                    Reserved::Failed(record)
+                    Reservation::Failed(record)
                 }
             }
             _ => return Err(unexpected("reserve")),
@@ -617,7 +615,7 @@ impl StoreLease for RedisLease {
     }
 
     async fn note(&self, note: &[u8]) -> Result<()> {
-        if note.len() > crate::base::limits::MAX_NOTE_BYTES {
+        if note.len() > crate::base::MAX_NOTE_BYTES {
             return Err(Error::NoteTooLong { len: note.len() });
         }
         self.call(NOTE, &[note]).await

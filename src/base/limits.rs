@@ -19,6 +19,19 @@ pub const MAX_SHARDS: usize = 4096;
 /// would not fit any machine's memory.
 pub const MAX_EXPECTED_KEYS: u64 = 1 << 34;
 
+/// Smallest value accepted for `Options::segment_max_bytes`: a segment holds at least its
+/// header and one full frame of a default-sized key.
+pub const MIN_SEGMENT_BYTES: u64 = 4096;
+
+/// Default of `Options::max_key_bytes`.
+pub const DEFAULT_MAX_KEY_BYTES: usize = 1024;
+/// Default of `Options::max_response_bytes`.
+pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 1024 * 1024;
+/// Default of `Options::segment_max_bytes`.
+pub const DEFAULT_SEGMENT_MAX_BYTES: u64 = 64 * 1024 * 1024;
+/// Default of `Options::shards`.
+pub const DEFAULT_SHARDS: usize = 64;
+
 /// Longest note a lease may attach to its record (`Lease::note`).
 pub const MAX_NOTE_BYTES: usize = 1024;
 

@@ -40,7 +40,7 @@ impl ManualClock {
     }
 
     /// Moves the clock forward by `by`.
-    pub fn advance(&self, by: Duration) {
+    pub fn forward(&self, by: Duration) {
         let by_ms = duration_to_ms(by);
         self.now_ms.fetch_add(by_ms, Ordering::SeqCst);
     }
@@ -86,7 +86,7 @@ mod tests {
         let start = UNIX_EPOCH + Duration::from_secs(1_000);
         let clock = ManualClock::new(start);
         let other = clock.clone();
-        other.advance(Duration::from_millis(1_500));
+        other.forward(Duration::from_millis(1_500));
         assert_eq!(clock.now_ms(), 1_001_500);
         clock.set(start);
         assert_eq!(other.now(), start);

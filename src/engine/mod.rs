@@ -11,70 +11,25 @@
     reason = "hot path: every index is below a length fixed at construction (shard count, table capacity, batch size)"
 )]
 
-pub(crate) mod recovery;
+mod config;
+mod recovery;
 
-use std::path::PathBuf;
+pub(crate) use config::Config;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::base::config::{Durability, FullPolicy, RecoveryMode};
-use crate::base::error::{Error, Result};
-use crate::base::fingerprint::{Fingerprint, Hasher, random_secret};
-use crate::base::finish::Finish;
-use crate::base::limits::{LEASE_ID_LIMIT, MAX_BATCH_KEYS, MAX_NOTE_BYTES};
-use crate::base::time::Clock;
-use crate::base::window::Window;
-use crate::index::marks::Advanced;
-use crate::index::records::RecordSnapshot;
-use crate::index::shard::{InFlightRecord, Reserved, Shard};
-use crate::index::{Index, IndexConfig, IndexStats, ShardGroups, for_each_prefetched};
-use crate::io::Storage;
-use crate::log::entry::LogEntry;
-use crate::log::journal::{Journal, JournalStats, Ticket};
-use crate::log::report::RecoveryReport;
-
-/// Everything the engine is built from, as plain values (the API's `Options` validated).
-#[derive(Clone)]
-pub(crate) struct Config {
-    pub(crate) dir: Option<PathBuf>,
-    pub(crate) window: Window,
-    pub(crate) durability: Durability,
-    pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) shards: usize,
-    pub(crate) expected_keys: u64,
-    pub(crate) max_key_bytes: usize,
-    pub(crate) max_response_bytes: usize,
-    pub(crate) segment_max_bytes: u64,
-    pub(crate) storage: Arc<dyn Storage>,
-    pub(crate) shard_capacity: Option<u64>,
-    pub(crate) full_policy: FullPolicy,
-    pub(crate) huge_pages: bool,
-    pub(crate) recovery_mode: RecoveryMode,
-    /// Records in flight this long are counted as stuck in the stats.
-    pub(crate) stuck_after_ms: u64,
-}
-
-impl Config {
-    fn index_config(&self, expected_keys: u64) -> IndexConfig {
-        IndexConfig {
-            window: self.window,
-            shards: self.shards,
-            expected_keys,
-            shard_capacity: self.shard_capacity,
-            full_policy: self.full_policy,
-            huge_pages: self.huge_pages,
-        }
-    }
-
-    /// An empty index at `bucket`, sized for `expected_keys`.
-    pub(crate) fn build_index(&self, expected_keys: u64, bucket: u64) -> Result<Index> {
-        Index::new(self.index_config(expected_keys), bucket).map_err(|_| {
-            Error::InvalidOptions(format!(
-                "tables for {expected_keys} expected keys cannot be allocated"
-            ))
-        })
-    }
-}
+use crate::base::{
+    Advance, Clock, Error, Fingerprint, Finish, Hasher, LEASE_ID_LIMIT, MAX_BATCH_KEYS,
+    MAX_NOTE_BYTES, Record, Result, Window, random_secret,
+};
+// What the API uses of the rooms below: it reaches the index, the log and `io` only
+// through these.
+pub(crate) use crate::index::{Grant, InFlightRecord, Reserved};
+use crate::index::{Index, IndexStats, Shard, ShardGroups, for_each_prefetched};
+pub(crate) use crate::io::{StdStorage, Storage};
+use crate::wal::{Journal, JournalStats, LogEntry, MANIFEST_LEN, Manifest, Ticket};
+pub(crate) use crate::wal::{RecoveryReport, VerifyReport, verify_with};
 
 /// What recovery (or a fresh in-memory open) assembles the engine from.
 pub(crate) struct Parts {
@@ -110,28 +65,15 @@ pub(crate) struct EngineStats {
     pub(crate) buckets_dropped: u64,
     /// Records in flight for at least the configured stuck age.
     pub(crate) stuck_records: u64,
+    /// Segment files plus the manifest; 0 in memory.
+    pub(crate) bytes_on_disk: u64,
 }
 
-/// A lease handed out by a take-over.
-pub(crate) struct TakenOver {
-    pub(crate) fingerprint: Fingerprint,
-    pub(crate) lease_id: u64,
-    pub(crate) since_ms: u64,
-}
-
-/// What a reserve found, with the lease id and creation time of an acquired record.
-pub(crate) enum Reservation {
-    Acquired {
-        fingerprint: Fingerprint,
-        lease_id: u64,
-        since_ms: u64,
-    },
-    InFlight {
-        since_ms: u64,
-    },
-    Completed(RecordSnapshot),
-    Failed(RecordSnapshot),
-    Mismatch,
+/// The window and bucket width (in ms) the store in `dir` was created with, from its
+/// manifest; `None` if `dir` holds no store.
+pub(crate) fn stored_window(dir: &std::path::Path) -> Result<Option<(u64, u64)>> {
+    let manifest = Manifest::load(&StdStorage, dir)?;
+    Ok(manifest.map(|manifest| (manifest.window_ms, manifest.bucket_width_ms)))
 }
 
 impl Engine {
@@ -140,7 +82,7 @@ impl Engine {
         if config.dir.is_some() {
             return recovery::open(config);
         }
-        let bucket = config.window.bucket_of(config.clock.now_ms());
+        let bucket = config.window().bucket_of(config.clock.now_ms());
         let index = config.build_index(config.expected_keys, bucket)?;
         Ok(Engine::from_parts(
             config,
@@ -160,7 +102,7 @@ impl Engine {
         Engine {
             index: parts.index,
             hasher: Hasher::new(parts.secret),
-            window: config.window,
+            window: config.window(),
             clock: Arc::clone(&config.clock),
             high_water: AtomicU64::new(parts.high_water),
             opened_bucket: parts.high_water,
@@ -191,7 +133,7 @@ impl Engine {
     }
 
     pub(crate) fn check_key(&self, key: &[u8]) -> Result<()> {
-        crate::base::limits::check_key(key, self.max_key_bytes)
+        crate::base::check_key(key, self.max_key_bytes)
     }
 
     pub(crate) fn check_response(&self, response: &[u8]) -> Result<()> {
@@ -421,7 +363,7 @@ impl Engine {
 
     /// Looks up or creates the record of `scoped_key`. A new record is logged under the
     /// shard lock, so the log holds the records of one key in the order memory saw them.
-    pub(crate) fn reserve(&self, scoped_key: &[u8], request: &[u8]) -> Result<Reservation> {
+    pub(crate) fn reserve(&self, scoped_key: &[u8], request: &[u8]) -> Result<Reserved> {
         self.check_writable()?;
         let fingerprint = self.hasher.record(scoped_key);
         let request_hash = self.hasher.request(request);
@@ -433,34 +375,24 @@ impl Engine {
                 self.next_lease_id()
             })?;
             let ticket = match reserved {
-                Reserved::Acquired { lease_id, bucket } => self.enqueue(&[LogEntry::Reserve {
+                Reserved::Acquired(grant) => self.enqueue(&[LogEntry::Reserve {
                     fingerprint,
-                    lease_id,
+                    lease_id: grant.lease_id,
                     request_hash,
                     created_ms: now_ms,
-                    bucket,
+                    bucket: shard.current(),
                     scoped_key,
                 }])?,
-                _ => None,
+                Reserved::Existing(_) | Reserved::Mismatch => None,
             };
             (reserved, ticket)
         };
         self.wait(ticket)?;
-        Ok(match reserved {
-            Reserved::Acquired { lease_id, .. } => Reservation::Acquired {
-                fingerprint,
-                lease_id,
-                since_ms: now_ms,
-            },
-            Reserved::InFlight { since_ms } => Reservation::InFlight { since_ms },
-            Reserved::Completed(record) => Reservation::Completed(record),
-            Reserved::Failed(record) => Reservation::Failed(record),
-            Reserved::Mismatch => Reservation::Mismatch,
-        })
+        Ok(reserved)
     }
 
     /// The live record of `scoped_key`, if any.
-    pub(crate) fn get(&self, scoped_key: &[u8]) -> Result<Option<RecordSnapshot>> {
+    pub(crate) fn get(&self, scoped_key: &[u8]) -> Result<Option<Record>> {
         let fingerprint = self.hasher.record(scoped_key);
         let bucket = self.current_bucket();
         self.index
@@ -516,7 +448,7 @@ impl Engine {
     /// A new, higher lease on the record of `scoped_key` if it is in flight; the old
     /// lease is fenced from then on, across reopens too (the take-over is logged under
     /// the shard lock, like the reserve it follows).
-    pub(crate) fn take_over(&self, scoped_key: &[u8]) -> Result<Option<TakenOver>> {
+    pub(crate) fn take_over(&self, scoped_key: &[u8]) -> Result<Option<Grant>> {
         self.check_writable()?;
         let fingerprint = self.hasher.record(scoped_key);
         let now_ms = self.clock.now_ms();
@@ -532,7 +464,7 @@ impl Engine {
                         new,
                         at_ms: now_ms,
                     }])?;
-                    let taken = TakenOver {
+                    let taken = Grant {
                         fingerprint,
                         lease_id: new,
                         since_ms,
@@ -547,14 +479,14 @@ impl Engine {
 
     /// The lease `lease_id` on the record of `scoped_key`, if it still holds it in
     /// flight: `Fenced` if a newer lease does, `LeaseLost` if none does.
-    pub(crate) fn resume(&self, scoped_key: &[u8], lease_id: u64) -> Result<TakenOver> {
+    pub(crate) fn resume(&self, scoped_key: &[u8], lease_id: u64) -> Result<Grant> {
         let fingerprint = self.hasher.record(scoped_key);
         let bucket = self.current_bucket();
         let since_ms =
             self.index
                 .lock(fingerprint, bucket)
                 .check_lease(fingerprint, scoped_key, lease_id)?;
-        Ok(TakenOver {
+        Ok(Grant {
             fingerprint,
             lease_id,
             since_ms,
@@ -569,7 +501,7 @@ impl Engine {
 
     /// The ordering guard for the aggregate of `scoped_key`; an applied version is
     /// logged under the shard lock, stamped with its bucket.
-    pub(crate) fn advance(&self, scoped_key: &[u8], version: u64) -> Result<Advanced> {
+    pub(crate) fn advance(&self, scoped_key: &[u8], version: u64) -> Result<Advance> {
         self.check_writable()?;
         let fingerprint = self.hasher.mark(scoped_key);
         let bucket = self.current_bucket();
@@ -577,7 +509,7 @@ impl Engine {
             let mut shard = self.index.lock(fingerprint, bucket);
             let answer = shard.advance_version(fingerprint, scoped_key, version)?;
             let ticket = match answer {
-                Advanced::Applied => self.enqueue(&[LogEntry::Advance {
+                Advance::Applied => self.enqueue(&[LogEntry::Advance {
                     fingerprint,
                     version,
                     bucket: shard.current(),
@@ -632,9 +564,14 @@ impl Engine {
     pub(crate) fn stats(&self) -> EngineStats {
         let bucket = self.current_bucket();
         let stuck_before = self.clock.now_ms().saturating_sub(self.stuck_after_ms);
+        let journal = self.journal.as_ref().map(Journal::stats);
+        let bytes_on_disk = journal.as_ref().map_or(0, |journal| {
+            journal.segment_bytes + u64::try_from(MANIFEST_LEN).unwrap_or(u64::MAX)
+        });
         EngineStats {
             index: self.index.stats(bucket),
-            journal: self.journal.as_ref().map(Journal::stats),
+            journal,
+            bytes_on_disk,
             buckets_dropped: bucket - self.opened_bucket,
             stuck_records: self.index.count_in_flight(bucket, stuck_before),
         }

@@ -8,24 +8,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::{Config, Engine, Parts};
-use crate::base::config::RecoveryMode;
-use crate::base::error::{Error, Result};
-use crate::base::fingerprint::{Fingerprint, random_secret};
-use crate::base::finish::Finish;
-use crate::base::window::Window;
-use crate::index::Index;
-use crate::index::shard::NewRecord;
+use crate::base::{Error, Fingerprint, Finish, RecoveryMode, Result, Window, random_secret};
+use crate::index::{Index, NewRecord};
 use crate::io::Storage;
-use crate::log::entry::{DecodedEntry, DecodedFinish, encode_mark};
-use crate::log::format::{MAX_SEGMENT_FILE_BYTES, SEGMENT_HEADER_LEN, frame_seed};
-use crate::log::journal::{Journal, JournalConfig};
-use crate::log::manifest::{MANIFEST_NAME, Manifest};
-use crate::log::names::{
-    LOCK_NAME, MANIFEST_TEMP_NAME, is_prepared_name, parse_segment_name, segment_path,
+use crate::wal::{
+    DecodedEntry, DecodedFinish, Journal, JournalConfig, LOCK_NAME, MANIFEST_NAME,
+    MANIFEST_TEMP_NAME, MAX_SEGMENT_FILE_BYTES, Manifest, RecoveryReport, SEGMENT_HEADER_LEN, Scan,
+    SkippedRange, TornTail, Verdict, encode_mark, frame_seed, header_problem, is_prepared_name,
+    parse_segment_name, scan, segment_path,
 };
-use crate::log::report::{RecoveryReport, SkippedRange, TornTail};
-use crate::log::scan::{Scan, Verdict, scan};
-use crate::log::verify::header_problem;
 
 /// One live segment to replay.
 struct Segment {
@@ -73,7 +64,7 @@ pub(crate) fn open(config: &Config) -> Result<Engine> {
     })?;
     let segments = list_segments(storage, &dir)?;
     let manifest = load_or_create_manifest(config, storage, &dir, segments.is_empty())?;
-    let window = config.window;
+    let window = config.window();
     let clock_bucket = window.bucket_of(config.clock.now_ms());
     let newest = segments.last().map_or(0, |&(bucket, _)| bucket);
     let high_water = clock_bucket.max(newest);
@@ -198,8 +189,8 @@ fn load_or_create_manifest(
     dir: &Path,
     no_segments: bool,
 ) -> Result<Manifest> {
-    let window_ms = config.window.width_ms * config.window.span;
-    let width_ms = config.window.width_ms;
+    let window_ms = config.window().width_ms * config.window().span;
+    let width_ms = config.window().width_ms;
     if let Some(manifest) = Manifest::load(storage, dir)? {
         if manifest.window_ms != window_ms || manifest.bucket_width_ms != width_ms {
             return Err(Error::IncompatibleOptions(format!(
@@ -523,13 +514,13 @@ mod tests {
     use std::time::{Duration, UNIX_EPOCH};
 
     use super::*;
-    use crate::base::config::{Durability, FullPolicy};
-    use crate::base::fingerprint::Hasher;
-    use crate::base::time::ManualClock;
-    use crate::engine::Reservation;
-    use crate::index::records::Status;
+    use crate::base::Hasher;
+    use crate::base::ManualClock;
+    use crate::base::RecordStatus;
+    use crate::base::{Durability, FullPolicy};
+    use crate::engine::{Grant, Reserved};
     use crate::io::MemStorage;
-    use crate::log::entry::LogEntry;
+    use crate::wal::LogEntry;
 
     const WIDTH_MS: u64 = 1_000;
     const SPAN: u64 = 4;
@@ -538,7 +529,8 @@ mod tests {
     fn config(disk: &MemStorage, clock: &ManualClock) -> Config {
         Config {
             dir: Some("/db".into()),
-            window: Window::new(SPAN * WIDTH_MS, WIDTH_MS),
+            window_ms: SPAN * WIDTH_MS,
+            bucket_width_ms: WIDTH_MS,
             durability: Durability::Sync,
             clock: Arc::new(clock.clone()),
             shards: 4,
@@ -547,7 +539,7 @@ mod tests {
             max_response_bytes: 64,
             segment_max_bytes: 1 << 20,
             storage: Arc::new(disk.clone()),
-            shard_capacity: None,
+            max_keys: None,
             full_policy: FullPolicy::Reject,
             huge_pages: false,
             recovery_mode: RecoveryMode::Strict,
@@ -601,17 +593,17 @@ mod tests {
         let clock = clock_at(START);
         let key = b"\x00\x01t\x00\x01ok";
         let engine = Engine::open(&config(&disk, &clock)).unwrap();
-        let Reservation::Acquired { lease_id: old, .. } = engine.reserve(key, b"req").unwrap()
+        let Reserved::Acquired(Grant { lease_id: old, .. }) = engine.reserve(key, b"req").unwrap()
         else {
             panic!("first reserve acquires");
         };
         // The first record expires; a second attempt reserves afresh and completes.
         set_bucket(&clock, START + SPAN + 1);
-        let Reservation::Acquired {
+        let Reserved::Acquired(Grant {
             fingerprint,
             lease_id: new,
             ..
-        } = engine.reserve(key, b"req").unwrap()
+        }) = engine.reserve(key, b"req").unwrap()
         else {
             panic!("reserve after expiry acquires");
         };
@@ -638,7 +630,7 @@ mod tests {
             let record = engine.get(key).unwrap().unwrap();
             assert_eq!(
                 record.status,
-                Status::Completed,
+                RecordStatus::Completed,
                 "late reserve at bucket {bucket}"
             );
             assert_eq!(record.response.as_deref(), Some(&b"done"[..]));

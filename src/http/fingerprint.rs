@@ -5,7 +5,7 @@ use axum::http::request::Parts;
 
 /// `METHOD path?query`, a newline, and the body: for a JSON content type whose body
 /// parses, the JSON re-serialised with object keys sorted and no insignificant
-/// whitespace (the seed's `canonical_request_hash`), so `{"b":1, "a":2}` and
+/// whitespace (the same canonical form a client library would hash), so `{"b":1, "a":2}` and
 /// `{"a":2,"b":1}` are one request; for anything else, the raw bytes. The store hashes
 /// the result (XXH3-128).
 pub fn canonical_request(parts: &Parts, body: &[u8]) -> Vec<u8> {

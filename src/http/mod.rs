@@ -47,9 +47,9 @@ use axum::http::{Method, Request, Response, StatusCode};
 pub use fingerprint::canonical_request;
 pub use stored::StoredResponse;
 
-use crate::api::record::Scope;
-use crate::base::error::Error;
-use crate::store::{Reserved, Store, StoreLease};
+use crate::api::{Reservation, Scope};
+use crate::base::Error;
+use crate::store::{Store, StoreLease};
 
 /// The request header.
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -341,18 +341,18 @@ where
         Err(err) => return store_error(&err, &config),
     };
     let lease = match reserved {
-        Reserved::Acquired(lease) => lease,
-        Reserved::InFlight { .. } => {
+        Reservation::Acquired(lease) => lease,
+        Reservation::InFlight { .. } => {
             return retry_later(
                 StatusCode::CONFLICT,
                 "request_in_progress",
                 config.retry_after_secs,
             );
         }
-        Reserved::Completed(record) | Reserved::Failed(record) => {
+        Reservation::Completed(record) | Reservation::Failed(record) => {
             return replay(record.response().unwrap_or_default());
         }
-        Reserved::Mismatch => {
+        Reservation::Mismatch => {
             return refuse(StatusCode::UNPROCESSABLE_ENTITY, "idempotency_key_reused");
         }
     };
@@ -423,8 +423,7 @@ async fn finish<L: StoreLease>(
         return response;
     }
     let (parts, body) = response.into_parts();
-    let Ok(body) =
-        axum::body::to_bytes(body, crate::base::limits::MAX_RESPONSE_BYTES_LIMIT / 2).await
+    let Ok(body) = axum::body::to_bytes(body, crate::base::MAX_RESPONSE_BYTES_LIMIT / 2).await
     else {
         // The response could not be read whole: nothing to replay, outcome unknown.
         return refuse(StatusCode::INTERNAL_SERVER_ERROR, "response_unreadable");

@@ -4,8 +4,7 @@
 use std::collections::VecDeque;
 
 use super::records::{FingerprintMap, expire_queue, live_entry};
-use crate::base::error::Result;
-use crate::base::window::Window;
+use crate::base::{Advance, Result, Window};
 
 /// One aggregate's mark.
 #[derive(Debug, Clone)]
@@ -14,20 +13,6 @@ pub(crate) struct Mark {
     pub(crate) version: u64,
     /// Bucket of the last applied version; the mark expires with it.
     pub(crate) bucket: u64,
-}
-
-/// What an `advance` found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Advanced {
-    /// The version was the next one (or the aggregate had no live mark): it is now the
-    /// mark.
-    Applied,
-    /// The version equals the mark.
-    Duplicate,
-    /// The version is older than the mark.
-    Stale { current: u64 },
-    /// A version was skipped; nothing changed.
-    Gap { expected: u64 },
 }
 
 /// Marks plus an expiry queue in stamping order, drained a few entries per operation.
@@ -64,17 +49,17 @@ impl MarkMap {
         version: u64,
         window: Window,
         current: u64,
-    ) -> Result<(Advanced, Option<u64>)> {
+    ) -> Result<(Advance, Option<u64>)> {
         let Some(mark) = self.live(fingerprint, scoped_key, window, current)? else {
-            return Ok((Advanced::Applied, None));
+            return Ok((Advance::Applied, None));
         };
         let answer = match version.checked_sub(mark.version) {
-            Some(1) => Advanced::Applied,
-            Some(0) => Advanced::Duplicate,
-            None => Advanced::Stale {
+            Some(1) => Advance::Applied,
+            Some(0) => Advance::Duplicate,
+            None => Advance::Stale {
                 current: mark.version,
             },
-            Some(_) => Advanced::Gap {
+            Some(_) => Advance::Gap {
                 expected: mark.version + 1,
             },
         };
@@ -135,7 +120,7 @@ impl MarkMap {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::base::error::Error;
+    use crate::base::Error;
 
     #[test]
     fn answers_follow_the_mark() {
@@ -143,13 +128,13 @@ mod tests {
         let mut marks = MarkMap::default();
         let check =
             |marks: &mut MarkMap, version| marks.check(1, b"a", version, window, 0).unwrap().0;
-        assert_eq!(check(&mut marks, 7), Advanced::Applied);
+        assert_eq!(check(&mut marks, 7), Advance::Applied);
         marks.set(1, b"a", 7, 0);
-        assert_eq!(check(&mut marks, 8), Advanced::Applied);
-        assert_eq!(check(&mut marks, 7), Advanced::Duplicate);
-        assert_eq!(check(&mut marks, 6), Advanced::Stale { current: 7 });
-        assert_eq!(check(&mut marks, 10), Advanced::Gap { expected: 8 });
-        assert_eq!(check(&mut marks, u64::MAX), Advanced::Gap { expected: 8 });
+        assert_eq!(check(&mut marks, 8), Advance::Applied);
+        assert_eq!(check(&mut marks, 7), Advance::Duplicate);
+        assert_eq!(check(&mut marks, 6), Advance::Stale { current: 7 });
+        assert_eq!(check(&mut marks, 10), Advance::Gap { expected: 8 });
+        assert_eq!(check(&mut marks, u64::MAX), Advance::Gap { expected: 8 });
         assert!(matches!(
             marks.check(1, b"b", 8, window, 0),
             Err(Error::FingerprintCollision)
@@ -157,7 +142,7 @@ mod tests {
         // Past the window the mark is gone and any version starts afresh.
         assert_eq!(
             marks.check(1, b"a", 3, window, 5).unwrap().0,
-            Advanced::Applied
+            Advance::Applied
         );
     }
 }

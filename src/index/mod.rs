@@ -12,23 +12,21 @@
     reason = "hot path: every index is below a length fixed at construction (shard count, table capacity, batch size)"
 )]
 
-pub(crate) mod counters;
-pub(crate) mod marks;
-pub(crate) mod records;
-pub(crate) mod shard;
-pub(crate) mod slots;
-pub(crate) mod table;
+mod counters;
+mod marks;
+mod records;
+mod shard;
+mod slots;
+mod table;
+
+pub(crate) use shard::{Grant, InFlightRecord, NewRecord, Reserved, Shard};
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::{Mutex, MutexGuard};
 
-use crate::base::config::FullPolicy;
-use crate::base::fingerprint::Fingerprint;
-use crate::base::prefetch::prefetch_address;
-use crate::base::window::Window;
+use crate::base::{Fingerprint, FullPolicy, Window, prefetch_address};
 use counters::Counters;
-use shard::Shard;
 
 /// Keeps each shard lock on its own cache lines so that shards do not false-share.
 #[repr(align(128))]
@@ -133,7 +131,7 @@ impl Index {
     /// Locks the shard owning `fingerprint`, moved to `bucket`.
     pub(crate) fn lock(&self, fingerprint: Fingerprint, bucket: u64) -> MutexGuard<'_, Shard> {
         let mut shard = self.lock_index(fingerprint.shard(self.shard_bits));
-        shard.advance(bucket);
+        shard.rotate_to(bucket);
         shard
     }
 
@@ -220,7 +218,7 @@ impl Index {
         let mut found = Vec::new();
         for padded in self.shards.iter() {
             let mut shard = padded.0.lock.lock();
-            shard.advance(bucket);
+            shard.rotate_to(bucket);
             found.extend(shard.in_flight(before_ms));
         }
         found
@@ -232,7 +230,7 @@ impl Index {
             .iter()
             .map(|padded| {
                 let mut shard = padded.0.lock.lock();
-                shard.advance(bucket);
+                shard.rotate_to(bucket);
                 shard.count_in_flight(before_ms)
             })
             .sum()
@@ -244,7 +242,7 @@ impl Index {
         let mut counts = std::collections::BTreeMap::new();
         for padded in self.shards.iter() {
             let mut shard = padded.0.lock.lock();
-            shard.advance(bucket);
+            shard.rotate_to(bucket);
             shard.add_bucket_counts(&mut counts);
         }
         counts
@@ -256,7 +254,7 @@ impl Index {
         let mut live_buckets = vec![false; self.window.live_buckets() as usize];
         for padded in self.shards.iter() {
             let mut shard = padded.0.lock.lock();
-            shard.advance(bucket);
+            shard.rotate_to(bucket);
             stats.counters.add(&shard.counters);
             stats.live_keys += shard.live_keys();
             stats.live_records += shard.live_records();

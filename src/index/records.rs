@@ -4,8 +4,7 @@ use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
-use crate::base::error::{Error, Result};
-use crate::base::window::Window;
+use crate::base::{Error, Record, RecordStatus, Result, Window};
 
 /// Where a stored record stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,35 +32,20 @@ pub(crate) struct StoredRecord {
     pub(crate) note: Option<Arc<[u8]>>,
 }
 
-/// The lifecycle state of a record as the index reports it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Status {
-    InFlight,
-    Completed,
-    Failed,
-}
-
-/// A copy of one record's visible state, handed up to the engine and the API.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct RecordSnapshot {
-    pub(crate) status: Status,
-    pub(crate) response: Option<Arc<[u8]>>,
-    pub(crate) created_ms: u64,
-    pub(crate) finished_ms: Option<u64>,
-}
-
 impl StoredRecord {
-    pub(crate) fn snapshot(&self) -> RecordSnapshot {
+    pub(crate) fn snapshot(&self) -> Record {
         let (status, response, finished_ms) = match &self.state {
-            State::InFlight => (Status::InFlight, None, None),
-            State::Completed { response, at_ms } => {
-                (Status::Completed, Some(response.clone()), Some(*at_ms))
-            }
+            State::InFlight => (RecordStatus::InFlight, None, None),
+            State::Completed { response, at_ms } => (
+                RecordStatus::Completed,
+                Some(response.clone()),
+                Some(*at_ms),
+            ),
             State::Failed { response, at_ms } => {
-                (Status::Failed, Some(response.clone()), Some(*at_ms))
+                (RecordStatus::Failed, Some(response.clone()), Some(*at_ms))
             }
         };
-        RecordSnapshot {
+        Record {
             status,
             response,
             created_ms: self.created_ms,
@@ -266,7 +250,7 @@ impl RecordMap {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::base::fingerprint::Fingerprint;
+    use crate::base::Fingerprint;
 
     #[test]
     fn the_map_hash_spreads_the_control_tags_within_one_shard() {

@@ -12,14 +12,11 @@
 use std::collections::TryReserveError;
 
 use super::counters::Counters;
-use super::marks::{Advanced, MarkMap};
-use super::records::{RecordMap, RecordSnapshot, State, StoredRecord};
+use super::marks::MarkMap;
+use super::records::{RecordMap, State, StoredRecord};
 use super::table::{DedupTable, Inserted};
-use crate::base::config::FullPolicy;
-use crate::base::error::{Error, Result};
-use crate::base::fingerprint::Fingerprint;
-use crate::base::finish::Finish;
-use crate::base::window::Window;
+use crate::base::{Advance, Record, RecordStatus};
+use crate::base::{Error, Fingerprint, Finish, FullPolicy, Result, Window};
 
 /// Table slots swept per write while a sweep pass is under way.
 pub(crate) const SWEEP_SLOTS_PER_WRITE: usize = 16;
@@ -29,20 +26,26 @@ const EXPIRE_RECORDS_PER_WRITE: usize = 4;
 /// that 32-bit bucket numbers in slots never become ambiguous (they wrap at 2^32).
 const MAX_UNSWEPT_AGE_BUCKETS: u64 = 1 << 30;
 
-/// What `reserve` found, before the engine and the API turn it into a `Reservation`.
+/// What `reserve` found: a new lease, the live record of the key (whose status says
+/// in flight, completed or failed), or a record bound to another request. The API turns
+/// it into a `Reservation`.
 #[derive(Debug)]
 pub(crate) enum Reserved {
-    /// A new record in flight under `lease_id`, stamped with bucket `bucket`.
-    Acquired {
-        lease_id: u64,
-        bucket: u64,
-    },
-    InFlight {
-        since_ms: u64,
-    },
-    Completed(RecordSnapshot),
-    Failed(RecordSnapshot),
+    /// A new record in flight under the grant's lease, stamped with the current bucket.
+    Acquired(Grant),
+    /// The key's live record, bound to the same request.
+    Existing(Record),
+    /// The key's live record is bound to another request.
     Mismatch,
+}
+
+/// A lease on one record in flight: from a reserve, a take-over or a resume.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Grant {
+    pub(crate) fingerprint: Fingerprint,
+    pub(crate) lease_id: u64,
+    /// When the record was reserved (a take-over keeps the reserve's time).
+    pub(crate) since_ms: u64,
 }
 
 /// A record to store: what a reserve (live or replayed) knows about it.
@@ -198,7 +201,7 @@ impl Shard {
 
     /// Moves the shard to bucket `now` (never backwards): buckets that left the window
     /// stop counting at once, and their table slots are queued for the sweep.
-    pub(crate) fn advance(&mut self, now: u64) {
+    pub(crate) fn rotate_to(&mut self, now: u64) {
         if now <= self.current {
             return;
         }
@@ -370,13 +373,7 @@ impl Shard {
                 .live_mut(fingerprint.0, Some(scoped_key), window, current)?
             {
                 Some(record) if record.request_hash != request_hash => Reserved::Mismatch,
-                Some(record) => match &record.state {
-                    State::InFlight => Reserved::InFlight {
-                        since_ms: record.created_ms,
-                    },
-                    State::Completed { .. } => Reserved::Completed(record.snapshot()),
-                    State::Failed { .. } => Reserved::Failed(record.snapshot()),
-                },
+                Some(record) => Reserved::Existing(record.snapshot()),
                 None => {
                     // The id first: if ids ran out, nothing (no early eviction) happened.
                     let lease_id = next_lease()?;
@@ -388,10 +385,11 @@ impl Shard {
                         lease_id,
                         created_ms: now_ms,
                     });
-                    Reserved::Acquired {
+                    Reserved::Acquired(Grant {
+                        fingerprint,
                         lease_id,
-                        bucket: self.current,
-                    }
+                        since_ms: now_ms,
+                    })
                 }
             };
         self.count_reservation(&outcome);
@@ -402,9 +400,11 @@ impl Shard {
     fn count_reservation(&mut self, outcome: &Reserved) {
         let counters = &mut self.counters;
         match outcome {
-            Reserved::Acquired { .. } => counters.acquired += 1,
-            Reserved::InFlight { .. } => counters.in_flight_hits += 1,
-            Reserved::Completed(_) | Reserved::Failed(_) => counters.replays += 1,
+            Reserved::Acquired(_) => counters.acquired += 1,
+            Reserved::Existing(record) if record.status == RecordStatus::InFlight => {
+                counters.in_flight_hits += 1;
+            }
+            Reserved::Existing(_) => counters.replays += 1,
             Reserved::Mismatch => counters.mismatches += 1,
         }
     }
@@ -619,12 +619,12 @@ impl Shard {
         fingerprint: Fingerprint,
         scoped_key: &[u8],
         version: u64,
-    ) -> Result<Advanced> {
+    ) -> Result<Advance> {
         let (window, current) = (self.view(), self.current);
         let (answer, old_bucket) =
             self.marks
                 .check(fingerprint.0, scoped_key, version, window, current)?;
-        if answer == Advanced::Applied {
+        if answer == Advance::Applied {
             if old_bucket.is_none() {
                 self.make_room(1)?;
             }
@@ -632,10 +632,10 @@ impl Shard {
         }
         let counters = &mut self.counters;
         match answer {
-            Advanced::Applied => counters.advance_applied += 1,
-            Advanced::Duplicate => counters.advance_duplicates += 1,
-            Advanced::Stale { .. } => counters.advance_stale += 1,
-            Advanced::Gap { .. } => counters.advance_gaps += 1,
+            Advance::Applied => counters.advance_applied += 1,
+            Advance::Duplicate => counters.advance_duplicates += 1,
+            Advance::Stale { .. } => counters.advance_stale += 1,
+            Advance::Gap { .. } => counters.advance_gaps += 1,
         }
         self.after_writes(1);
         Ok(answer)
@@ -701,7 +701,7 @@ impl Shard {
         &mut self,
         fingerprint: Fingerprint,
         scoped_key: &[u8],
-    ) -> Result<Option<RecordSnapshot>> {
+    ) -> Result<Option<Record>> {
         let (window, current) = (self.view(), self.current);
         let record = self
             .records

@@ -18,8 +18,7 @@
 use std::collections::TryReserveError;
 
 use super::slots::{EMPTY, Slot, SlotMemory};
-use crate::base::prefetch::prefetch_read;
-use crate::base::window::Liveness;
+use crate::base::{Liveness, prefetch_read};
 
 /// Slots in one 64-byte cache line (rounded up).
 const SLOTS_PER_LINE: usize = 64 / 12 + 1;
@@ -335,7 +334,7 @@ fn capacity_for(keys: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::base::window::Window;
+    use crate::base::Window;
 
     fn window() -> Window {
         Window::new(4, 1)

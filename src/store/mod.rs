@@ -12,30 +12,10 @@ mod outage;
 pub use outage::{Guarded, GuardedLease, OutagePolicy};
 
 use std::future::Future;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use crate::api::db::Db;
-use crate::api::record::{Advance, InFlight, Lease, Record, Reservation, Scope};
-use crate::base::error::{Error, Result};
-
-/// What [`Store::reserve`] found: [`Reservation`] with the store's own lease type.
-#[derive(Debug)]
-#[must_use = "a reservation says whether to run the operation or replay a stored result"]
-pub enum Reserved<L> {
-    /// This caller owns the key: run the operation, then complete, fail or release.
-    Acquired(L),
-    /// Another attempt holds the key and has not finished.
-    InFlight {
-        /// When that attempt reserved the key.
-        since: SystemTime,
-    },
-    /// The operation finished; replay the stored response.
-    Completed(Record),
-    /// The operation failed deterministically; replay the stored failure.
-    Failed(Record),
-    /// The key was used with a different request.
-    Mismatch,
-}
+use crate::api::{Advance, Db, InFlight, Lease, Record, Reservation, Scope};
+use crate::base::{Error, Result};
 
 /// Keys and records behind one asynchronous interface. Every method has the semantics of
 /// the [`Db`] method of the same name.
@@ -55,7 +35,7 @@ pub trait Store: Send + Sync + 'static {
         scope: &Scope,
         key: &[u8],
         request: &[u8],
-    ) -> impl Future<Output = Result<Reserved<Self::Lease>>> + Send;
+    ) -> impl Future<Output = Result<Reservation<Self::Lease>>> + Send;
 
     /// [`Db::get`].
     fn get(&self, scope: &Scope, key: &[u8])
@@ -111,16 +91,6 @@ async fn run<T: Send + 'static>(
         .map_err(|err| Error::Io(std::io::Error::other(err)))?
 }
 
-fn reserved(answer: Reservation) -> Reserved<Lease> {
-    match answer {
-        Reservation::Acquired(lease) => Reserved::Acquired(lease),
-        Reservation::InFlight { since } => Reserved::InFlight { since },
-        Reservation::Completed(record) => Reserved::Completed(record),
-        Reservation::Failed(record) => Reserved::Failed(record),
-        Reservation::Mismatch => Reserved::Mismatch,
-    }
-}
-
 impl Store for Db {
     type Lease = Lease;
 
@@ -133,12 +103,14 @@ impl Store for Db {
         run(self, move |db| db.insert_many(&keys)).await
     }
 
-    async fn reserve(&self, scope: &Scope, key: &[u8], request: &[u8]) -> Result<Reserved<Lease>> {
+    async fn reserve(
+        &self,
+        scope: &Scope,
+        key: &[u8],
+        request: &[u8],
+    ) -> Result<Reservation<Lease>> {
         let (scope, key, request) = (scope.clone(), key.to_vec(), request.to_vec());
-        run(self, move |db| {
-            db.reserve(&scope, &key, &request).map(reserved)
-        })
-        .await
+        run(self, move |db| db.reserve(&scope, &key, &request)).await
     }
 
     async fn get(&self, scope: &Scope, key: &[u8]) -> Result<Option<Record>> {

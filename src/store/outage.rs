@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::{Reserved, Store, StoreLease};
-use crate::api::record::{Advance, InFlight, Record, Scope};
-use crate::base::error::{Error, Result};
+use super::{Store, StoreLease};
+use crate::api::{Advance, InFlight, Record, Reservation, Scope};
+use crate::base::{Error, Result};
 
-/// The choice the seed names: availability or duplicate risk.
+/// What a call does while its store is unreachable: availability or duplicate risk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OutagePolicy {
     /// Refuse: every call returns [`Error::Unavailable`]. For payments, payouts and
@@ -111,19 +111,13 @@ impl<S: Store> Store for Guarded<S> {
         scope: &Scope,
         key: &[u8],
         request: &[u8],
-    ) -> Result<Reserved<Self::Lease>> {
+    ) -> Result<Reservation<Self::Lease>> {
         let answer = self
             .inner
             .reserve(scope, key, request)
             .await
-            .map(|reserved| match reserved {
-                Reserved::Acquired(lease) => Reserved::Acquired(GuardedLease::Held(lease)),
-                Reserved::InFlight { since } => Reserved::InFlight { since },
-                Reserved::Completed(record) => Reserved::Completed(record),
-                Reserved::Failed(record) => Reserved::Failed(record),
-                Reserved::Mismatch => Reserved::Mismatch,
-            });
-        self.decide(answer, || Reserved::Acquired(GuardedLease::Unprotected))
+            .map(|reservation| reservation.map_lease(GuardedLease::Held));
+        self.decide(answer, || Reservation::Acquired(GuardedLease::Unprotected))
     }
 
     async fn get(&self, scope: &Scope, key: &[u8]) -> Result<Option<Record>> {

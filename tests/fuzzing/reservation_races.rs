@@ -379,7 +379,7 @@ impl Harness {
                     Advance::ToEdge => to_edge,
                     Advance::JustBeforeEdge => to_edge - 1,
                 };
-                self.clock.advance(Duration::from_millis(by));
+                self.clock.forward(Duration::from_millis(by));
                 self.now_ms += by;
                 self.model.bucket = self.now_ms / BUCKET_MS;
             }

@@ -125,12 +125,12 @@ fn baseline() -> &'static [(PathBuf, Vec<u8>)] {
         lease(1).fail(b"card declined").unwrap();
         drop(lease(2)); // stays in flight
         lease(3).release().unwrap();
-        clock.advance(Duration::from_millis(BUCKET_MS));
+        clock.forward(Duration::from_millis(BUCKET_MS));
         for i in 40..160u32 {
             assert!(db.insert_if_absent(&i.to_le_bytes()).unwrap());
         }
         lease(4).complete(b"").unwrap();
-        clock.advance(Duration::from_millis(2 * BUCKET_MS));
+        clock.forward(Duration::from_millis(2 * BUCKET_MS));
         for i in 160..BASE_KEYS {
             assert!(db.insert_if_absent(&i.to_le_bytes()).unwrap());
         }

@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use oncedb::{Advance, Error, RecordStatus, Reserved, Scope, Store, StoreLease};
+use oncedb::{Advance, Error, RecordStatus, Reservation, Scope, Store, StoreLease};
 
 /// How a suite run gets stores and lets time pass.
 pub trait Harness {
@@ -36,20 +36,20 @@ pub async fn run<H: Harness>(harness: &H) {
     window(harness).await;
 }
 
-fn acquired<L>(answer: Reserved<L>) -> L {
+fn acquired<L>(answer: Reservation<L>) -> L {
     match answer {
-        Reserved::Acquired(lease) => lease,
+        Reservation::Acquired(lease) => lease,
         other => panic!("expected Acquired, got {}", describe(&other)),
     }
 }
 
-fn describe<L>(answer: &Reserved<L>) -> &'static str {
+fn describe<L>(answer: &Reservation<L>) -> &'static str {
     match answer {
-        Reserved::Acquired(_) => "Acquired",
-        Reserved::InFlight { .. } => "InFlight",
-        Reserved::Completed(_) => "Completed",
-        Reserved::Failed(_) => "Failed",
-        Reserved::Mismatch => "Mismatch",
+        Reservation::Acquired(_) => "Acquired",
+        Reservation::InFlight { .. } => "InFlight",
+        Reservation::Completed(_) => "Completed",
+        Reservation::Failed(_) => "Failed",
+        Reservation::Mismatch => "Mismatch",
     }
 }
 
@@ -92,19 +92,21 @@ pub async fn lifecycle<S: Store>(store: &S) {
     lease.note(b"provider_outcome_unknown").await.unwrap();
     assert!(matches!(
         store.reserve(&scope, b"life", b"req").await.unwrap(),
-        Reserved::InFlight { .. }
+        Reservation::InFlight { .. }
     ));
     let record = store.get(&scope, b"life").await.unwrap().unwrap();
     assert_eq!(record.status(), RecordStatus::InFlight);
     assert_eq!(record.response(), None);
     lease.complete(b"done").await.unwrap();
-    let Reserved::Completed(record) = store.reserve(&scope, b"life", b"req").await.unwrap() else {
+    let Reservation::Completed(record) = store.reserve(&scope, b"life", b"req").await.unwrap()
+    else {
         panic!("a retry after completion replays");
     };
     assert_eq!(record.response(), Some(&b"done"[..]));
     let failing = acquired(store.reserve(&scope, b"life/f", b"req").await.unwrap());
     failing.fail(b"declined").await.unwrap();
-    let Reserved::Failed(record) = store.reserve(&scope, b"life/f", b"req").await.unwrap() else {
+    let Reservation::Failed(record) = store.reserve(&scope, b"life/f", b"req").await.unwrap()
+    else {
         panic!("a retry after a failure replays it");
     };
     assert_eq!(record.response(), Some(&b"declined"[..]));
@@ -139,17 +141,17 @@ async fn mismatch<S: Store>(store: &S) {
     let lease = acquired(store.reserve(&scope, b"k", b"amount=5").await.unwrap());
     assert!(matches!(
         store.reserve(&scope, b"k", b"amount=6").await.unwrap(),
-        Reserved::Mismatch
+        Reservation::Mismatch
     ));
     lease.complete(b"ok").await.unwrap();
     assert!(matches!(
         store.reserve(&scope, b"k", b"amount=6").await.unwrap(),
-        Reserved::Mismatch
+        Reservation::Mismatch
     ));
     // The mismatch changed nothing.
     assert!(matches!(
         store.reserve(&scope, b"k", b"amount=5").await.unwrap(),
-        Reserved::Completed(_)
+        Reservation::Completed(_)
     ));
 }
 
@@ -165,7 +167,8 @@ async fn replay_is_byte_exact<S: Store>(store: &S) {
     ] {
         let lease = acquired(store.reserve(&scope, key, b"req").await.unwrap());
         lease.complete(response).await.unwrap();
-        let Reserved::Completed(record) = store.reserve(&scope, key, b"req").await.unwrap() else {
+        let Reservation::Completed(record) = store.reserve(&scope, key, b"req").await.unwrap()
+        else {
             panic!("replay");
         };
         assert_eq!(record.response(), Some(response));
@@ -297,8 +300,8 @@ async fn races<S: Store + Clone>(store: &S) {
             let (reserved, new) = task.await.unwrap();
             inserted += usize::from(new);
             match reserved {
-                Reserved::Acquired(lease) => leases.push(lease),
-                Reserved::InFlight { .. } => in_flight += 1,
+                Reservation::Acquired(lease) => leases.push(lease),
+                Reservation::InFlight { .. } => in_flight += 1,
                 other => panic!("a racing reservation got {}", describe(&other)),
             }
         }

@@ -8,7 +8,7 @@
 use tokio_postgres::Transaction;
 
 use super::pg_error;
-use crate::base::error::Result;
+use crate::base::Result;
 
 /// What [`receive`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,7 +6,7 @@ use async_nats::HeaderMap;
 use async_nats::jetstream::Context;
 
 use super::outbox::{OutboxMessage, Publisher};
-use crate::base::error::{Error, Result};
+use crate::base::{Error, Result};
 
 fn nats_error(err: impl std::fmt::Display) -> Error {
     Error::Unavailable {

@@ -4,7 +4,7 @@
 use deadpool_postgres::Object;
 
 use super::pg_error;
-use crate::base::error::Result;
+use crate::base::Result;
 
 /// Every migration this version ships, in order: (version, name, SQL).
 pub const MIGRATIONS: &[(i32, &str, &str)] = &[(

@@ -2,7 +2,7 @@
 //! business update, and the transactional inbox and outbox.
 //!
 //! - Reservations are `INSERT ... ON CONFLICT DO UPDATE ... WHERE expires_at <= now()`:
-//!   a live row is never touched (the `DO NOTHING` of the seed), an expired one is
+//!   a live row is never touched (`ON CONFLICT DO NOTHING`), an expired one is
 //!   replaced in the same statement, so exactly one of any number of racing inserts wins.
 //! - Time is the server's (`now()`), one clock for every service instance.
 //! - Fencing epochs come from one sequence, so a later lease always has a larger epoch.
@@ -28,11 +28,12 @@ use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, PoolError, Recycli
 use tokio_postgres::NoTls;
 use tokio_postgres::types::ToSql;
 
-use crate::api::record::{Advance, InFlight, Record, RecordStatus, Scope};
-use crate::base::error::{Error, Result};
-use crate::base::limits::{MAX_NOTE_BYTES, MAX_RESPONSE_BYTES_LIMIT, check_key};
-use crate::base::time::{duration_to_ms, system_time_to_ms};
-use crate::store::{Reserved, Store, StoreLease};
+use crate::api::{Advance, InFlight, Record, RecordStatus, Reservation, Scope};
+use crate::base::{
+    Error, MAX_NOTE_BYTES, MAX_RESPONSE_BYTES_LIMIT, Result, check_key, duration_to_ms,
+    system_time_to_ms,
+};
+use crate::store::{Store, StoreLease};
 
 /// The pool crate this module uses, for building a [`Pool`] by hand.
 pub use deadpool_postgres;
@@ -321,7 +322,7 @@ impl Store for PostgresStore {
         scope: &Scope,
         key: &[u8],
         request: &[u8],
-    ) -> Result<Reserved<PostgresLease>> {
+    ) -> Result<Reservation<PostgresLease>> {
         self.record_params(scope, key)?;
         let hash = request_hash(request);
         let client = self.client().await?;
@@ -345,18 +346,18 @@ impl Store for PostgresStore {
                 .await
                 .map_err(pg_error)?;
             if let Some(row) = acquired {
-                return Ok(Reserved::Acquired(self.lease(scope, key, &row)?));
+                return Ok(Reservation::Acquired(self.lease(scope, key, &row)?));
             }
             let Some(row) = self.live(&client, scope, key).await? else {
                 continue;
             };
             if row.request_hash != hash {
-                return Ok(Reserved::Mismatch);
+                return Ok(Reservation::Mismatch);
             }
             return Ok(match row.status {
-                RecordStatus::InFlight => Reserved::InFlight { since: row.created },
-                RecordStatus::Completed => Reserved::Completed(row.record()),
-                RecordStatus::Failed => Reserved::Failed(row.record()),
+                RecordStatus::InFlight => Reservation::InFlight { since: row.created },
+                RecordStatus::Completed => Reservation::Completed(row.record()),
+                RecordStatus::Failed => Reservation::Failed(row.record()),
             });
         }
     }

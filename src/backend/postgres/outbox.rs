@@ -18,7 +18,7 @@ use deadpool_postgres::Pool;
 use tokio_postgres::Transaction;
 
 use super::{PostgresStore, pg_error, pool_error, unsigned};
-use crate::base::error::{Error, Result};
+use crate::base::{Error, Result};
 
 /// A message to write with [`enqueue`].
 #[derive(Debug, Clone, Copy)]

@@ -24,9 +24,7 @@ use parking_lot::{Condvar, Mutex, MutexGuard};
 use super::entry::{LogEntry, encode_mark};
 use super::format::{MARK_FRAME_LEN, MAX_APPEND_BYTES, SEGMENT_HEADER_LEN, SegmentHeader, put};
 use super::names::{prepared_path, segment_path};
-use crate::base::config::Durability;
-use crate::base::error::{Error, Result};
-use crate::base::window::Window;
+use crate::base::{Durability, Error, Result, Window};
 use crate::io::{Storage, StorageFile};
 
 /// In `Interval` mode, a writer that finds this much buffered writes it out itself.

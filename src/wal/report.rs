@@ -3,7 +3,7 @@
 use std::fmt;
 use std::path::PathBuf;
 
-use crate::base::config::RecoveryMode;
+use crate::base::RecoveryMode;
 
 /// The end of the newest segment that `Db::open` cut off: bytes no fsync had covered,
 /// left by a crash (or damaged inside the last commit group, which looks the same).

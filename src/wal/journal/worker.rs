@@ -22,9 +22,9 @@ use std::sync::atomic::Ordering;
 use parking_lot::MutexGuard;
 
 use super::{Shared, WriterState, next_segment};
-use crate::base::error::Result;
+use crate::base::Result;
 use crate::io::StorageFile;
-use crate::log::names::{prepared_path, segment_path};
+use crate::wal::names::{prepared_path, segment_path};
 
 /// What one round does, read under the lock.
 struct Plan {

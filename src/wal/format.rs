@@ -6,7 +6,7 @@
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
-use crate::base::limits::{MAX_BATCH_KEYS, MAX_RESPONSE_BYTES_LIMIT, MAX_SCOPED_KEY_BYTES};
+use crate::base::{MAX_BATCH_KEYS, MAX_RESPONSE_BYTES_LIMIT, MAX_SCOPED_KEY_BYTES};
 
 /// Magic bytes opening every segment file.
 pub(crate) const SEGMENT_MAGIC: [u8; 8] = *b"ONCESEG\0";
@@ -54,7 +54,7 @@ pub(crate) const MAX_APPEND_BYTES: usize = FRAME_HEADER_LEN + MAX_PAYLOAD_LEN;
 pub(crate) const MARK_FRAME_LEN: usize = FRAME_HEADER_LEN + 8;
 /// Largest segment file recovery reads: the roll-over size, one append that crossed it,
 /// and the mark and seal frames around it.
-pub(crate) const MAX_SEGMENT_FILE_BYTES: u64 = crate::base::limits::MAX_SEGMENT_BYTES_LIMIT
+pub(crate) const MAX_SEGMENT_FILE_BYTES: u64 = crate::base::MAX_SEGMENT_BYTES_LIMIT
     + SEGMENT_HEADER_LEN as u64
     + MAX_APPEND_BYTES as u64
     + 2 * MARK_FRAME_LEN as u64;

@@ -10,7 +10,7 @@ use super::manifest::{MANIFEST_NAME, Manifest};
 use super::names::{LOCK_NAME, MANIFEST_TEMP_NAME, is_prepared_name, parse_segment_name};
 use super::report::{SegmentReport, SegmentState, VerifyReport};
 use super::scan::{Verdict, scan};
-use crate::base::error::{Error, Result};
+use crate::base::{Error, Result};
 use crate::io::Storage;
 
 /// Reads the store in `dir` through `storage` and reports what `Db::open` would find.

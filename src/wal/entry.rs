@@ -5,10 +5,9 @@
 //! frame's.
 
 use super::format::{FRAME_HEADER_LEN, encode_frame, get_u32, get_u64, get_u128};
-use crate::base::fingerprint::Fingerprint;
-use crate::base::finish::Finish;
-use crate::base::limits::{
-    LEASE_ID_LIMIT, MAX_BATCH_KEYS, MAX_NOTE_BYTES, MAX_RESPONSE_BYTES_LIMIT, MAX_SCOPED_KEY_BYTES,
+use crate::base::{
+    Fingerprint, Finish, LEASE_ID_LIMIT, MAX_BATCH_KEYS, MAX_NOTE_BYTES, MAX_RESPONSE_BYTES_LIMIT,
+    MAX_SCOPED_KEY_BYTES,
 };
 
 pub(crate) const KIND_KEYS: u8 = 1;
@@ -461,7 +460,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::log::format::{decode_frame, frame_seed};
+    use crate::wal::format::{decode_frame, frame_seed};
 
     const SEED: u64 = 0x5eed;
 

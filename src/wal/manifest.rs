@@ -6,7 +6,7 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use super::format::{get_u32, get_u64, put};
 use super::names::MANIFEST_TEMP_NAME;
-use crate::base::error::{Error, Result};
+use crate::base::{Error, Result};
 use crate::io::Storage;
 
 /// File name of the manifest inside the database directory.

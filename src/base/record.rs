@@ -1,0 +1,84 @@
+//! What a record holds and what the ordering guard answers: the values every room
+//! passes up unchanged, from the index to the API and every `Store`.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use super::time::ms_to_system_time;
+
+/// Where a record is in its lifecycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordStatus {
+    /// A lease holder is working on it, or crashed while working (outcome unknown).
+    InFlight,
+    /// Finished; the stored response is replayed to retries.
+    Completed,
+    /// Finished with a deterministic failure; the stored failure is replayed to retries.
+    Failed,
+}
+
+/// A snapshot of one idempotency record.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Record {
+    pub(crate) status: RecordStatus,
+    pub(crate) response: Option<Arc<[u8]>>,
+    pub(crate) created_ms: u64,
+    pub(crate) finished_ms: Option<u64>,
+}
+
+impl Record {
+    /// The lifecycle state.
+    pub fn status(&self) -> RecordStatus {
+        self.status
+    }
+
+    /// The stored response (or failure) bytes; `None` while in flight.
+    pub fn response(&self) -> Option<&[u8]> {
+        self.response.as_deref()
+    }
+
+    /// When the record was reserved, by the database clock.
+    pub fn created_at(&self) -> SystemTime {
+        ms_to_system_time(self.created_ms)
+    }
+
+    /// When the record was completed or failed, by the database clock.
+    pub fn finished_at(&self) -> Option<SystemTime> {
+        self.finished_ms.map(ms_to_system_time)
+    }
+}
+
+impl fmt::Debug for Record {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Record")
+            .field("status", &self.status)
+            .field("response_bytes", &self.response.as_ref().map(|r| r.len()))
+            .field("created_ms", &self.created_ms)
+            .field("finished_ms", &self.finished_ms)
+            .finish()
+    }
+}
+
+/// The answer of [`Db::advance`](crate::Db::advance), the ordering guard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "the answer says whether to apply, skip, reject or buffer the event"]
+pub enum Advance {
+    /// The version is the next one (or the aggregate has no version inside the window):
+    /// it is now the aggregate's version. Apply the event.
+    Applied,
+    /// The version equals the aggregate's version: a redelivery. Skip it.
+    Duplicate,
+    /// The version is older than the aggregate's: an out-of-order or replayed event.
+    /// Skip or reject it.
+    Stale {
+        /// The aggregate's version.
+        current: u64,
+    },
+    /// A version was skipped: buffer this event and wait for `expected`, or refetch the
+    /// aggregate. Nothing changed.
+    Gap {
+        /// The version that would be applied next.
+        expected: u64,
+    },
+}

@@ -1,0 +1,28 @@
+//! The log: the on-disk format (segment names, headers, frames, entries, the manifest),
+//! the journal that appends to it, and the scan that reads it back for recovery and
+//! `verify`.
+//!
+//! Below the engine, above `base` and `io`: it knows fingerprints, buckets and lease
+//! endings, and nothing of the index or the API.
+
+mod entry;
+mod format;
+mod journal;
+mod manifest;
+mod names;
+mod report;
+mod scan;
+mod verify;
+
+pub(crate) use entry::{DecodedEntry, DecodedFinish, LogEntry, encode_mark};
+pub(crate) use format::{MAX_SEGMENT_FILE_BYTES, SEGMENT_HEADER_LEN, frame_seed};
+pub(crate) use journal::{Journal, JournalConfig, JournalStats, Ticket};
+pub(crate) use manifest::{MANIFEST_LEN, MANIFEST_NAME, Manifest};
+pub(crate) use names::{
+    LOCK_NAME, MANIFEST_TEMP_NAME, is_prepared_name, parse_segment_name, segment_path,
+};
+pub use report::{
+    RecoveryReport, SegmentReport, SegmentState, SkippedRange, TornTail, VerifyReport,
+};
+pub(crate) use scan::{Scan, Verdict, scan};
+pub(crate) use verify::{header_problem, verify_with};
