@@ -134,8 +134,7 @@ fn args() -> Result<Args, String> {
     {
         return Err("--server, --input-stream, --output-subject and --dir are required".into());
     }
-    if parsed.create_streams && (parsed.input_subject.is_none() || parsed.output_stream.is_none())
-    {
+    if parsed.create_streams && (parsed.input_subject.is_none() || parsed.output_stream.is_none()) {
         return Err("--create-streams needs --input-subject and --output-stream".into());
     }
     Ok(parsed)
@@ -231,7 +230,10 @@ async fn main() {
 async fn create_streams(js: &jetstream::Context, args: &Args) -> Result<(), async_nats::Error> {
     let streams = [
         (&args.input_stream, args.input_subject.as_ref()),
-        (args.output_stream.as_ref().unwrap_or(&args.input_stream), Some(&args.output_subject)),
+        (
+            args.output_stream.as_ref().unwrap_or(&args.input_stream),
+            Some(&args.output_subject),
+        ),
     ];
     for (name, subject) in streams {
         let subjects = subject.into_iter().cloned().collect();

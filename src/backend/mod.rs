@@ -6,3 +6,27 @@
 pub mod postgres;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
+
+use crate::base::Error;
+
+/// The server could not be reached or answered too late: [`Error::Unavailable`], which
+/// an [`OutagePolicy`](crate::OutagePolicy) acts on.
+pub(crate) fn unavailable(engine: &'static str, message: impl Into<String>) -> Error {
+    Error::Unavailable {
+        engine,
+        message: message.into(),
+    }
+}
+
+/// The server answered with an error of its own: [`Error::Backend`].
+pub(crate) fn refused(engine: &'static str, message: impl Into<String>) -> Error {
+    Error::Backend {
+        engine,
+        message: message.into(),
+    }
+}
+
+/// The server's answer did not have the shape this code expects.
+pub(crate) fn unexpected(engine: &'static str, what: &str) -> Error {
+    refused(engine, format!("unexpected reply to {what}"))
+}

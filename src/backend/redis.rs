@@ -19,6 +19,7 @@ use ::redis::aio::{ConnectionLike, MultiplexedConnection};
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::{Cmd, Pipeline, RedisFuture, Script, Value};
 
+use super::{refused, unavailable};
 use crate::api::{Advance, InFlight, Record, RecordStatus, Reservation, Scope};
 use crate::base::{Error, Result, check_key, duration_to_ms, ms_to_system_time, system_time_to_ms};
 use crate::store::{Store, StoreLease};
@@ -140,23 +141,17 @@ fn backend(err: ::redis::RedisError) -> Error {
         || err.is_connection_dropped()
         || err.is_timeout()
     {
-        return Error::Unavailable {
-            engine: "redis",
-            message: err.to_string(),
-        };
+        return unavailable(ENGINE, err.to_string());
     }
-    Error::Backend {
-        engine: "redis",
-        message: err.to_string(),
-    }
+    refused(ENGINE, err.to_string())
 }
 
 fn unexpected(what: &str) -> Error {
-    Error::Backend {
-        engine: "redis",
-        message: format!("unexpected reply to {what}"),
-    }
+    super::unexpected(ENGINE, what)
 }
+
+/// The engine named in this store's errors.
+const ENGINE: &str = "redis";
 
 /// Keys, records and ordering marks in Redis or a Redis Cluster.
 #[derive(Clone)]

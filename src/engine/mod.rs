@@ -2,15 +2,6 @@
 //! order of "change the index, then log it, then wait for durability". The API sits on
 //! top; the index and the log sit below and do not know each other.
 
-#![expect(
-    clippy::cast_possible_truncation,
-    reason = "hot path: bucket stamps are 32 bits by design, indices fit the tables they index"
-)]
-#![expect(
-    clippy::indexing_slicing,
-    reason = "hot path: every index is below a length fixed at construction (shard count, table capacity, batch size)"
-)]
-
 mod config;
 mod recovery;
 
@@ -226,6 +217,14 @@ impl Engine {
         Scratch::with(|scratch| self.insert_many_with(keys, admitted, scratch))
     }
 
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "bucket stamps are 32 bits by design; indices fit the tables they index"
+    )]
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "every index is below a length fixed at construction (shard count, table capacity, batch size)"
+    )]
     fn insert_many_with<K: AsRef<[u8]>>(
         &self,
         keys: &[K],
@@ -295,6 +294,10 @@ impl Engine {
     }
 
     /// Logs the admitted keys of a batch, one entry per bucket stamp (almost always one).
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "every index is below a length fixed at construction (shard count, table capacity, batch size)"
+    )]
     fn log_admitted(
         &self,
         fingerprints: &[Fingerprint],
@@ -605,6 +608,10 @@ impl Scratch {
     }
 }
 
+#[expect(
+    clippy::indexing_slicing,
+    reason = "every index is below a length fixed at construction (shard count, table capacity, batch size)"
+)]
 fn insert_group(
     shard: &mut Shard,
     group: &[u32],

@@ -3,15 +3,6 @@
 //! Below the engine, above `base`: it knows fingerprints, buckets and lease endings, and
 //! nothing of the log, the API or the configuration builder.
 
-#![expect(
-    clippy::cast_possible_truncation,
-    reason = "hot path: bucket stamps are 32 bits by design, indices fit the tables they index"
-)]
-#![expect(
-    clippy::indexing_slicing,
-    reason = "hot path: every index is below a length fixed at construction (shard count, table capacity, batch size)"
-)]
-
 mod counters;
 mod marks;
 mod records;
@@ -171,6 +162,14 @@ impl Index {
     }
 
     /// Orders the indices of `fingerprints` by shard into `groups`, reusing its buffers.
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "bucket stamps are 32 bits by design; indices fit the tables they index"
+    )]
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "every index is below a length fixed at construction (shard count, table capacity, batch size)"
+    )]
     pub(crate) fn group_by_shard(&self, fingerprints: &[Fingerprint], groups: &mut ShardGroups) {
         let ShardGroups {
             starts,
@@ -202,6 +201,10 @@ impl Index {
     }
 
     /// Recovery: re-admits logged keys stamped `stamp`, locking each shard once.
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "every index is below a length fixed at construction (shard count, table capacity, batch size)"
+    )]
     pub(crate) fn restore_keys(&self, stamp: u64, fingerprints: &[Fingerprint]) {
         let mut groups = ShardGroups::default();
         self.group_by_shard(fingerprints, &mut groups);
@@ -249,6 +252,10 @@ impl Index {
     }
 
     /// Sums every shard, each moved to `bucket` first.
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "bucket stamps are 32 bits by design; indices fit the tables they index"
+    )]
     pub(crate) fn stats(&self, bucket: u64) -> IndexStats {
         let mut stats = IndexStats::default();
         let mut live_buckets = vec![false; self.window.live_buckets() as usize];
@@ -288,6 +295,10 @@ impl ShardGroups {
     }
 
     /// The batch indices of the `n`th shard touched.
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "every index is below a length fixed at construction (shard count, table capacity, batch size)"
+    )]
     pub(crate) fn get(&self, n: usize) -> &[u32] {
         let (start, end) = self.runs[n];
         &self.order[start as usize..end as usize]

@@ -1,14 +1,5 @@
 //! One shard: a dedup table, a record map, and per-bucket live counts, behind one lock.
 
-#![expect(
-    clippy::cast_possible_truncation,
-    reason = "hot path: bucket stamps are 32 bits by design, indices fit the tables they index"
-)]
-#![expect(
-    clippy::indexing_slicing,
-    reason = "hot path: every index is below a length fixed at construction (shard count, table capacity, batch size)"
-)]
-
 use std::collections::TryReserveError;
 
 use super::counters::Counters;
@@ -109,6 +100,10 @@ pub(crate) struct Shard {
 }
 
 impl Shard {
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "bucket stamps are 32 bits by design; indices fit the tables they index"
+    )]
     pub(crate) fn new(
         window: Window,
         expected_keys: usize,
@@ -167,6 +162,10 @@ impl Shard {
     }
 
     /// Drops the oldest bucket holding entries, unless that is the current bucket.
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "every index is below a length fixed at construction (shard count, table capacity, batch size)"
+    )]
     fn evict_oldest_bucket(&mut self) -> bool {
         let first = self
             .current
@@ -195,12 +194,20 @@ impl Shard {
         true
     }
 
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "bucket stamps are 32 bits by design; indices fit the tables they index"
+    )]
     fn ring_index(&self, bucket: u64) -> usize {
         (bucket % self.window.live_buckets()) as usize
     }
 
     /// Moves the shard to bucket `now` (never backwards): buckets that left the window
     /// stop counting at once, and their table slots are queued for the sweep.
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "every index is below a length fixed at construction (shard count, table capacity, batch size)"
+    )]
     pub(crate) fn rotate_to(&mut self, now: u64) {
         if now <= self.current {
             return;
@@ -228,6 +235,10 @@ impl Shard {
         self.schedule_sweep();
     }
 
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "bucket stamps are 32 bits by design; indices fit the tables they index"
+    )]
     fn schedule_sweep(&mut self) {
         let garbage = self.table.used() as u64 > self.live_keys;
         if self.live_keys == 0 && garbage {
@@ -326,6 +337,14 @@ impl Shard {
     }
 
     /// Stores the tag of `fingerprint` stamped `stamp` (a live bucket) unless it is live.
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "bucket stamps are 32 bits by design; indices fit the tables they index"
+    )]
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "every index is below a length fixed at construction (shard count, table capacity, batch size)"
+    )]
     fn admit_at(&mut self, fingerprint: Fingerprint, stamp: u64) -> bool {
         if self.table.needs_growth() {
             self.table
@@ -414,6 +433,10 @@ impl Shard {
         self.store_record_at(new, self.current);
     }
 
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "every index is below a length fixed at construction (shard count, table capacity, batch size)"
+    )]
     fn store_record_at(&mut self, new: &NewRecord<'_>, stamp: u64) {
         let record = StoredRecord {
             scoped_key: new.scoped_key.into(),
@@ -454,6 +477,10 @@ impl Shard {
         }
     }
 
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "every index is below a length fixed at construction (shard count, table capacity, batch size)"
+    )]
     fn uncount_record(&mut self, bucket: u64) {
         if self.view().is_live(bucket, self.current) {
             let index = self.ring_index(bucket);
@@ -641,6 +668,10 @@ impl Shard {
         Ok(answer)
     }
 
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "every index is below a length fixed at construction (shard count, table capacity, batch size)"
+    )]
     fn set_mark(&mut self, fingerprint: Fingerprint, scoped_key: &[u8], version: u64, stamp: u64) {
         if let Some(old) = self.marks.set(fingerprint.0, scoped_key, version, stamp)
             && self.view().is_live(old, self.current)
@@ -719,6 +750,10 @@ impl Shard {
 
     /// Adds this shard's live counts per bucket (keys, records, aggregates) to `out`,
     /// keyed by absolute bucket number.
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "every index is below a length fixed at construction (shard count, table capacity, batch size)"
+    )]
     pub(crate) fn add_bucket_counts(&self, out: &mut std::collections::BTreeMap<u64, [u64; 3]>) {
         let first = self.current.saturating_sub(self.view().span);
         for bucket in first..=self.current {

@@ -119,6 +119,10 @@ impl Deref for SlotMemory {
     type Target = [Slot];
 
     #[inline]
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "every index is below a length fixed at construction (shard count, table capacity, batch size)"
+    )]
     fn deref(&self) -> &[Slot] {
         match &self.0 {
             Inner::Heap(slots) => slots,
@@ -132,6 +136,10 @@ impl Deref for SlotMemory {
 
 impl DerefMut for SlotMemory {
     #[inline]
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "every index is below a length fixed at construction (shard count, table capacity, batch size)"
+    )]
     fn deref_mut(&mut self) -> &mut [Slot] {
         match &mut self.0 {
             Inner::Heap(slots) => slots,

@@ -6,15 +6,6 @@
 //! incremental sweep removes them with backward-shift deletion: there are no tombstones,
 //! and an insert may reuse an expired slot it passes.
 
-#![expect(
-    clippy::cast_possible_truncation,
-    reason = "hot path: bucket stamps are 32 bits by design, indices fit the tables they index"
-)]
-#![expect(
-    clippy::indexing_slicing,
-    reason = "hot path: every index is below a length fixed at construction (shard count, table capacity, batch size)"
-)]
-
 use std::collections::TryReserveError;
 
 use super::slots::{EMPTY, Slot, SlotMemory};
@@ -39,6 +30,10 @@ fn slot_tag(slot: Slot) -> u64 {
 }
 
 #[inline]
+#[expect(
+    clippy::cast_possible_truncation,
+    reason = "bucket stamps are 32 bits by design; indices fit the tables they index"
+)]
 fn slot_new(tag: u64, bucket: u32) -> Slot {
     [tag as u32, (tag >> 32) as u32, bucket]
 }
@@ -110,6 +105,10 @@ impl DedupTable {
     }
 
     #[inline]
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "bucket stamps are 32 bits by design; indices fit the tables they index"
+    )]
     fn home(&self, tag: u64) -> usize {
         ((u128::from(tag) * self.slots.len() as u128) >> 64) as usize
     }
@@ -141,6 +140,10 @@ impl DedupTable {
     }
 
     /// Whether `tag` is present and live.
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "every index is below a length fixed at construction (shard count, table capacity, batch size)"
+    )]
     pub(crate) fn contains(&mut self, tag: u64, live: Liveness) -> bool {
         let mut index = self.home(tag);
         loop {
@@ -165,6 +168,10 @@ impl DedupTable {
 
     /// Inserts `tag` stamped with bucket `stamp` (live under `live`) unless a live copy
     /// exists.
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "every index is below a length fixed at construction (shard count, table capacity, batch size)"
+    )]
     pub(crate) fn insert_stamped(&mut self, tag: u64, live: Liveness, stamp: u32) -> Inserted {
         let mut index = self.home(tag);
         let mut reusable = None;
@@ -234,6 +241,10 @@ impl DedupTable {
         self.sweep_cursor = None;
     }
 
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "every index is below a length fixed at construction (shard count, table capacity, batch size)"
+    )]
     fn place(&mut self, slot: Slot) {
         let mut index = self.home(slot_tag(slot));
         while !slot_is_empty(self.slots[index]) {
@@ -257,6 +268,10 @@ impl DedupTable {
 
     /// Advances the sweep pass by up to `budget` slots, removing expired entries.
     /// Returns the number removed and whether the pass has reached the end of the table.
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "every index is below a length fixed at construction (shard count, table capacity, batch size)"
+    )]
     pub(crate) fn sweep(&mut self, budget: usize, live: Liveness) -> (usize, bool) {
         let Some(mut cursor) = self.sweep_cursor else {
             return (0, true);
@@ -280,6 +295,10 @@ impl DedupTable {
 
     /// Backward-shift deletion: pulls each following entry of the cluster one step back
     /// while that brings it no earlier than its home, then empties the last hole.
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "every index is below a length fixed at construction (shard count, table capacity, batch size)"
+    )]
     fn remove_at(&mut self, mut hole: usize) {
         let mut index = self.next(hole);
         loop {
@@ -315,6 +334,10 @@ impl DedupTable {
 /// writes) and take a copy-on-write fault with a cross-CPU TLB flush on the first write.
 /// The address of the home slot of `tag` in a table of `slots` slots starting at `base`
 /// (the same multiply-shift as [`DedupTable::home`]). Only a prefetch address.
+#[expect(
+    clippy::cast_possible_truncation,
+    reason = "bucket stamps are 32 bits by design; indices fit the tables they index"
+)]
 pub(crate) fn home_address(base: usize, slots: usize, tag: u64) -> usize {
     let home = ((u128::from(tag) * slots as u128) >> 64) as usize;
     base.wrapping_add(home.wrapping_mul(size_of::<Slot>()))
@@ -341,6 +364,10 @@ mod tests {
     }
 
     /// `count` distinct tags whose home is slot `home`.
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "the quotient is below 2^64: home < slots"
+    )]
     fn tags_with_home(table: &DedupTable, home: usize, count: u64) -> Vec<u64> {
         let first = ((home as u128) << 64).div_ceil(table.slots.len() as u128) as u64;
         let tags: Vec<u64> = (0..count).map(|i| first + 1 + i).collect();

@@ -32,18 +32,22 @@ const FINISH_FIXED: usize = 16 + 8 + 8 + 4;
 const NOTE_FIXED: usize = 16 + 8 + 4;
 /// A take-over payload: fingerprint, old lease id, new lease id, at_ms.
 const TAKE_OVER_LEN: usize = 16 + 8 + 8 + 8;
+/// Payload bytes of a mark or seal frame: the durable length.
+const MARK_LEN: usize = 8;
 /// Fixed part of an advance payload: fingerprint, version, bucket, key length.
 const ADVANCE_FIXED: usize = 16 + 8 + 8 + 4;
 
-/// An entry to append.
-#[derive(Debug)]
-pub(crate) enum LogEntry<'a> {
+/// An entry to append, borrowing the writer's values.
+pub(crate) type LogEntry<'a> = Entry<'a, &'a [Fingerprint], &'a Finish>;
+
+/// One entry of the log, generic over how its variable parts are held: the writer's
+/// values when appended ([`LogEntry`]), the frame's bytes when read back
+/// ([`DecodedEntry`]). One enum, so the two sides cannot drift apart.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Entry<'a, Keys, Ending> {
     /// Dedup keys admitted with one bucket stamp (one call, or the part of a batch that
     /// got that stamp).
-    Keys {
-        bucket: u64,
-        fingerprints: &'a [Fingerprint],
-    },
+    Keys { bucket: u64, fingerprints: Keys },
     /// A record reserved in flight, stamped with `bucket`.
     Reserve {
         fingerprint: Fingerprint,
@@ -58,8 +62,11 @@ pub(crate) enum LogEntry<'a> {
         fingerprint: Fingerprint,
         lease_id: u64,
         at_ms: u64,
-        finish: &'a Finish,
+        finish: Ending,
     },
+    /// Bytes `0..durable` of the segment were fsynced before this frame was written;
+    /// `seal` closes the segment.
+    Mark { durable: u64, seal: bool },
     /// A lease attached a note to its record.
     Note {
         fingerprint: Fingerprint,
@@ -92,6 +99,7 @@ impl LogEntry<'_> {
                 LogEntry::Finish { finish, .. } => FINISH_FIXED + finish.response().len(),
                 LogEntry::Note { note, .. } => NOTE_FIXED + note.len(),
                 LogEntry::TakeOver { .. } => TAKE_OVER_LEN,
+                LogEntry::Mark { .. } => MARK_LEN,
                 LogEntry::Advance { scoped_key, .. } => ADVANCE_FIXED + scoped_key.len(),
             }
     }
@@ -211,6 +219,7 @@ impl LogEntry<'_> {
                     out.extend_from_slice(scoped_key);
                 });
             }
+            LogEntry::Mark { durable, seal } => encode_mark(out, seed, position, *durable, *seal),
         }
     }
 }
@@ -230,8 +239,12 @@ pub(crate) fn encode_mark(out: &mut Vec<u8>, seed: u64, position: u64, durable: 
 }
 
 /// A length already checked against a limit far below `u32::MAX`.
+#[expect(
+    clippy::expect_used,
+    reason = "every caller checked the length against a limit below u32::MAX"
+)]
 fn len_u32(len: usize) -> u32 {
-    u32::try_from(len).unwrap_or_else(|_| unreachable!("lengths are checked against limits"))
+    u32::try_from(len).expect("lengths are checked against limits below u32::MAX")
 }
 
 /// How a decoded lease ending ends; every kind on disk maps to exactly one.
@@ -243,46 +256,7 @@ pub(crate) enum DecodedFinish<'a> {
 }
 
 /// An entry read back from a frame, borrowing the frame's bytes.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum DecodedEntry<'a> {
-    Keys {
-        bucket: u64,
-        fingerprints: FingerprintList<'a>,
-    },
-    Reserve {
-        fingerprint: Fingerprint,
-        lease_id: u64,
-        request_hash: u128,
-        created_ms: u64,
-        bucket: u64,
-        scoped_key: &'a [u8],
-    },
-    Finish {
-        fingerprint: Fingerprint,
-        lease_id: u64,
-        at_ms: u64,
-        finish: DecodedFinish<'a>,
-    },
-    /// Bytes `0..durable` of the segment were fsynced before this frame was written.
-    Mark { durable: u64, seal: bool },
-    Note {
-        fingerprint: Fingerprint,
-        lease_id: u64,
-        note: &'a [u8],
-    },
-    TakeOver {
-        fingerprint: Fingerprint,
-        old: u64,
-        new: u64,
-        at_ms: u64,
-    },
-    Advance {
-        fingerprint: Fingerprint,
-        version: u64,
-        bucket: u64,
-        scoped_key: &'a [u8],
-    },
-}
+pub(crate) type DecodedEntry<'a> = Entry<'a, FingerprintList<'a>, DecodedFinish<'a>>;
 
 /// The fingerprints of a `Keys` entry, decoded lazily.
 #[derive(Debug, PartialEq, Eq)]

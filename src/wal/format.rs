@@ -120,6 +120,10 @@ pub(crate) fn frame_seed(secret: u64) -> u64 {
 
 /// Appends one frame of `kind` at segment offset `position`, with the payload that
 /// `write_payload` appends to `out`.
+#[expect(
+    clippy::expect_used,
+    reason = "a segment is below MAX_SEGMENT_FILE_BYTES < 4 GiB and the payload was checked above"
+)]
 pub(crate) fn encode_frame(
     out: &mut Vec<u8>,
     seed: u64,
@@ -135,8 +139,8 @@ pub(crate) fn encode_frame(
         payload_len <= MAX_PAYLOAD_LEN,
         "frame payload over the limit"
     );
-    let position = u32::try_from(position).unwrap_or_else(|_| unreachable!("segments < 4 GiB"));
-    let payload_len = u32::try_from(payload_len).unwrap_or_else(|_| unreachable!("checked"));
+    let position = u32::try_from(position).expect("segments are smaller than 4 GiB");
+    let payload_len = u32::try_from(payload_len).expect("checked against MAX_PAYLOAD_LEN above");
     let (_, frame) = out.split_at_mut(start);
     put(frame, FRAME_LEN_OFFSET, &payload_len.to_le_bytes());
     put(frame, FRAME_KIND_OFFSET, &[kind, 0]);

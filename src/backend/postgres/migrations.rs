@@ -3,7 +3,7 @@
 
 use deadpool_postgres::Object;
 
-use super::pg_error;
+use super::{column, pg_error};
 use crate::base::Result;
 
 /// Every migration this version ships, in order: (version, name, SQL).
@@ -37,7 +37,7 @@ pub(super) async fn apply(client: &mut Object) -> Result<usize> {
         )
         .await
         .map_err(pg_error)?;
-    let current: i32 = row.try_get(0).map_err(pg_error)?;
+    let current: i32 = column(&row, 0)?;
     let mut applied = 0;
     for (version, name, sql) in MIGRATIONS.iter().filter(|(v, _, _)| *v > current) {
         tx.batch_execute(sql).await.map_err(pg_error)?;

@@ -28,6 +28,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, PoolError, Recycli
 use tokio_postgres::NoTls;
 use tokio_postgres::types::ToSql;
 
+use super::{refused, unavailable};
 use crate::api::{Advance, InFlight, Record, RecordStatus, Reservation, Scope};
 use crate::base::{
     Error, MAX_NOTE_BYTES, MAX_RESPONSE_BYTES_LIMIT, Result, check_key, duration_to_ms,
@@ -51,36 +52,60 @@ const MAX_KEYS_PER_STATEMENT: usize = 4096;
 /// [`Error::Unavailable`], anything the server said is [`Error::Backend`].
 pub(crate) fn pg_error(err: tokio_postgres::Error) -> Error {
     if let Some(db) = err.as_db_error() {
-        return Error::Backend {
-            engine: "postgres",
-            message: format!("{} ({})", db.message(), db.code().code()),
-        };
+        return refused(ENGINE, format!("{} ({})", db.message(), db.code().code()));
     }
     let message = match std::error::Error::source(&err) {
         Some(source) => format!("{err}: {source}"),
         None => err.to_string(),
     };
-    Error::Unavailable {
-        engine: "postgres",
-        message,
-    }
+    unavailable(ENGINE, message)
+}
+
+/// The engine named in this store's errors.
+const ENGINE: &str = "postgres";
+
+/// The cached statement for `sql` on `client`: every call prepares once per connection.
+async fn prepare(client: &Object, sql: &str) -> Result<tokio_postgres::Statement> {
+    client.prepare_cached(sql).await.map_err(pg_error)
+}
+
+/// Runs cached statement `sql`; at most one row.
+async fn query_opt(
+    client: &Object,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<Option<tokio_postgres::Row>> {
+    let statement = prepare(client, sql).await?;
+    client.query_opt(&statement, params).await.map_err(pg_error)
+}
+
+/// Runs cached statement `sql`; every row.
+async fn query(
+    client: &Object,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<Vec<tokio_postgres::Row>> {
+    let statement = prepare(client, sql).await?;
+    client.query(&statement, params).await.map_err(pg_error)
+}
+
+/// Column `index` (a name or a position) of `row`.
+fn column<'a, T: tokio_postgres::types::FromSql<'a>>(
+    row: &'a tokio_postgres::Row,
+    index: impl tokio_postgres::row::RowIndex + std::fmt::Display,
+) -> Result<T> {
+    row.try_get(index).map_err(pg_error)
 }
 
 fn pool_error(err: PoolError) -> Error {
     match err {
         PoolError::Backend(err) => pg_error(err),
-        other => Error::Unavailable {
-            engine: "postgres",
-            message: other.to_string(),
-        },
+        other => unavailable(ENGINE, other.to_string()),
     }
 }
 
 fn unexpected(what: &str) -> Error {
-    Error::Backend {
-        engine: "postgres",
-        message: format!("unexpected value in {what}"),
-    }
+    super::unexpected(ENGINE, what)
 }
 
 /// A `bigint` read from the server as an epoch or version (never negative in a sound
@@ -192,11 +217,12 @@ impl PostgresStore {
 
     /// Reads the live record, or `None` when it is absent or expired.
     async fn live(&self, client: &Object, scope: &Scope, key: &[u8]) -> Result<Option<Row>> {
-        let statement = client.prepare_cached(sql::GET).await.map_err(pg_error)?;
-        let row = client
-            .query_opt(&statement, &[&scope.tenant(), &scope.operation(), &key])
-            .await
-            .map_err(pg_error)?;
+        let row = query_opt(
+            client,
+            sql::GET,
+            &[&scope.tenant(), &scope.operation(), &key],
+        )
+        .await?;
         row.map(|row| Row::read(&row)).transpose()
     }
 }
@@ -208,7 +234,7 @@ async fn purge_all(
     batch: i64,
     params: &[&(dyn ToSql + Sync)],
 ) -> Result<u64> {
-    let statement = client.prepare_cached(statement).await.map_err(pg_error)?;
+    let statement = prepare(client, statement).await?;
     let batch = u64::try_from(batch).unwrap_or(1);
     let mut total = 0;
     loop {
@@ -231,13 +257,13 @@ struct Row {
 
 impl Row {
     fn read(row: &tokio_postgres::Row) -> Result<Row> {
-        let status: String = row.try_get("status").map_err(pg_error)?;
+        let status: String = column(row, "status")?;
         Ok(Row {
-            request_hash: row.try_get("request_hash").map_err(pg_error)?,
+            request_hash: column(row, "request_hash")?,
             status: parse_status(&status)?,
-            response: row.try_get("response_body").map_err(pg_error)?,
-            created: row.try_get("created_at").map_err(pg_error)?,
-            finished: row.try_get("finished_at").map_err(pg_error)?,
+            response: column(row, "response_body")?,
+            created: column(row, "created_at")?,
+            finished: column(row, "finished_at")?,
         })
     }
 
@@ -272,14 +298,7 @@ impl Store for PostgresStore {
     async fn insert_if_absent(&self, key: &[u8]) -> Result<bool> {
         check_key(key, self.max_key_bytes)?;
         let client = self.client().await?;
-        let statement = client
-            .prepare_cached(sql::INSERT_KEY)
-            .await
-            .map_err(pg_error)?;
-        let row = client
-            .query_opt(&statement, &[&key, &self.window_ms])
-            .await
-            .map_err(pg_error)?;
+        let row = query_opt(&client, sql::INSERT_KEY, &[&key, &self.window_ms]).await?;
         Ok(row.is_some())
     }
 
@@ -297,10 +316,7 @@ impl Store for PostgresStore {
             .collect();
         distinct.sort_unstable();
         let client = self.client().await?;
-        let statement = client
-            .prepare_cached(sql::INSERT_KEYS)
-            .await
-            .map_err(pg_error)?;
+        let statement = prepare(&client, sql::INSERT_KEYS).await?;
         let mut admitted: HashSet<Vec<u8>> = HashSet::with_capacity(distinct.len());
         for chunk in distinct.chunks(MAX_KEYS_PER_STATEMENT) {
             let rows = client
@@ -326,10 +342,7 @@ impl Store for PostgresStore {
         self.record_params(scope, key)?;
         let hash = request_hash(request);
         let client = self.client().await?;
-        let insert = client
-            .prepare_cached(sql::RESERVE)
-            .await
-            .map_err(pg_error)?;
+        let insert = prepare(&client, sql::RESERVE).await?;
         // A row seen conflicting may be released or expire before it is read: try again.
         loop {
             let acquired = client
@@ -371,24 +384,17 @@ impl Store for PostgresStore {
     async fn in_flight(&self, older_than: Duration) -> Result<Vec<InFlight>> {
         let older_than_ms = i64::try_from(duration_to_ms(older_than)).unwrap_or(i64::MAX);
         let client = self.client().await?;
-        let statement = client
-            .prepare_cached(sql::IN_FLIGHT)
-            .await
-            .map_err(pg_error)?;
-        let rows = client
-            .query(&statement, &[&older_than_ms])
-            .await
-            .map_err(pg_error)?;
+        let rows = query(&client, sql::IN_FLIGHT, &[&older_than_ms]).await?;
         rows.iter()
             .map(|row| {
-                let tenant: Vec<u8> = row.try_get("tenant_id").map_err(pg_error)?;
-                let operation: Vec<u8> = row.try_get("operation").map_err(pg_error)?;
+                let tenant: Vec<u8> = column(row, "tenant_id")?;
+                let operation: Vec<u8> = column(row, "operation")?;
                 Ok(InFlight {
                     scope: Scope::new(tenant, operation),
-                    key: row.try_get("idempotency_key").map_err(pg_error)?,
-                    since: row.try_get("created_at").map_err(pg_error)?,
-                    epoch: unsigned(row.try_get("epoch").map_err(pg_error)?, "epoch")?,
-                    note: row.try_get("note").map_err(pg_error)?,
+                    key: column(row, "idempotency_key")?,
+                    since: column(row, "created_at")?,
+                    epoch: unsigned(column(row, "epoch")?, "epoch")?,
+                    note: column(row, "note")?,
                 })
             })
             .collect()
@@ -397,14 +403,12 @@ impl Store for PostgresStore {
     async fn take_over(&self, scope: &Scope, key: &[u8]) -> Result<Option<PostgresLease>> {
         self.record_params(scope, key)?;
         let client = self.client().await?;
-        let statement = client
-            .prepare_cached(sql::TAKE_OVER)
-            .await
-            .map_err(pg_error)?;
-        let row = client
-            .query_opt(&statement, &[&scope.tenant(), &scope.operation(), &key])
-            .await
-            .map_err(pg_error)?;
+        let row = query_opt(
+            &client,
+            sql::TAKE_OVER,
+            &[&scope.tenant(), &scope.operation(), &key],
+        )
+        .await?;
         row.map(|row| self.lease(scope, key, &row)).transpose()
     }
 
@@ -417,11 +421,8 @@ impl Store for PostgresStore {
         }
         let signed_version = signed(version, "version")?;
         let client = self.client().await?;
-        let apply = client
-            .prepare_cached(sql::ADVANCE)
-            .await
-            .map_err(pg_error)?;
-        let read = client.prepare_cached(sql::MARK).await.map_err(pg_error)?;
+        let apply = prepare(&client, sql::ADVANCE).await?;
+        let read = prepare(&client, sql::MARK).await?;
         let ids: [&(dyn ToSql + Sync); 3] = [&scope.tenant(), &scope.operation(), &aggregate_id];
         loop {
             let applied = client
@@ -437,7 +438,7 @@ impl Store for PostgresStore {
             let Some(row) = client.query_opt(&read, &ids).await.map_err(pg_error)? else {
                 continue;
             };
-            let current = unsigned(row.try_get(0).map_err(pg_error)?, "version")?;
+            let current = unsigned(column(&row, 0)?, "version")?;
             match version.cmp(&current) {
                 std::cmp::Ordering::Equal => return Ok(Advance::Duplicate),
                 std::cmp::Ordering::Less => return Ok(Advance::Stale { current }),
@@ -459,8 +460,8 @@ impl PostgresStore {
             store: self.clone(),
             scope: scope.clone(),
             key: key.to_vec(),
-            epoch: unsigned(row.try_get("epoch").map_err(pg_error)?, "epoch")?,
-            since: row.try_get("created_at").map_err(pg_error)?,
+            epoch: unsigned(column(row, "epoch")?, "epoch")?,
+            since: column(row, "created_at")?,
         })
     }
 
@@ -469,14 +470,12 @@ impl PostgresStore {
     pub async fn resume(&self, scope: &Scope, key: &[u8], epoch: u64) -> Result<PostgresLease> {
         self.record_params(scope, key)?;
         let client = self.client().await?;
-        let statement = client
-            .prepare_cached(sql::LEASE_STATE)
-            .await
-            .map_err(pg_error)?;
-        let row = client
-            .query_opt(&statement, &[&scope.tenant(), &scope.operation(), &key])
-            .await
-            .map_err(pg_error)?;
+        let row = query_opt(
+            &client,
+            sql::LEASE_STATE,
+            &[&scope.tenant(), &scope.operation(), &key],
+        )
+        .await?;
         let lease = PostgresLease {
             store: self.clone(),
             scope: scope.clone(),
@@ -489,7 +488,7 @@ impl PostgresStore {
         };
         match ownership(&row, epoch)? {
             Ownership::Owned => Ok(PostgresLease {
-                since: row.try_get("created_at").map_err(pg_error)?,
+                since: column(&row, "created_at")?,
                 ..lease
             }),
             Ownership::Fenced => Err(Error::Fenced),
@@ -506,9 +505,9 @@ enum Ownership {
 
 /// Whether lease `epoch` owns the record in `row` (status, epoch, first_epoch).
 fn ownership(row: &tokio_postgres::Row, epoch: u64) -> Result<Ownership> {
-    let status: String = row.try_get("status").map_err(pg_error)?;
-    let current = unsigned(row.try_get("epoch").map_err(pg_error)?, "epoch")?;
-    let first = unsigned(row.try_get("first_epoch").map_err(pg_error)?, "first_epoch")?;
+    let status: String = column(row, "status")?;
+    let current = unsigned(column(row, "epoch")?, "epoch")?;
+    let first = unsigned(column(row, "first_epoch")?, "first_epoch")?;
     Ok(if status == "processing" && current == epoch {
         Ownership::Owned
     } else if first <= epoch && epoch < current {
@@ -539,24 +538,19 @@ impl PostgresLease {
     async fn call(&self, statement: &str, extra: &[&(dyn ToSql + Sync)]) -> Result<()> {
         let epoch = signed(self.epoch, "epoch")?;
         let client = self.store.client().await?;
-        let prepared = client.prepare_cached(statement).await.map_err(pg_error)?;
+        let prepared = prepare(&client, statement).await?;
         let (tenant, operation) = (self.scope.tenant(), self.scope.operation());
         let mut params: Vec<&(dyn ToSql + Sync)> = vec![&tenant, &operation, &self.key, &epoch];
         params.extend_from_slice(extra);
         if client.execute(&prepared, &params).await.map_err(pg_error)? == 1 {
             return Ok(());
         }
-        let state = client
-            .prepare_cached(sql::LEASE_STATE)
-            .await
-            .map_err(pg_error)?;
-        let row = client
-            .query_opt(
-                &state,
-                &[&self.scope.tenant(), &self.scope.operation(), &self.key],
-            )
-            .await
-            .map_err(pg_error)?;
+        let row = query_opt(
+            &client,
+            sql::LEASE_STATE,
+            &[&self.scope.tenant(), &self.scope.operation(), &self.key],
+        )
+        .await?;
         match row.map(|row| ownership(&row, self.epoch)).transpose()? {
             Some(Ownership::Fenced) => Err(Error::Fenced),
             _ => Err(Error::LeaseLost),

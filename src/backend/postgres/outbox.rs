@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime};
 use deadpool_postgres::Pool;
 use tokio_postgres::Transaction;
 
-use super::{PostgresStore, pg_error, pool_error, unsigned};
+use super::{PostgresStore, column, pg_error, pool_error, unsigned};
 use crate::base::{Error, Result};
 
 /// A message to write with [`enqueue`].
@@ -226,12 +226,12 @@ async fn claim(tx: &Transaction<'_>, batch: i64) -> Result<Vec<OutboxMessage>> {
 
 fn read(row: &tokio_postgres::Row) -> Result<OutboxMessage> {
     Ok(OutboxMessage {
-        id: row.try_get("id").map_err(pg_error)?,
-        seq: unsigned(row.try_get("seq").map_err(pg_error)?, "outbox seq")?,
-        aggregate_type: row.try_get("aggregate_type").map_err(pg_error)?,
-        aggregate_id: row.try_get("aggregate_id").map_err(pg_error)?,
-        message_type: row.try_get("message_type").map_err(pg_error)?,
-        payload: row.try_get("payload").map_err(pg_error)?,
-        created_at: row.try_get("created_at").map_err(pg_error)?,
+        id: column(row, "id")?,
+        seq: unsigned(column(row, "seq")?, "outbox seq")?,
+        aggregate_type: column(row, "aggregate_type")?,
+        aggregate_id: column(row, "aggregate_id")?,
+        message_type: column(row, "message_type")?,
+        payload: column(row, "payload")?,
+        created_at: column(row, "created_at")?,
     })
 }
