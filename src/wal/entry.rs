@@ -323,20 +323,56 @@ fn decode_keys(payload: &[u8]) -> Result<DecodedEntry<'_>, &'static str> {
     })
 }
 
+/// The variable part of an entry: its length is the `u32` that ends the fixed part of
+/// `fixed` bytes, at most `limit`, and the bytes after the fixed part are exactly that
+/// long. `errors` names a short payload, a length over the limit and a mismatch.
+fn length_prefixed<'a>(
+    payload: &'a [u8],
+    fixed: usize,
+    limit: usize,
+    [short, over, mismatch]: [&'static str; 3],
+) -> Result<&'a [u8], &'static str> {
+    let len = usize::try_from(get_u32(payload, fixed - 4).ok_or(short)?).map_err(|_| over)?;
+    if len > limit {
+        return Err(over);
+    }
+    let tail = payload.get(fixed..).ok_or(short)?;
+    if tail.len() != len {
+        return Err(mismatch);
+    }
+    Ok(tail)
+}
+
+/// A lease id at `offset`, below [`LEASE_ID_LIMIT`].
+fn lease_at(
+    payload: &[u8],
+    offset: usize,
+    [short, over]: [&'static str; 2],
+) -> Result<u64, &'static str> {
+    let lease_id = get_u64(payload, offset).ok_or(short)?;
+    if lease_id >= LEASE_ID_LIMIT {
+        return Err(over);
+    }
+    Ok(lease_id)
+}
+
 fn decode_reserve(payload: &[u8]) -> Result<DecodedEntry<'_>, &'static str> {
     const SHORT: &str = "reserve entry is too short";
-    let key_len = get_u32(payload, RESERVE_FIXED - 4).ok_or(SHORT)? as usize;
-    if key_len > MAX_SCOPED_KEY_BYTES {
-        return Err("reserve entry key exceeds the key limit");
-    }
-    let scoped_key = payload.get(RESERVE_FIXED..).ok_or(SHORT)?;
-    if scoped_key.len() != key_len {
-        return Err("reserve entry key length does not match");
-    }
-    let lease_id = get_u64(payload, 16).ok_or(SHORT)?;
-    if lease_id >= LEASE_ID_LIMIT {
-        return Err("reserve entry lease id exceeds the limit");
-    }
+    let scoped_key = length_prefixed(
+        payload,
+        RESERVE_FIXED,
+        MAX_SCOPED_KEY_BYTES,
+        [
+            SHORT,
+            "reserve entry key exceeds the key limit",
+            "reserve entry key length does not match",
+        ],
+    )?;
+    let lease_id = lease_at(
+        payload,
+        16,
+        [SHORT, "reserve entry lease id exceeds the limit"],
+    )?;
     Ok(DecodedEntry::Reserve {
         fingerprint: Fingerprint(get_u128(payload, 0).ok_or(SHORT)?),
         lease_id,
@@ -349,14 +385,16 @@ fn decode_reserve(payload: &[u8]) -> Result<DecodedEntry<'_>, &'static str> {
 
 fn decode_finish(kind: u8, payload: &[u8]) -> Result<DecodedEntry<'_>, &'static str> {
     const SHORT: &str = "finish entry is too short";
-    let response_len = get_u32(payload, FINISH_FIXED - 4).ok_or(SHORT)? as usize;
-    if response_len > MAX_RESPONSE_BYTES_LIMIT {
-        return Err("finish entry response exceeds the response limit");
-    }
-    let response = payload.get(FINISH_FIXED..).ok_or(SHORT)?;
-    if response.len() != response_len {
-        return Err("finish entry response length does not match");
-    }
+    let response = length_prefixed(
+        payload,
+        FINISH_FIXED,
+        MAX_RESPONSE_BYTES_LIMIT,
+        [
+            SHORT,
+            "finish entry response exceeds the response limit",
+            "finish entry response length does not match",
+        ],
+    )?;
     let finish = match kind {
         KIND_COMPLETE => DecodedFinish::Complete(response),
         KIND_FAIL => DecodedFinish::Fail(response),
@@ -374,18 +412,21 @@ fn decode_finish(kind: u8, payload: &[u8]) -> Result<DecodedEntry<'_>, &'static 
 
 fn decode_note(payload: &[u8]) -> Result<DecodedEntry<'_>, &'static str> {
     const SHORT: &str = "note entry is too short";
-    let note_len = get_u32(payload, NOTE_FIXED - 4).ok_or(SHORT)? as usize;
-    if note_len > MAX_NOTE_BYTES {
-        return Err("note entry exceeds the note limit");
-    }
-    let note = payload.get(NOTE_FIXED..).ok_or(SHORT)?;
-    if note.len() != note_len {
-        return Err("note entry length does not match");
-    }
-    let lease_id = get_u64(payload, 16).ok_or(SHORT)?;
-    if lease_id >= LEASE_ID_LIMIT {
-        return Err("note entry lease id exceeds the limit");
-    }
+    let note = length_prefixed(
+        payload,
+        NOTE_FIXED,
+        MAX_NOTE_BYTES,
+        [
+            SHORT,
+            "note entry exceeds the note limit",
+            "note entry length does not match",
+        ],
+    )?;
+    let lease_id = lease_at(
+        payload,
+        16,
+        [SHORT, "note entry lease id exceeds the limit"],
+    )?;
     Ok(DecodedEntry::Note {
         fingerprint: Fingerprint(get_u128(payload, 0).ok_or(SHORT)?),
         lease_id,
@@ -413,14 +454,16 @@ fn decode_take_over(payload: &[u8]) -> Result<DecodedEntry<'_>, &'static str> {
 
 fn decode_advance(payload: &[u8]) -> Result<DecodedEntry<'_>, &'static str> {
     const SHORT: &str = "advance entry is too short";
-    let key_len = get_u32(payload, ADVANCE_FIXED - 4).ok_or(SHORT)? as usize;
-    if key_len > MAX_SCOPED_KEY_BYTES {
-        return Err("advance entry key exceeds the key limit");
-    }
-    let scoped_key = payload.get(ADVANCE_FIXED..).ok_or(SHORT)?;
-    if scoped_key.len() != key_len {
-        return Err("advance entry key length does not match");
-    }
+    let scoped_key = length_prefixed(
+        payload,
+        ADVANCE_FIXED,
+        MAX_SCOPED_KEY_BYTES,
+        [
+            SHORT,
+            "advance entry key exceeds the key limit",
+            "advance entry key length does not match",
+        ],
+    )?;
     Ok(DecodedEntry::Advance {
         fingerprint: Fingerprint(get_u128(payload, 0).ok_or(SHORT)?),
         version: get_u64(payload, 16).ok_or(SHORT)?,
