@@ -92,16 +92,17 @@ impl SegmentHeader {
         let Some(header) = bytes.get(..SEGMENT_HEADER_LEN) else {
             return Err("segment header is truncated");
         };
-        if header.get(SEG_MAGIC_OFFSET..SEG_VERSION_OFFSET) != Some(&SEGMENT_MAGIC[..]) {
-            return Err("bad segment magic");
-        }
-        let covered = header.get(..SEG_CHECKSUM_OFFSET).unwrap_or_default();
-        if get_u64(header, SEG_CHECKSUM_OFFSET) != Some(xxh3_64(covered)) {
-            return Err("segment header checksum mismatch");
-        }
-        if get_u32(header, SEG_VERSION_OFFSET) != Some(SEGMENT_VERSION) {
-            return Err("unsupported segment version");
-        }
+        check_block(
+            header,
+            &SEGMENT_MAGIC,
+            [SEG_VERSION_OFFSET, SEG_CHECKSUM_OFFSET],
+            SEGMENT_VERSION,
+            [
+                "bad segment magic",
+                "segment header checksum mismatch",
+                "unsupported segment version",
+            ],
+        )?;
         let field = |offset| get_u64(header, offset).ok_or("segment header is truncated");
         Ok(SegmentHeader {
             bucket: field(SEG_BUCKET_OFFSET)?,
@@ -230,6 +231,31 @@ pub(crate) fn decode_frame(
         start: offset,
         end: offset + FRAME_HEADER_LEN + payload_len,
     })
+}
+
+/// Checks a self-describing block (a segment header, the manifest): `magic` at offset
+/// 0, then the version (`u32`) at `version_offset`, and at `checksum_offset` the XXH3-64
+/// of every byte before it. The checksum is checked before the version, so a flipped
+/// version byte reads as damage, not as a format from the future. `errors` names a bad
+/// magic, a checksum mismatch and an unknown version.
+pub(crate) fn check_block(
+    block: &[u8],
+    magic: &[u8],
+    [version_offset, checksum_offset]: [usize; 2],
+    version: u32,
+    [bad_magic, bad_checksum, bad_version]: [&'static str; 3],
+) -> Result<(), &'static str> {
+    if block.get(..magic.len()) != Some(magic) {
+        return Err(bad_magic);
+    }
+    let covered = block.get(..checksum_offset).unwrap_or_default();
+    if get_u64(block, checksum_offset) != Some(xxh3_64(covered)) {
+        return Err(bad_checksum);
+    }
+    if get_u32(block, version_offset) != Some(version) {
+        return Err(bad_version);
+    }
+    Ok(())
 }
 
 /// Writes `value` at `offset` of `out`; the caller's layout guarantees the room.

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::format::{get_u32, get_u64, put};
+use super::format::{check_block, get_u64, put};
 use super::names::MANIFEST_TEMP_NAME;
 use crate::base::{Error, Result};
 use crate::io::Storage;
@@ -66,16 +66,17 @@ impl Manifest {
         if bytes.len() != MANIFEST_LEN {
             return Err("manifest has the wrong length");
         }
-        if bytes.get(MAN_MAGIC_OFFSET..MAN_VERSION_OFFSET) != Some(&MANIFEST_MAGIC[..]) {
-            return Err("bad manifest magic");
-        }
-        let covered = bytes.get(..MAN_CHECKSUM_OFFSET).unwrap_or_default();
-        if get_u64(bytes, MAN_CHECKSUM_OFFSET) != Some(xxh3_64(covered)) {
-            return Err("manifest checksum mismatch");
-        }
-        if get_u32(bytes, MAN_VERSION_OFFSET) != Some(MANIFEST_VERSION) {
-            return Err("unsupported manifest version");
-        }
+        check_block(
+            bytes,
+            &MANIFEST_MAGIC,
+            [MAN_VERSION_OFFSET, MAN_CHECKSUM_OFFSET],
+            MANIFEST_VERSION,
+            [
+                "bad manifest magic",
+                "manifest checksum mismatch",
+                "unsupported manifest version",
+            ],
+        )?;
         let field = |offset| get_u64(bytes, offset).ok_or("manifest has the wrong length");
         Ok(Manifest {
             secret: field(MAN_SECRET_OFFSET)?,
