@@ -5,18 +5,25 @@
 //!
 //! | offset | size | field |
 //! |---|---|---|
-//! | 0 | 1 | version, 1 |
+//! | 0 | 1 | version, 2 |
 //! | 1 | 2 | status code |
 //! | 3 | 1 | header count `n` (at most [`MAX_HEADERS`]) |
 //! | 4 | ... | `n` headers: name length (1 byte), name (ASCII, lowercase), value length (2 bytes, at most [`MAX_HEADER_VALUE_BYTES`]), value |
-//! | ... | rest | body |
+//! | ... | 4 | body length `b` |
+//! | ... | `b` | body; nothing may follow it |
+//!
+//! Every field's length is known before it is read, so a cut anywhere (header section
+//! or body) and trailing bytes are refused. Version 1, which had no body length and took
+//! the rest as the body, is still read, so records stored by it replay.
 
 use axum::body::Body;
 use axum::http::header::{HeaderName, HeaderValue};
 use axum::http::response::Parts;
 use axum::http::{Response, StatusCode};
 
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
+/// The layout without a body length: read, never written.
+const VERSION_UNSIZED_BODY: u8 = 1;
 /// Most headers stored with one response.
 pub const MAX_HEADERS: usize = 32;
 /// Longest header value stored.
@@ -76,6 +83,12 @@ impl StoredResponse {
             out.extend_from_slice(&u16::try_from(value.len()).unwrap_or(0).to_le_bytes());
             out.extend_from_slice(value.as_bytes());
         }
+        // A body over 4 GiB cannot be stored: any store refuses far smaller responses.
+        out.extend_from_slice(
+            &u32::try_from(self.body.len())
+                .unwrap_or(u32::MAX)
+                .to_le_bytes(),
+        );
         out.extend_from_slice(&self.body);
         out
     }
@@ -83,7 +96,7 @@ impl StoredResponse {
     /// Reads the stored form; `None` if it is not one.
     pub fn decode(bytes: &[u8]) -> Option<StoredResponse> {
         let (&version, rest) = bytes.split_first()?;
-        if version != VERSION {
+        if version != VERSION && version != VERSION_UNSIZED_BODY {
             return None;
         }
         let (status, rest) = rest.split_at_checked(2)?;
@@ -108,10 +121,17 @@ impl StoredResponse {
             ));
             rest = after;
         }
+        let body = if version == VERSION_UNSIZED_BODY {
+            rest
+        } else {
+            let (len, body) = rest.split_at_checked(4)?;
+            let len = usize::try_from(u32::from_le_bytes(len.try_into().ok()?)).ok()?;
+            (body.len() == len).then_some(body)?
+        };
         Some(StoredResponse {
             status,
             headers,
-            body: rest.to_vec(),
+            body: body.to_vec(),
         })
     }
 
@@ -150,16 +170,34 @@ mod tests {
         };
         let bytes = stored.encode();
         assert_eq!(StoredResponse::decode(&bytes).unwrap(), stored);
-        // Every cut inside the header section, and a bad version, are refused.
-        let body_at = bytes.len() - 256;
-        for cut in 0..body_at {
+        // Every cut, in the header section or the body, trailing bytes and a bad version
+        // are refused.
+        for cut in 0..bytes.len() {
             assert!(
                 StoredResponse::decode(&bytes[..cut]).is_none(),
-                "cut at {cut}"
+                "cut at {cut} of {}",
+                bytes.len()
             );
         }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(StoredResponse::decode(&longer).is_none());
         let mut bad = bytes.clone();
-        bad[0] = 2;
+        bad[0] = 3;
         assert!(StoredResponse::decode(&bad).is_none());
+    }
+
+    #[test]
+    fn records_of_the_first_layout_still_replay() {
+        // Version 1: status 201, one header, and the rest as the body.
+        let mut bytes = vec![1, 201, 0, 1, 8];
+        bytes.extend_from_slice(b"location");
+        bytes.extend_from_slice(&2u16.to_le_bytes());
+        bytes.extend_from_slice(b"/x");
+        bytes.extend_from_slice(b"{}");
+        let stored = StoredResponse::decode(&bytes).unwrap();
+        assert_eq!(stored.status, StatusCode::CREATED);
+        assert_eq!(stored.headers.len(), 1);
+        assert_eq!(stored.body, b"{}");
     }
 }
