@@ -22,12 +22,19 @@ pub(crate) use crate::io::{StdStorage, Storage};
 use crate::wal::{Journal, JournalStats, LogEntry, MANIFEST_LEN, Manifest, Ticket};
 pub(crate) use crate::wal::{RecoveryReport, VerifyReport, verify_with};
 
+/// Lease ids reserved by one raise of the floor: 2^24, so the 2^62 ids last 2^38 raises,
+/// and a store raising once per restart never runs out.
+const LEASE_BLOCK: u64 = 1 << 24;
+
 /// What recovery (or a fresh in-memory open) assembles the engine from.
 pub(crate) struct Parts {
     pub(crate) index: Index,
     pub(crate) secret: u64,
     pub(crate) high_water: u64,
     pub(crate) next_lease: u64,
+    /// The lease floor on disk: ids at or above it need a raise first (`u64::MAX` in
+    /// memory, where no id outlives the process).
+    pub(crate) lease_floor: u64,
     pub(crate) journal: Option<Journal>,
     pub(crate) recovery: Option<RecoveryReport>,
 }
@@ -42,6 +49,10 @@ pub(crate) struct Engine {
     high_water: AtomicU64,
     opened_bucket: u64,
     next_lease: AtomicU64,
+    /// Every id below it may be handed out; see [`Engine::next_lease_id`].
+    lease_floor: AtomicU64,
+    /// Serializes raises of the floor.
+    floor_raise: parking_lot::Mutex<()>,
     max_key_bytes: usize,
     max_response_bytes: usize,
     stuck_after_ms: u64,
@@ -82,6 +93,7 @@ impl Engine {
                 secret: random_secret(),
                 high_water: bucket,
                 next_lease: 1,
+                lease_floor: u64::MAX,
                 journal: None,
                 recovery: None,
             },
@@ -98,6 +110,8 @@ impl Engine {
             high_water: AtomicU64::new(parts.high_water),
             opened_bucket: parts.high_water,
             next_lease: AtomicU64::new(parts.next_lease),
+            lease_floor: AtomicU64::new(parts.lease_floor),
+            floor_raise: parking_lot::Mutex::new(()),
             max_key_bytes: config.max_key_bytes,
             max_response_bytes: config.max_response_bytes,
             stuck_after_ms: config.stuck_after_ms,
@@ -145,13 +159,35 @@ impl Engine {
     }
 
     /// A fresh lease id; ids never reach [`LEASE_ID_LIMIT`], so the counter cannot wrap.
+    ///
+    /// Ids are unique for the store's lifetime, across reopens and crashes, even once
+    /// every entry that carried them has expired: an id is handed out only below the
+    /// lease floor on disk, raised [`LEASE_BLOCK`] at a time before the first id that
+    /// reaches it (one manifest rewrite per block, under the caller's shard lock).
     fn next_lease_id(&self) -> Result<u64> {
         let id = self.next_lease.fetch_add(1, Ordering::Relaxed);
         if id >= LEASE_ID_LIMIT {
             self.next_lease.store(LEASE_ID_LIMIT, Ordering::Relaxed);
             return Err(Error::LeaseIdsExhausted);
         }
+        if id >= self.lease_floor.load(Ordering::Acquire) {
+            self.raise_lease_floor(id)?;
+        }
         Ok(id)
+    }
+
+    /// Makes the floor on disk exceed `id` before `id` is handed out.
+    fn raise_lease_floor(&self, id: u64) -> Result<()> {
+        let _raising = self.floor_raise.lock();
+        if id < self.lease_floor.load(Ordering::Acquire) {
+            return Ok(()); // another caller raised it meanwhile
+        }
+        let floor = id.saturating_add(LEASE_BLOCK).min(LEASE_ID_LIMIT);
+        if let Some(journal) = &self.journal {
+            journal.raise_lease_floor(floor)?;
+        }
+        self.lease_floor.store(floor, Ordering::Release);
+        Ok(())
     }
 
     /// Appends `entries` (no-op in memory) and returns what to wait for.

@@ -118,7 +118,7 @@ pub(crate) fn open(config: &Config) -> Result<Engine> {
         dir,
         durability: config.durability,
         window,
-        database_id: manifest.database_id(),
+        manifest,
         frame_seed: seed,
         segment_max_bytes: config.segment_max_bytes,
         segments: kept,
@@ -133,7 +133,10 @@ pub(crate) fn open(config: &Config) -> Result<Engine> {
             index,
             secret: manifest.secret,
             high_water,
-            next_lease: max_lease + 1,
+            // The floor covers every id handed out before, even ids whose entries expired
+            // with their segments: counting resumes above both.
+            next_lease: (max_lease + 1).max(manifest.lease_floor),
+            lease_floor: manifest.lease_floor,
             journal: Some(journal),
             recovery: Some(report),
         },
@@ -215,6 +218,7 @@ fn load_or_create_manifest(
         secret: random_secret(),
         window_ms,
         bucket_width_ms: width_ms,
+        lease_floor: 0,
     };
     manifest.store(storage, dir)?;
     Ok(manifest)
@@ -635,6 +639,34 @@ mod tests {
             );
             assert_eq!(record.response.as_deref(), Some(&b"done"[..]));
         }
+    }
+
+    /// Epochs never repeat in a store's lifetime: a reopen after every segment expired
+    /// (and was deleted) still counts above every lease handed out before, and the old
+    /// lease cannot resume the new attempt.
+    #[test]
+    fn epochs_never_repeat_after_every_segment_expired() {
+        let disk = MemStorage::new();
+        let clock = clock_at(START);
+        let key = b"\x00\x01t\x00\x01ok";
+        let engine = Engine::open(&config(&disk, &clock)).unwrap();
+        let Reserved::Acquired(Grant { lease_id: old, .. }) = engine.reserve(key, b"req").unwrap()
+        else {
+            panic!("first reserve acquires");
+        };
+        drop(engine);
+        // Long after the window: recovery deletes every segment it finds.
+        set_bucket(&clock, START + 50 * SPAN);
+        let engine = Engine::open(&config(&disk, &clock)).unwrap();
+        let deleted = engine.recovery_report().map_or(0, |r| r.segments_deleted);
+        assert!(deleted >= 1, "every segment expired");
+        let Reserved::Acquired(Grant { lease_id: new, .. }) = engine.reserve(key, b"req").unwrap()
+        else {
+            panic!("a reserve after expiry acquires");
+        };
+        assert!(new > old, "epoch {new} repeats or precedes {old}");
+        assert!(matches!(engine.resume(key, old), Err(Error::LeaseLost)));
+        assert!(engine.resume(key, new).is_ok());
     }
 
     /// Replay stamps each key with the bucket it was admitted in, not with the bucket of

@@ -1,4 +1,6 @@
-//! The manifest: the database's secret and the window it was created with.
+//! The manifest: the database's secret, the window it was created with, and the lease-id
+//! floor: no lease id at or above it has been handed out, so a reopen (even one that
+//! finds every segment expired) starts counting there and never repeats an epoch.
 
 use std::path::{Path, PathBuf};
 
@@ -12,20 +14,26 @@ use crate::io::Storage;
 /// File name of the manifest inside the database directory.
 pub(crate) const MANIFEST_NAME: &str = "MANIFEST";
 const MANIFEST_MAGIC: [u8; 8] = *b"ONCEMAN\0";
-const MANIFEST_VERSION: u32 = 1;
+const MANIFEST_VERSION: u32 = 2;
+/// The first layout: no lease floor (read as 0), 48 bytes.
+const MANIFEST_VERSION_NO_FLOOR: u32 = 1;
 
 // magic | version u32 | flags u32 | secret u64 | window_ms u64 | bucket_width_ms u64 |
-// checksum u64 (xxh3-64 of bytes 0..CHECKSUM_OFFSET).
+// lease_floor u64 | checksum u64 (xxh3-64 of bytes 0..CHECKSUM_OFFSET).
+// Version 1 has no lease_floor: its checksum sits at LEASE_FLOOR_OFFSET.
 const MAN_MAGIC_OFFSET: usize = 0;
 const MAN_VERSION_OFFSET: usize = MAN_MAGIC_OFFSET + 8;
 const MAN_FLAGS_OFFSET: usize = MAN_VERSION_OFFSET + 4;
 const MAN_SECRET_OFFSET: usize = MAN_FLAGS_OFFSET + 4;
 const MAN_WINDOW_OFFSET: usize = MAN_SECRET_OFFSET + 8;
 const MAN_BUCKET_WIDTH_OFFSET: usize = MAN_WINDOW_OFFSET + 8;
-const MAN_CHECKSUM_OFFSET: usize = MAN_BUCKET_WIDTH_OFFSET + 8;
+const MAN_LEASE_FLOOR_OFFSET: usize = MAN_BUCKET_WIDTH_OFFSET + 8;
+const MAN_CHECKSUM_OFFSET: usize = MAN_LEASE_FLOOR_OFFSET + 8;
 /// Length of the manifest file.
 pub(crate) const MANIFEST_LEN: usize = MAN_CHECKSUM_OFFSET + 8;
-const _: () = assert!(MANIFEST_LEN == 48);
+const _: () = assert!(MANIFEST_LEN == 56);
+/// Length of a version-1 manifest.
+const MANIFEST_LEN_NO_FLOOR: usize = MAN_LEASE_FLOOR_OFFSET + 8;
 
 /// What the manifest records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +41,8 @@ pub(crate) struct Manifest {
     pub(crate) secret: u64,
     pub(crate) window_ms: u64,
     pub(crate) bucket_width_ms: u64,
+    /// Every lease id handed out is below this; raised (durably) before an id reaches it.
+    pub(crate) lease_floor: u64,
 }
 
 impl Manifest {
@@ -57,20 +67,27 @@ impl Manifest {
             MAN_BUCKET_WIDTH_OFFSET,
             &self.bucket_width_ms.to_le_bytes(),
         );
+        put(
+            &mut out,
+            MAN_LEASE_FLOOR_OFFSET,
+            &self.lease_floor.to_le_bytes(),
+        );
         let checksum = xxh3_64(&out[..MAN_CHECKSUM_OFFSET]);
         put(&mut out, MAN_CHECKSUM_OFFSET, &checksum.to_le_bytes());
         out
     }
 
     pub(crate) fn decode(bytes: &[u8]) -> Result<Manifest, &'static str> {
-        if bytes.len() != MANIFEST_LEN {
-            return Err("manifest has the wrong length");
-        }
+        let (version, checksum_offset) = match bytes.len() {
+            MANIFEST_LEN => (MANIFEST_VERSION, MAN_CHECKSUM_OFFSET),
+            MANIFEST_LEN_NO_FLOOR => (MANIFEST_VERSION_NO_FLOOR, MAN_LEASE_FLOOR_OFFSET),
+            _ => return Err("manifest has the wrong length"),
+        };
         check_block(
             bytes,
             &MANIFEST_MAGIC,
-            [MAN_VERSION_OFFSET, MAN_CHECKSUM_OFFSET],
-            MANIFEST_VERSION,
+            [MAN_VERSION_OFFSET, checksum_offset],
+            version,
             [
                 "bad manifest magic",
                 "manifest checksum mismatch",
@@ -82,6 +99,11 @@ impl Manifest {
             secret: field(MAN_SECRET_OFFSET)?,
             window_ms: field(MAN_WINDOW_OFFSET)?,
             bucket_width_ms: field(MAN_BUCKET_WIDTH_OFFSET)?,
+            lease_floor: if version == MANIFEST_VERSION {
+                field(MAN_LEASE_FLOOR_OFFSET)?
+            } else {
+                0
+            },
         })
     }
 
@@ -135,10 +157,32 @@ mod tests {
             secret: 42,
             window_ms: 60_000,
             bucket_width_ms: 1_000,
+            lease_floor: 1 << 24,
         };
         let mut bytes = manifest.encode();
         assert_eq!(Manifest::decode(&bytes), Ok(manifest));
-        bytes[MAN_WINDOW_OFFSET] ^= 4;
-        assert!(Manifest::decode(&bytes).is_err());
+        for offset in [MAN_WINDOW_OFFSET, MAN_LEASE_FLOOR_OFFSET] {
+            bytes[offset] ^= 4;
+            assert!(Manifest::decode(&bytes).is_err());
+            bytes[offset] ^= 4;
+        }
+        assert!(Manifest::decode(&bytes[..MANIFEST_LEN - 1]).is_err());
+    }
+
+    #[test]
+    fn a_first_layout_manifest_reads_with_floor_zero() {
+        let mut bytes = Manifest {
+            secret: 42,
+            window_ms: 60_000,
+            bucket_width_ms: 1_000,
+            lease_floor: 0,
+        }
+        .encode()[..MANIFEST_LEN_NO_FLOOR]
+            .to_vec();
+        put(&mut bytes, MAN_VERSION_OFFSET, &1u32.to_le_bytes());
+        let checksum = xxh3_64(&bytes[..MAN_LEASE_FLOOR_OFFSET]);
+        put(&mut bytes, MAN_LEASE_FLOOR_OFFSET, &checksum.to_le_bytes());
+        let manifest = Manifest::decode(&bytes).unwrap();
+        assert_eq!((manifest.window_ms, manifest.lease_floor), (60_000, 0));
     }
 }

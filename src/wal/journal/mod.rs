@@ -23,6 +23,7 @@ use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use super::entry::{LogEntry, encode_mark};
 use super::format::{MARK_FRAME_LEN, MAX_APPEND_BYTES, SEGMENT_HEADER_LEN, SegmentHeader, put};
+use super::manifest::Manifest;
 use super::names::{prepared_path, segment_path};
 use crate::base::{Durability, Error, Result, Window};
 use crate::io::{Storage, StorageFile};
@@ -36,7 +37,9 @@ pub(crate) struct JournalConfig {
     pub(crate) dir: PathBuf,
     pub(crate) durability: Durability,
     pub(crate) window: Window,
-    pub(crate) database_id: u64,
+    /// The manifest as recovery found or wrote it; the journal rewrites it to raise the
+    /// lease floor.
+    pub(crate) manifest: Manifest,
     pub(crate) frame_seed: u64,
     pub(crate) segment_max_bytes: u64,
     /// Segments on disk after recovery, as (bucket, seq) → length in bytes.
@@ -196,6 +199,8 @@ struct Shared {
     durability: Durability,
     window: Window,
     database_id: u64,
+    /// The manifest on disk; its lock serializes floor raises.
+    manifest: Mutex<Manifest>,
     seed: u64,
     segment_max_bytes: u64,
     fsyncs: AtomicU64,
@@ -239,7 +244,8 @@ impl Journal {
             dir: config.dir,
             durability: config.durability,
             window: config.window,
-            database_id: config.database_id,
+            database_id: config.manifest.database_id(),
+            manifest: Mutex::new(config.manifest),
             seed: config.frame_seed,
             segment_max_bytes: config.segment_max_bytes,
             fsyncs: AtomicU64::new(0),
@@ -280,6 +286,28 @@ impl Journal {
         })
     }
 
+    /// Raises the manifest's lease floor to `floor` (never lowers it), durably: the
+    /// manifest is rewritten atomically before this returns. A failure poisons the store,
+    /// like any failed write.
+    pub(crate) fn raise_lease_floor(&self, floor: u64) -> Result<()> {
+        self.shared.check_writable()?;
+        let mut manifest = self.shared.manifest.lock();
+        if floor <= manifest.lease_floor {
+            return Ok(());
+        }
+        let raised = Manifest {
+            lease_floor: floor,
+            ..*manifest
+        };
+        raised
+            .store(&*self.shared.storage, &self.shared.dir)
+            .map_err(|err| match err {
+                Error::Io(err) => self.shared.poison(err),
+                other => other,
+            })?;
+        *manifest = raised;
+        Ok(())
+    }
     pub(crate) fn check_writable(&self) -> Result<()> {
         self.shared.check_writable()
     }
