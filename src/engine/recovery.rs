@@ -669,6 +669,37 @@ mod tests {
         assert!(engine.resume(key, new).is_ok());
     }
 
+    /// Fencing is between the leases of one record: an epoch that lies between a
+    /// record's first and current epoch but belongs to another key is `LeaseLost` on it,
+    /// and only the epochs a take-over replaced are `Fenced`, before and after a reopen.
+    #[test]
+    fn only_the_epochs_a_take_over_replaced_are_fenced() {
+        let disk = MemStorage::new();
+        let clock = clock_at(START);
+        let (k1, k2) = (&b"\x00\x01t\x00\x01k1"[..], &b"\x00\x01t\x00\x01k2"[..]);
+        let engine = Engine::open(&config(&disk, &clock)).unwrap();
+        let acquired = |key| match engine.reserve(key, b"req").unwrap() {
+            Reserved::Acquired(grant) => grant.lease_id,
+            other => panic!("{other:?}"),
+        };
+        let first = acquired(k2);
+        let other_key = acquired(k1);
+        let current = engine.take_over(k2).unwrap().unwrap().lease_id;
+        assert!(first < other_key && other_key < current);
+        let check = |engine: &Engine| {
+            assert!(matches!(
+                engine.resume(k2, other_key),
+                Err(Error::LeaseLost)
+            ));
+            assert!(matches!(engine.resume(k2, first), Err(Error::Fenced)));
+            assert!(engine.resume(k2, current).is_ok());
+            assert!(engine.resume(k1, other_key).is_ok());
+        };
+        check(&engine);
+        drop(engine);
+        check(&Engine::open(&config(&disk, &clock)).unwrap());
+    }
+
     /// Replay stamps each key with the bucket it was admitted in, not with the bucket of
     /// the segment it reached: a restart neither lengthens nor shortens a window.
     #[test]

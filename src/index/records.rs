@@ -24,9 +24,10 @@ pub(crate) struct StoredRecord {
     /// The lease the record was created under; kept after it ends, so that replay can
     /// tell an older reserve from a newer one.
     pub(crate) lease_id: u64,
-    /// The lease the record was created under: leases from it up to `lease_id` belong
-    /// to this record (take-overs raised them); older ones to an earlier record.
-    pub(crate) first_lease: u64,
+    /// The leases take-overs replaced, oldest first: exactly the leases that are fenced
+    /// on this record. Lease ids come from one counter for the whole store, so a range
+    /// of ids would also hold other records' leases. `None` until the first take-over.
+    pub(crate) taken_over: Option<Box<[u64]>>,
     pub(crate) state: State,
     /// A short note a lease holder attached while in flight.
     pub(crate) note: Option<Arc<[u8]>>,
@@ -56,7 +57,17 @@ impl StoredRecord {
     /// Whether `lease_id` was taken over on this record (rather than belonging to an
     /// earlier record of the same key, or being the current lease).
     pub(crate) fn fences(&self, lease_id: u64) -> bool {
-        self.first_lease <= lease_id && lease_id < self.lease_id
+        self.taken_over
+            .as_deref()
+            .is_some_and(|earlier| earlier.contains(&lease_id))
+    }
+
+    /// Hands the record from its current lease to `new` (a take-over), fencing the old.
+    pub(crate) fn hand_over(&mut self, new: u64) {
+        let mut earlier = self.taken_over.take().map(Vec::from).unwrap_or_default();
+        earlier.push(self.lease_id);
+        self.taken_over = Some(earlier.into_boxed_slice());
+        self.lease_id = new;
     }
 
     /// Whether the record is in flight under `lease_id`.
@@ -281,7 +292,7 @@ mod tests {
             bucket,
             created_ms: bucket,
             lease_id: 1,
-            first_lease: 1,
+            taken_over: None,
             state: State::InFlight,
             note: None,
         }

@@ -444,7 +444,7 @@ impl Shard {
             bucket: stamp,
             created_ms: new.created_ms,
             lease_id: new.lease_id,
-            first_lease: new.lease_id,
+            taken_over: None,
             state: State::InFlight,
             note: None,
         };
@@ -604,7 +604,7 @@ impl Shard {
         };
         let old = record.lease_id;
         let new = next_lease()?;
-        record.lease_id = new;
+        record.hand_over(new);
         let since_ms = record.created_ms;
         self.counters.take_overs += 1;
         self.after_writes(1);
@@ -617,7 +617,7 @@ impl Shard {
         if let Ok(Some(record)) = self.records.live_mut(fingerprint.0, None, window, current)
             && record.in_flight_under(old)
         {
-            record.lease_id = new;
+            record.hand_over(new);
         }
     }
 
