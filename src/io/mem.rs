@@ -51,6 +51,9 @@ struct Disk {
     /// Names as of the last directory sync of their directory.
     synced_names: BTreeMap<PathBuf, FileId>,
     dirs: BTreeSet<PathBuf>,
+    /// Directories whose entry a sync of their parent made durable; a power loss
+    /// forgets the others, with every file inside them.
+    synced_dirs: BTreeSet<PathBuf>,
     locks: BTreeSet<PathBuf>,
     next_id: FileId,
     /// Simulated crashes so far: a handle made before the latest belongs to a dead
@@ -63,6 +66,32 @@ impl Disk {
         let id = *self.names.get(path).ok_or(io::ErrorKind::NotFound)?;
         Ok(self.files.get_mut(&id).expect("named files exist"))
     }
+}
+
+/// What a power loss leaves of the directory tree: synced names, in directories whose
+/// own entries were synced (a directory no sync made durable vanishes with its files).
+/// The root and directories the disk never created always stay.
+fn forget_unsynced_entries(disk: &mut Disk) {
+    let durable = |dir: &Path, disk: &Disk| {
+        dir.ancestors()
+            .filter(|a| a.parent().is_some() && disk.dirs.contains(*a))
+            .all(|a| disk.synced_dirs.contains(a))
+    };
+    let dirs: BTreeSet<PathBuf> = disk
+        .dirs
+        .iter()
+        .filter(|dir| durable(dir, disk))
+        .cloned()
+        .collect();
+    let names = disk
+        .synced_names
+        .iter()
+        .filter(|(path, _)| durable(parent(path), disk))
+        .map(|(path, &id)| (path.clone(), id))
+        .collect();
+    disk.dirs = dirs;
+    disk.names = names;
+    disk.synced_names = disk.names.clone();
 }
 
 /// A simulated disk. Clones share it.
@@ -111,7 +140,7 @@ impl MemStorage {
     /// state. Locks are released (the process died).
     pub fn power_loss(&self) {
         let mut disk = self.crash();
-        disk.names = disk.synced_names.clone();
+        forget_unsynced_entries(&mut disk);
         let live: BTreeSet<FileId> = disk.names.values().copied().collect();
         disk.files.retain(|id, _| live.contains(id));
         for file in disk.files.values_mut() {
@@ -131,7 +160,7 @@ impl MemStorage {
     /// [`MemStorage::power_loss`].
     pub fn torn_power_loss(&self, seed: u64) {
         let mut disk = self.crash();
-        disk.names = disk.synced_names.clone();
+        forget_unsynced_entries(&mut disk);
         let live: BTreeSet<FileId> = disk.names.values().copied().collect();
         disk.files.retain(|id, _| live.contains(id));
         let mut random = SplitMix64::new(seed);
@@ -278,7 +307,10 @@ fn parent(path: &Path) -> &Path {
 
 impl Storage for MemStorage {
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
-        self.lock_alive()?.dirs.insert(dir.to_path_buf());
+        let mut disk = self.lock_alive()?;
+        for ancestor in dir.ancestors().filter(|a| !a.as_os_str().is_empty()) {
+            disk.dirs.insert(ancestor.to_path_buf());
+        }
         Ok(())
     }
 
@@ -298,6 +330,7 @@ impl Storage for MemStorage {
     fn open_append(&self, path: &Path, create: bool) -> io::Result<Box<dyn StorageFile>> {
         let mut disk = self.lock_alive()?;
         let id = match disk.names.get(path) {
+            Some(_) if create => return Err(io::ErrorKind::AlreadyExists.into()),
             Some(&id) => id,
             None if create => {
                 if !disk.dirs.contains(parent(path)) {
@@ -349,6 +382,13 @@ impl Storage for MemStorage {
                 disk.synced_names.insert(path.clone(), id);
             }
         }
+        let children: Vec<PathBuf> = disk
+            .dirs
+            .iter()
+            .filter(|child| parent(child) == dir)
+            .cloned()
+            .collect();
+        disk.synced_dirs.extend(children);
         Ok(())
     }
 
@@ -407,11 +447,58 @@ mod tests {
         after.open_append(&dir.join("b"), true).unwrap();
     }
 
+    /// Creating refuses an existing file, as `O_EXCL` does, so a new segment never
+    /// lands on top of an old one (a second header appended to it).
+    #[test]
+    fn create_refuses_an_existing_file() {
+        for storage in [
+            &MemStorage::new() as &dyn Storage,
+            &crate::io::StdStorage as &dyn Storage,
+        ] {
+            let temp = std::env::temp_dir().join(format!("oncedb-excl-{}", std::process::id()));
+            storage.create_dir_all(&temp).unwrap();
+            let path = temp.join("seg");
+            storage
+                .open_append(&path, true)
+                .unwrap()
+                .append(b"h")
+                .unwrap();
+            let again = storage.open_append(&path, true).err().map(|err| err.kind());
+            assert_eq!(again, Some(io::ErrorKind::AlreadyExists));
+            storage.open_append(&path, false).unwrap();
+            storage.remove(&path).unwrap();
+            let _ = std::fs::remove_dir(&temp);
+        }
+    }
+
+    /// A directory is durable only once its parent was synced after its creation; a
+    /// power loss before that takes it and every file inside it, however well synced.
+    #[test]
+    fn a_new_directory_needs_its_parent_synced() {
+        let storage = MemStorage::new();
+        let dir = Path::new("/var/db");
+        storage.create_dir_all(dir).unwrap();
+        let file = dir.join("MANIFEST");
+        storage.open_append(&file, true).unwrap().sync().unwrap();
+        storage.sync_dir(dir).unwrap();
+        storage.power_loss();
+        assert!(storage.contents(&file).is_none());
+        assert!(storage.list(dir).is_err(), "the directory itself is gone");
+        storage.create_dir_all(dir).unwrap();
+        storage.open_append(&file, true).unwrap().sync().unwrap();
+        storage.sync_dir(dir).unwrap();
+        storage.sync_dir(Path::new("/var")).unwrap();
+        storage.sync_dir(Path::new("/")).unwrap();
+        storage.power_loss();
+        assert!(storage.contents(&file).is_some());
+    }
+
     #[test]
     fn power_loss_keeps_only_synced_state() {
         let storage = MemStorage::new();
         let dir = Path::new("/db");
         storage.create_dir_all(dir).unwrap();
+        storage.sync_dir(Path::new("/")).unwrap();
         let a = dir.join("a");
         let mut file = storage.open_append(&a, true).unwrap();
         file.append(b"synced").unwrap();
@@ -435,6 +522,7 @@ mod tests {
         for seed in 0..64 {
             let storage = MemStorage::new();
             storage.create_dir_all(dir).unwrap();
+            storage.sync_dir(Path::new("/")).unwrap();
             let a = dir.join("a");
             let mut file = storage.open_append(&a, true).unwrap();
             file.append(&[1; 5000]).unwrap();
@@ -462,6 +550,7 @@ mod tests {
         let storage = MemStorage::new();
         let dir = Path::new("/db");
         storage.create_dir_all(dir).unwrap();
+        storage.sync_dir(Path::new("/")).unwrap();
         let a = dir.join("a");
         storage.open_append(&a, true).unwrap().sync().unwrap();
         storage.sync_dir(dir).unwrap();

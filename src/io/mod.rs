@@ -38,7 +38,9 @@ pub trait Storage: Send + Sync + 'static {
     fn create_dir_all(&self, dir: &Path) -> io::Result<()>;
     /// Paths of the regular files directly inside `dir`.
     fn list(&self, dir: &Path) -> io::Result<Vec<PathBuf>>;
-    /// Opens `path` for appending, creating it (empty) if `create` is set.
+    /// Opens `path` for appending. With `create`, creates it empty and fails with
+    /// `AlreadyExists` if it exists: a new segment or manifest never lands on top of an
+    /// old file.
     fn open_append(&self, path: &Path, create: bool) -> io::Result<Box<dyn StorageFile>>;
     /// Reads the whole file; fails with `InvalidData` if it is longer than `max_bytes`.
     fn read(&self, path: &Path, max_bytes: u64) -> io::Result<Vec<u8>>;

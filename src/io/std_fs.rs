@@ -54,7 +54,10 @@ impl Storage for StdStorage {
     }
 
     fn open_append(&self, path: &Path, create: bool) -> io::Result<Box<dyn StorageFile>> {
-        let file = OpenOptions::new().append(true).create(create).open(path)?;
+        let file = OpenOptions::new()
+            .append(true)
+            .create_new(create)
+            .open(path)?;
         Ok(Box::new(StdFile(file)))
     }
 

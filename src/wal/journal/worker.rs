@@ -59,11 +59,8 @@ impl Plan {
             .next_back()
             .copied()
             .unwrap_or(current);
-        let size_successor = shared.half_full(active).then_some(newest.0);
-        let wanted = [newest.0.checked_add(1), size_successor]
+        let wanted = successors(newest, shared.half_full(active))
             .into_iter()
-            .flatten()
-            .filter_map(|bucket| next_segment(Some(newest), bucket))
             .filter(|id| !state.prepared.contains_key(id))
             .collect();
         let stale_ids: Vec<(u64, u32)> =
@@ -79,6 +76,21 @@ impl Plan {
             wanted,
         }
     }
+}
+
+/// The names a roll-over after segment `newest` can ask for, each once, in order:
+/// sequence 0 of the next bucket, and (`size_limit`) the next sequence number of the same
+/// bucket. When the bucket's sequence numbers are used up, both are the same name, which
+/// must be prepared only once.
+fn successors(newest: (u64, u32), size_limit: bool) -> Vec<(u64, u32)> {
+    let mut names: Vec<(u64, u32)> = [newest.0.checked_add(1), size_limit.then_some(newest.0)]
+        .into_iter()
+        .flatten()
+        .filter_map(|bucket| next_segment(Some(newest), bucket))
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    names
 }
 
 /// What a round did, published under the lock.
@@ -185,5 +197,19 @@ impl Shared {
         if stale {
             state.work_requested += 1;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::successors;
+
+    #[test]
+    fn every_successor_is_prepared_once() {
+        assert_eq!(successors((5, 3), false), [(6, 0)]);
+        assert_eq!(successors((5, 3), true), [(5, 4), (6, 0)]);
+        // The last sequence number of bucket 5: both roll-overs lead to (6, 0).
+        assert_eq!(successors((5, u32::MAX), true), [(6, 0)]);
+        assert_eq!(successors((u64::MAX, u32::MAX), true), []);
     }
 }
