@@ -427,17 +427,8 @@ impl Replay<'_> {
 
     /// Applies one entry of a segment of bucket `segment_bucket`.
     fn apply(&mut self, segment_bucket: u64, entry: &DecodedEntry<'_>) -> Result<(), &'static str> {
-        let stamp = match entry {
-            DecodedEntry::Keys { bucket, .. }
-            | DecodedEntry::Reserve { bucket, .. }
-            | DecodedEntry::Advance { bucket, .. } => *bucket,
-            DecodedEntry::Finish { .. }
-            | DecodedEntry::Mark { .. }
-            | DecodedEntry::Note { .. }
-            | DecodedEntry::TakeOver { .. } => segment_bucket,
-        };
-        if stamp > segment_bucket {
-            return Err("entry is stamped later than its segment's bucket");
+        if let Some(problem) = entry.placement_problem(segment_bucket) {
+            return Err(problem);
         }
         match entry {
             DecodedEntry::Keys {
@@ -789,6 +780,15 @@ mod tests {
                 bucket: stamp,
                 fingerprints: &[hasher.key(b"future")],
             }],
+        );
+        // `verify` applies the same rule as `open`.
+        let report = crate::wal::verify_with(&disk, Path::new("/db")).unwrap();
+        assert!(
+            report
+                .segments
+                .iter()
+                .any(|segment| matches!(segment.state, crate::wal::SegmentState::Corrupted { .. })),
+            "{report:?}"
         );
         assert!(matches!(
             Engine::open(&config(&disk, &clock)),

@@ -255,6 +255,30 @@ pub(crate) enum DecodedFinish<'a> {
     Release,
 }
 
+impl<Keys, Ending> Entry<'_, Keys, Ending> {
+    /// The bucket the entry is stamped with, for the entries that carry one.
+    pub(crate) fn stamp(&self) -> Option<u64> {
+        match self {
+            Entry::Keys { bucket, .. }
+            | Entry::Reserve { bucket, .. }
+            | Entry::Advance { bucket, .. } => Some(*bucket),
+            Entry::Finish { .. }
+            | Entry::Mark { .. }
+            | Entry::Note { .. }
+            | Entry::TakeOver { .. } => None,
+        }
+    }
+
+    /// What is wrong with the entry in a segment of bucket `segment_bucket`: the one rule
+    /// recovery and `verify` share. The writer stamps an entry with a bucket no later than
+    /// the segment it appends to, so a later stamp cannot come from it.
+    pub(crate) fn placement_problem(&self, segment_bucket: u64) -> Option<&'static str> {
+        self.stamp()
+            .filter(|&stamp| stamp > segment_bucket)
+            .map(|_| "entry is stamped later than its segment's bucket")
+    }
+}
+
 /// An entry read back from a frame, borrowing the frame's bytes.
 pub(crate) type DecodedEntry<'a> = Entry<'a, FingerprintList<'a>, DecodedFinish<'a>>;
 

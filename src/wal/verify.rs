@@ -115,8 +115,14 @@ fn verify_segment(
         };
         return Ok(segment);
     }
-    for (_, entry) in &scanned.frames {
+    let mut misplaced = None;
+    for (frame, entry) in &scanned.frames {
         segment.frames += 1;
+        if misplaced.is_none() {
+            misplaced = entry
+                .placement_problem(bucket)
+                .map(|problem| (frame.start as u64, problem));
+        }
         let stamp = match entry {
             DecodedEntry::Keys {
                 bucket,
@@ -152,6 +158,16 @@ fn verify_segment(
         Verdict::TornTail { offset, .. } => SegmentState::TornTail { offset },
         Verdict::Corrupted { offset, reason } => corrupted(offset, reason),
     };
+    // An entry `Db::open` would refuse comes before any damage found after it.
+    if let Some((offset, problem)) = misplaced {
+        let first = match &segment.state {
+            SegmentState::Corrupted { offset: at, .. } => offset < *at,
+            _ => true,
+        };
+        if first {
+            segment.state = corrupted(offset, problem);
+        }
+    }
     Ok(segment)
 }
 
