@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::base::{Clock, Durability, Error, FullPolicy, RecoveryMode, Result, duration_to_ms};
-use crate::engine::{Config, Storage, stored_window};
+use crate::engine::{ClockStep, Config, Storage, stored_window};
 
 /// Settings for [`Db::open`](crate::Db::open), built with chained calls. Each setter
 /// writes the engine's configuration directly; [`Db::open`](crate::Db::open) checks it
@@ -73,6 +73,23 @@ impl Options {
     /// The time source. Default [`SystemClock`].
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.config.clock = Arc::new(clock);
+        self.config.custom_clock = true;
+        self
+    }
+
+    /// The largest forward step of the clock the store adopts at once. A reading further
+    /// ahead of the store's time (the newest bucket it has seen) is held back: it neither
+    /// expires keys nor stamps new ones in a far-future bucket, it is counted in
+    /// [`Stats::clock_readings_held_back`](crate::Stats) and logged, and the store's time
+    /// moves again once the clock is back within the step (a restart adopts the clock
+    /// as it stands). `None` adopts every reading. Default: one window on the system
+    /// clock, which protects a store from a bad NTP step; no limit on a clock set with
+    /// [`Options::clock`], since event time may jump by design.
+    pub fn max_clock_step(mut self, step: Option<Duration>) -> Self {
+        self.config.clock_step = match step {
+            Some(step) => ClockStep::Limit(duration_to_ms(step)),
+            None => ClockStep::Unlimited,
+        };
         self
     }
 

@@ -57,6 +57,9 @@ pub struct Stats {
     pub buckets_live: u64,
     /// Buckets that have left the window since open (dropped whole).
     pub buckets_dropped: u64,
+    /// Clock readings too far ahead of the store's time to adopt
+    /// ([`Options::max_clock_step`](crate::Options::max_clock_step)), since open.
+    pub clock_readings_held_back: u64,
     /// Table slots occupied, live or expired and not yet swept.
     pub table_slots_used: u64,
     /// Table slots inspected by lookups since open (probe length = probes / lookups).
@@ -154,6 +157,7 @@ impl Stats {
             table_probes: index.table_probes,
             index_bytes: index.heap_bytes,
             bytes_on_disk: engine.bytes_on_disk,
+            clock_readings_held_back: engine.clock_held_back,
             ..Stats::default()
         };
         if let Some(journal) = &engine.journal {

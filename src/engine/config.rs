@@ -35,6 +35,22 @@ pub(crate) struct Config {
     pub(crate) recovery_mode: RecoveryMode,
     /// Records in flight this long are counted as stuck in the stats.
     pub(crate) stuck_after_ms: u64,
+    /// How far ahead of the high-water mark a clock reading may be and still move it.
+    pub(crate) clock_step: ClockStep,
+    /// Set by `Options::clock`: the store runs on a clock of the caller's.
+    pub(crate) custom_clock: bool,
+}
+
+/// The largest forward step of the clock the store adopts; see `Options::max_clock_step`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ClockStep {
+    /// One window on the system clock; no limit on a caller's clock (event time may
+    /// jump by design).
+    Default,
+    /// At most this many milliseconds.
+    Limit(u64),
+    /// Every reading is adopted.
+    Unlimited,
 }
 
 impl Default for Config {
@@ -57,6 +73,8 @@ impl Default for Config {
             huge_pages: true,
             recovery_mode: RecoveryMode::Strict,
             stuck_after_ms: 5 * 60 * 1000,
+            clock_step: ClockStep::Default,
+            custom_clock: false,
         }
     }
 }
@@ -78,6 +96,7 @@ impl fmt::Debug for Config {
             .field("recovery_mode", &self.recovery_mode)
             .field("stuck_after_ms", &self.stuck_after_ms)
             .field("huge_pages", &self.huge_pages)
+            .field("clock_step", &self.clock_step)
             .finish_non_exhaustive()
     }
 }
@@ -86,6 +105,17 @@ impl Config {
     /// The window in buckets.
     pub(crate) fn window(&self) -> Window {
         Window::new(self.window_ms, self.bucket_width_ms)
+    }
+
+    /// The largest forward step of the clock adopted at once, in buckets.
+    pub(crate) fn max_step_buckets(&self) -> u64 {
+        let width = self.bucket_width_ms.max(1);
+        match self.clock_step {
+            ClockStep::Default if self.custom_clock => u64::MAX,
+            ClockStep::Default => self.window_ms.div_ceil(width),
+            ClockStep::Limit(ms) => ms.div_ceil(width).max(1),
+            ClockStep::Unlimited => u64::MAX,
+        }
     }
 
     /// The per-shard share of `max_keys`.

@@ -5,7 +5,7 @@
 mod config;
 mod recovery;
 
-pub(crate) use config::Config;
+pub(crate) use config::{ClockStep, Config};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -47,6 +47,10 @@ pub(crate) struct Engine {
     clock: Arc<dyn Clock>,
     /// Highest bucket any operation has seen; time never moves backwards past it.
     high_water: AtomicU64,
+    /// Readings further ahead of `high_water` than this many buckets are held back.
+    max_step_buckets: u64,
+    /// Clock readings held back so far.
+    clock_held_back: AtomicU64,
     opened_bucket: u64,
     next_lease: AtomicU64,
     /// Every id below it may be handed out; see [`Engine::next_lease_id`].
@@ -69,6 +73,8 @@ pub(crate) struct EngineStats {
     pub(crate) stuck_records: u64,
     /// Segment files plus the manifest; 0 in memory.
     pub(crate) bytes_on_disk: u64,
+    /// Clock readings too far ahead to adopt.
+    pub(crate) clock_held_back: u64,
 }
 
 /// The window and bucket width (in ms) the store in `dir` was created with, from its
@@ -108,6 +114,8 @@ impl Engine {
             window: config.window(),
             clock: Arc::clone(&config.clock),
             high_water: AtomicU64::new(parts.high_water),
+            max_step_buckets: config.max_step_buckets(),
+            clock_held_back: AtomicU64::new(0),
             opened_bucket: parts.high_water,
             next_lease: AtomicU64::new(parts.next_lease),
             lease_floor: AtomicU64::new(parts.lease_floor),
@@ -127,14 +135,29 @@ impl Engine {
 
     /// The bucket for the clock reading `now_ms`, raising the high-water mark. Record calls
     /// take one reading for both the record's timestamp and its bucket.
+    ///
+    /// A reading more than `max_step_buckets` ahead of the high-water mark (a bad clock
+    /// step) is held back: the mark stays, so nothing expires early and no entry is
+    /// stamped with a far-future bucket, and the reading is counted
+    /// (`Stats::clock_readings_held_back`) and logged. Readings move the mark again once
+    /// the clock is back within the step; a restart adopts the clock as it stands.
     fn bucket_at(&self, now_ms: u64) -> u64 {
         let now = self.window.bucket_of(now_ms);
         let seen = self.high_water.load(Ordering::Acquire);
-        if now > seen {
-            self.high_water.fetch_max(now, Ordering::AcqRel).max(now)
-        } else {
-            seen
+        if now <= seen {
+            return seen;
         }
+        if now - seen > self.max_step_buckets {
+            let held = self.clock_held_back.fetch_add(1, Ordering::Relaxed) + 1;
+            if held.is_power_of_two() {
+                log::warn!(
+                    "oncedb: clock reading {now_ms} ms is {} buckets ahead of the store's time; held back ({held} readings so far)",
+                    now - seen
+                );
+            }
+            return seen;
+        }
+        self.high_water.fetch_max(now, Ordering::AcqRel).max(now)
     }
 
     pub(crate) fn check_key(&self, key: &[u8]) -> Result<()> {
@@ -611,6 +634,7 @@ impl Engine {
             index: self.index.stats(bucket),
             journal,
             bytes_on_disk,
+            clock_held_back: self.clock_held_back.load(Ordering::Relaxed),
             buckets_dropped: bucket - self.opened_bucket,
             stuck_records: self.index.count_in_flight(bucket, stuck_before),
         }

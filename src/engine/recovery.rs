@@ -530,7 +530,7 @@ mod tests {
     use crate::base::ManualClock;
     use crate::base::RecordStatus;
     use crate::base::{Durability, FullPolicy};
-    use crate::engine::{Grant, Reserved};
+    use crate::engine::{ClockStep, Grant, Reserved};
     use crate::io::MemStorage;
     use crate::wal::LogEntry;
 
@@ -556,6 +556,8 @@ mod tests {
             huge_pages: false,
             recovery_mode: RecoveryMode::Strict,
             stuck_after_ms: 60_000,
+            clock_step: ClockStep::Default,
+            custom_clock: true,
         }
     }
 
@@ -724,6 +726,43 @@ mod tests {
         disk.power_loss();
         let engine = Engine::open(&fresh()).unwrap();
         assert!(engine.contains(b"first").unwrap());
+    }
+
+    /// A clock reading far ahead of the store's time (a bad NTP step) is held back and
+    /// counted: nothing expires early and nothing is stamped in the far future; once the
+    /// clock is back, time moves on and keys expire on schedule.
+    #[test]
+    fn a_far_future_clock_reading_is_held_back() {
+        let disk = MemStorage::new();
+        let clock = clock_at(START);
+        let limited = Config {
+            clock_step: ClockStep::Limit(SPAN * WIDTH_MS),
+            ..config(&disk, &clock)
+        };
+        let engine = Engine::open(&limited).unwrap();
+        assert!(engine.insert_if_absent(b"before").unwrap());
+        set_bucket(&clock, START + 1000 * SPAN);
+        assert!(
+            engine.contains(b"before").unwrap(),
+            "a bad step expires nothing"
+        );
+        assert!(engine.insert_if_absent(b"during").unwrap());
+        assert!(engine.stats().clock_held_back >= 2);
+        set_bucket(&clock, START + 1);
+        assert!(engine.contains(b"during").unwrap());
+        // Back on time: keys expire one window after they were admitted.
+        set_bucket(&clock, START + SPAN + 1);
+        assert!(!engine.contains(b"before").unwrap());
+        assert!(
+            !engine.contains(b"during").unwrap(),
+            "stamped at the store's time"
+        );
+        drop(engine);
+        // A caller's clock with no limit adopts every reading (event time may jump).
+        let unlimited = Engine::open(&config(&disk, &clock)).unwrap();
+        assert!(unlimited.insert_if_absent(b"k").unwrap());
+        set_bucket(&clock, START + 1000 * SPAN);
+        assert!(!unlimited.contains(b"k").unwrap());
     }
 
     /// Replay stamps each key with the bucket it was admitted in, not with the bucket of
