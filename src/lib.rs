@@ -87,7 +87,7 @@ pub use base::{
     SystemClock,
 };
 #[cfg(feature = "async")]
-pub use store::{Guarded, GuardedLease, OutagePolicy, Store, StoreLease};
+pub use store::{Guarded, GuardedLease, HeldLease, OutagePolicy, Store, StoreLease, StoreOptions};
 pub use wal::{RecoveryReport, SegmentReport, SegmentState, SkippedRange, TornTail, VerifyReport};
 
 /// Compiles and runs the README's examples as doc tests.

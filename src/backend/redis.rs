@@ -15,95 +15,144 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime};
 
-use ::redis::aio::{ConnectionLike, MultiplexedConnection};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::{Cmd, Pipeline, RedisFuture, Script, Value};
 
 use super::{refused, unavailable};
 use crate::api::{Advance, InFlight, Record, RecordStatus, Reservation, Scope};
-use crate::base::{Error, Result, check_key, duration_to_ms, ms_to_system_time, system_time_to_ms};
-use crate::store::{Store, StoreLease};
+use crate::base::{
+    Error, Result, duration_to_ms, ms_to_system_time, random_secret, system_time_to_ms,
+};
+use crate::store::{Store, StoreLease, StoreOptions};
 
 /// Highest version the Redis ordering guard accepts.
 pub const MAX_REDIS_VERSION: u64 = (1 << 53) - 1;
 
-const RESERVE: &str = r"
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  local epoch = redis.call('INCR', KEYS[2])
-  redis.call('PEXPIRE', KEYS[2], 2 * tonumber(ARGV[3]))
-  redis.call('HSET', KEYS[1], 'status', 'in_flight', 'req', ARGV[1], 'epoch', epoch,
-    'first', epoch, 'created', ARGV[2], 'sk', ARGV[4])
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
-  return {'acquired', tostring(epoch), ARGV[2]}
+/// Helpers every script starts with. Lua 5.1 numbers are doubles, and `tostring` prints
+/// them with 14 significant digits: every number goes back to Redis through `str`, which
+/// is exact below 2^53. Epochs come from the server's clock in microseconds (below 2^53
+/// until the year 2255) and rise by at least one per lease of a record, so a record
+/// recreated after it expired gets an epoch above every earlier lease of the key, without
+/// a counter that would have to outlive the record.
+const PRELUDE: &str = r"
+local function str(n) return string.format('%.0f', n) end
+local function next_epoch(cur)
+  local t = redis.call('TIME')
+  local e = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  if cur and e <= cur then e = cur + 1 end
+  return e
 end
-local f = redis.call('HMGET', KEYS[1], 'req', 'status', 'created', 'response', 'finished')
-if f[1] ~= ARGV[1] then return {'mismatch'} end
-if f[2] == 'in_flight' then return {'in_flight', f[3]} end
-return {f[2], f[3], f[4], f[5]}
-";
-
-/// Shared by every lease call: `owned` when lease ARGV[1] holds the record in flight,
-/// else `fenced` (a later lease of the same record) or `lost`.
-const OWNER: &str = r"
 local function owner(key, mine)
   if redis.call('EXISTS', key) == 0 then return 'lost' end
-  local f = redis.call('HMGET', key, 'status', 'epoch', 'first')
-  local cur, first = tonumber(f[2]), tonumber(f[3])
-  if f[1] == 'in_flight' and cur == mine then return 'owned' end
-  if first <= mine and mine < cur then return 'fenced' end
+  local f = redis.call('HMGET', key, 'status', 'epoch', 'taken')
+  if f[1] == 'in_flight' and f[2] == mine then return 'owned' end
+  if f[3] and string.find(' ' .. f[3] .. ' ', ' ' .. mine .. ' ', 1, true) then
+    return 'fenced'
+  end
   return 'lost'
 end
 ";
 
+/// KEYS: record. ARGV: request hash, now (ms), window (ms), scoped key, call token.
+/// A reserve re-sent by the client after its first run finds its own token and answers
+/// `acquired` again; another scoped key under the same name is a `collision`.
+const RESERVE: &str = r"
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  local epoch = str(next_epoch(nil))
+  redis.call('HSET', KEYS[1], 'status', 'in_flight', 'req', ARGV[1], 'epoch', epoch,
+    'created', ARGV[2], 'sk', ARGV[4], 'tok', ARGV[5])
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  return {'acquired', epoch, ARGV[2]}
+end
+local f = redis.call('HMGET', KEYS[1], 'sk', 'req', 'status', 'created', 'response',
+  'finished', 'tok', 'epoch')
+if f[1] ~= ARGV[4] then return {'collision'} end
+if f[3] == 'in_flight' and f[7] == ARGV[5] then return {'acquired', f[8], f[4]} end
+if f[2] ~= ARGV[1] then return {'mismatch'} end
+if f[3] == 'in_flight' then return {'in_flight', f[4]} end
+return {f[3], f[4], f[5], f[6]}
+";
+
+/// KEYS: record, release marker. ARGV: epoch, `completed` | `failed` | `release`,
+/// response, now (ms), call token, window (ms). A finish re-sent after its first run
+/// recognises its token (in the record, or in the release marker) and answers `ok`.
 const FINISH: &str = r"
-local state = owner(KEYS[1], tonumber(ARGV[1]))
-if state ~= 'owned' then return state end
+local state = owner(KEYS[1], ARGV[1])
+if state ~= 'owned' then
+  local f = redis.call('HMGET', KEYS[1], 'epoch', 'ftok')
+  if f[1] == ARGV[1] and f[2] == ARGV[5] then return 'ok' end
+  if redis.call('GET', KEYS[2]) == ARGV[5] then return 'ok' end
+  return state
+end
 if ARGV[2] == 'release' then
   redis.call('DEL', KEYS[1])
+  redis.call('SET', KEYS[2], ARGV[5], 'PX', ARGV[6])
 else
-  redis.call('HSET', KEYS[1], 'status', ARGV[2], 'response', ARGV[3], 'finished', ARGV[4])
+  redis.call('HSET', KEYS[1], 'status', ARGV[2], 'response', ARGV[3], 'finished', ARGV[4],
+    'ftok', ARGV[5])
 end
 return 'ok'
 ";
 
 const NOTE: &str = r"
-local state = owner(KEYS[1], tonumber(ARGV[1]))
+local state = owner(KEYS[1], ARGV[1])
 if state ~= 'owned' then return state end
 redis.call('HSET', KEYS[1], 'note', ARGV[2])
 return 'ok'
 ";
 
 const RESUME: &str = r"
-local state = owner(KEYS[1], tonumber(ARGV[1]))
+local state = owner(KEYS[1], ARGV[1])
 if state ~= 'owned' then return {state} end
 return {'ok', redis.call('HGET', KEYS[1], 'created')}
 ";
 
+/// KEYS: record. ARGV: call token. The replaced epoch joins the record's `taken` list,
+/// exactly the epochs fenced on it.
 const TAKE_OVER: &str = r"
-if redis.call('HGET', KEYS[1], 'status') ~= 'in_flight' then return {} end
-local epoch = redis.call('INCR', KEYS[2])
-redis.call('PEXPIRE', KEYS[2], 2 * tonumber(ARGV[1]))
-redis.call('HSET', KEYS[1], 'epoch', epoch)
-return {tostring(epoch), redis.call('HGET', KEYS[1], 'created')}
+local f = redis.call('HMGET', KEYS[1], 'status', 'epoch', 'taken', 'ttok', 'created')
+if f[1] ~= 'in_flight' then return {} end
+if f[4] == ARGV[1] then return {f[2], f[5]} end
+local epoch = str(next_epoch(tonumber(f[2])))
+local taken = f[2]
+if f[3] then taken = f[3] .. ' ' .. f[2] end
+redis.call('HSET', KEYS[1], 'epoch', epoch, 'taken', taken, 'ttok', ARGV[1])
+return {epoch, f[5]}
 ";
 
+/// KEYS: mark. ARGV: version, window (ms), call token. The mark holds `version token`,
+/// so a re-sent apply answers `applied` again; versions travel as the strings read.
 const ADVANCE: &str = r"
+local mark = redis.call('GET', KEYS[1])
 local v = tonumber(ARGV[1])
-local cur = redis.call('GET', KEYS[1])
-if cur then cur = tonumber(cur) end
-if (not cur) or v == cur + 1 then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+local function apply()
+  redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. ARGV[3], 'PX', ARGV[2])
   return {'applied'}
 end
-if v == cur then return {'duplicate'} end
-if v < cur then return {'stale', tostring(cur)} end
-return {'gap', tostring(cur + 1)}
+if not mark then return apply() end
+local space = string.find(mark, ' ', 1, true)
+local cur_text, token = mark, ''
+if space then
+  cur_text, token = string.sub(mark, 1, space - 1), string.sub(mark, space + 1)
+end
+local cur = tonumber(cur_text)
+if v == cur + 1 then return apply() end
+if v == cur then
+  if token == ARGV[3] then return {'applied'} end
+  return {'duplicate'}
+end
+if v < cur then return {'stale', cur_text} end
+return {'gap', str(cur + 1)}
 ";
 
 /// A connection to one server or to a cluster.
 #[derive(Clone)]
 enum Connection {
-    Single(MultiplexedConnection),
+    Single(ConnectionManager),
     Cluster(ClusterConnection),
 }
 
@@ -135,8 +184,24 @@ impl ConnectionLike for Connection {
     }
 }
 
+/// A Redis error as an oncedb error. A lost, refused or timed-out connection, and the
+/// conditions a server reports while it cannot serve (loading its data, a read-only
+/// replica, a cluster without a quorum or without a primary for the slot, a slot in
+/// migration) are [`Error::Unavailable`], which an [`OutagePolicy`](crate::OutagePolicy)
+/// acts on; anything else the server said is [`Error::Backend`].
 fn backend(err: ::redis::RedisError) -> Error {
-    if err.is_io_error()
+    use ::redis::ErrorKind;
+    let outage = matches!(
+        err.kind(),
+        ErrorKind::BusyLoadingError
+            | ErrorKind::ReadOnly
+            | ErrorKind::ClusterDown
+            | ErrorKind::MasterDown
+            | ErrorKind::TryAgain
+            | ErrorKind::ClusterConnectionNotFound
+    );
+    if outage
+        || err.is_io_error()
         || err.is_connection_refusal()
         || err.is_connection_dropped()
         || err.is_timeout()
@@ -154,31 +219,75 @@ fn unexpected(what: &str) -> Error {
 const ENGINE: &str = "redis";
 
 /// Keys, records and ordering marks in Redis or a Redis Cluster.
+///
+/// A single-server store reconnects by itself after the server restarts (calls during
+/// the outage fail with [`Error::Unavailable`]); a cluster store follows the cluster's
+/// topology. Every call waits at most the response timeout of its [`StoreOptions`].
 #[derive(Clone)]
 pub struct RedisStore {
     conn: Connection,
-    /// The servers to scan for records in flight (every primary of a cluster).
+    /// The servers to scan for records in flight (every primary of a cluster). They may
+    /// carry credentials: never printed.
     nodes: Vec<String>,
     prefix: String,
-    window_ms: u64,
-    max_key_bytes: usize,
+    /// Seeds the key names: a per-store secret kept in Redis, so names cannot be chosen
+    /// to collide.
+    seed: u64,
+    options: StoreOptions,
+    tokens: Arc<Tokens>,
+}
+
+/// Tokens that make each write recognisable when a client re-sends it.
+struct Tokens {
+    base: u64,
+    next: AtomicU64,
+}
+
+impl Tokens {
+    fn new() -> Tokens {
+        Tokens {
+            base: random_secret(),
+            next: AtomicU64::new(0),
+        }
+    }
+
+    /// A token no other call of any client uses.
+    fn next(&self) -> String {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        format!("{:016x}{n:x}", self.base)
+    }
 }
 
 impl RedisStore {
     /// A store on the Redis server at `url` (`redis://host:port`), keys prefixed `prefix`,
-    /// remembered for `window`.
+    /// remembered for `window`, every other setting at its default.
     pub async fn connect(url: &str, prefix: &str, window: Duration) -> Result<RedisStore> {
+        RedisStore::connect_with(url, prefix, StoreOptions::new(window)).await
+    }
+
+    /// A store on the Redis server at `url` with `options`.
+    pub async fn connect_with(
+        url: &str,
+        prefix: &str,
+        options: StoreOptions,
+    ) -> Result<RedisStore> {
         let client = ::redis::Client::open(url).map_err(backend)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(options.connect_timeout)
+            .set_response_timeout(options.response_timeout)
+            .set_number_of_retries(1)
+            .set_max_delay(500);
         let conn = client
-            .get_multiplexed_async_connection()
+            .get_connection_manager_with_config(config)
             .await
             .map_err(backend)?;
-        Ok(RedisStore::new(
+        RedisStore::new(
             Connection::Single(conn),
             vec![url.to_owned()],
             prefix,
-            window,
-        ))
+            options,
+        )
+        .await
     }
 
     /// A store on the Redis Cluster whose primaries are `nodes`.
@@ -187,55 +296,76 @@ impl RedisStore {
         prefix: &str,
         window: Duration,
     ) -> Result<RedisStore> {
-        let client = ::redis::cluster::ClusterClient::new(nodes.to_vec()).map_err(backend)?;
-        let conn = client.get_async_connection().await.map_err(backend)?;
-        let nodes = nodes.iter().map(|node| (*node).to_owned()).collect();
-        Ok(RedisStore::new(
-            Connection::Cluster(conn),
-            nodes,
-            prefix,
-            window,
-        ))
+        RedisStore::connect_cluster_with(nodes, prefix, StoreOptions::new(window)).await
     }
 
-    fn new(conn: Connection, nodes: Vec<String>, prefix: &str, window: Duration) -> RedisStore {
-        RedisStore {
+    /// A store on the Redis Cluster whose primaries are `nodes`, with `options`.
+    pub async fn connect_cluster_with(
+        nodes: &[&str],
+        prefix: &str,
+        options: StoreOptions,
+    ) -> Result<RedisStore> {
+        let client = ::redis::cluster::ClusterClient::builder(nodes.to_vec())
+            .connection_timeout(options.connect_timeout)
+            .response_timeout(options.response_timeout)
+            .build()
+            .map_err(backend)?;
+        let conn = client.get_async_connection().await.map_err(backend)?;
+        let nodes = nodes.iter().map(|node| (*node).to_owned()).collect();
+        RedisStore::new(Connection::Cluster(conn), nodes, prefix, options).await
+    }
+
+    async fn new(
+        conn: Connection,
+        nodes: Vec<String>,
+        prefix: &str,
+        options: StoreOptions,
+    ) -> Result<RedisStore> {
+        let seed = store_secret(&conn, prefix).await?;
+        Ok(RedisStore {
             conn,
             nodes,
             prefix: prefix.to_owned(),
-            window_ms: duration_to_ms(window).max(1),
-            max_key_bytes: 1024,
-        }
+            seed,
+            options,
+            tokens: Arc::new(Tokens::new()),
+        })
     }
 
-    /// The key of kind `kind` for `bytes` in domain `domain`.
+    fn window_ms(&self) -> u64 {
+        duration_to_ms(self.options.window).max(1)
+    }
+
+    /// The key of kind `kind` for `bytes` in domain `domain`: the keyed XXH3-128 of the
+    /// bytes in braces, the Redis Cluster hash tag that puts every key of one record in
+    /// one slot.
     fn key(&self, domain: u8, bytes: &[u8], kind: &str) -> String {
-        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+        let mut hasher = xxhash_rust::xxh3::Xxh3::with_seed(self.seed);
         hasher.update(&[domain]);
         hasher.update(bytes);
         format!("{}:{{{:032x}}}:{kind}", self.prefix, hasher.digest128())
     }
 
     fn check_key(&self, key: &[u8]) -> Result<()> {
-        check_key(key, self.max_key_bytes)
+        self.options.check_key(key)
     }
 
+    /// The scoped key, the record's name and its release marker's name.
     fn record_keys(&self, scope: &Scope, key: &[u8]) -> Result<(Vec<u8>, String, String)> {
         self.check_key(key)?;
         let scoped = scope.encode_key(key)?;
         let record = self.key(b'r', &scoped, "r");
-        let epoch = self.key(b'r', &scoped, "e");
-        Ok((scoped, record, epoch))
+        let released = self.key(b'r', &scoped, "x");
+        Ok((scoped, record, released))
     }
 
     /// Runs `script` with `keys` and `args`, reading its reply as `T`.
     async fn invoke<T: ::redis::FromRedisValue>(
         &self,
-        script: &str,
+        script: &Script,
         keys: &[&str],
         args: &[&[u8]],
     ) -> Result<T> {
-        let script = Script::new(script);
         let mut invocation = script.prepare_invoke();
         for key in keys {
             invocation.key(*key);
@@ -247,13 +377,70 @@ impl RedisStore {
         invocation.invoke_async(&mut conn).await.map_err(backend)
     }
 
-    async fn lines(&self, script: &str, keys: &[&str], args: &[&[u8]]) -> Result<Vec<Vec<u8>>> {
+    async fn lines(&self, script: &Script, keys: &[&str], args: &[&[u8]]) -> Result<Vec<Vec<u8>>> {
         self.invoke(script, keys, args).await
     }
 
-    async fn status(&self, script: &str, keys: &[&str], args: &[&[u8]]) -> Result<String> {
+    async fn status(&self, script: &Script, keys: &[&str], args: &[&[u8]]) -> Result<String> {
         self.invoke(script, keys, args).await
     }
+
+    /// `SET name token NX GET PX window`: whether the key was admitted by this call. A
+    /// command the client re-sent after its first run finds its own token and still
+    /// answers `true`.
+    fn admit(&self, pipe: &mut Pipeline, name: String, token: &str) {
+        pipe.cmd("SET")
+            .arg(name)
+            .arg(token)
+            .arg("NX")
+            .arg("GET")
+            .arg("PX")
+            .arg(self.window_ms());
+    }
+}
+
+/// Each script with the prelude, hashed once.
+struct Scripts {
+    reserve: Script,
+    finish: Script,
+    note: Script,
+    resume: Script,
+    take_over: Script,
+    advance: Script,
+}
+
+static SCRIPTS: std::sync::LazyLock<Scripts> = std::sync::LazyLock::new(|| {
+    let script = |body: &str| Script::new(&format!("{PRELUDE}{body}"));
+    Scripts {
+        reserve: script(RESERVE),
+        finish: script(FINISH),
+        note: script(NOTE),
+        resume: script(RESUME),
+        take_over: script(TAKE_OVER),
+        advance: script(ADVANCE),
+    }
+});
+
+/// The store's secret, kept under `<prefix>:secret`: the first client to connect sets it,
+/// every later one reads it.
+async fn store_secret(conn: &Connection, prefix: &str) -> Result<u64> {
+    let name = format!("{prefix}:secret");
+    let mut conn = conn.clone();
+    let _: Option<String> = ::redis::cmd("SET")
+        .arg(&name)
+        .arg(format!("{:016x}", random_secret()))
+        .arg("NX")
+        .query_async(&mut conn)
+        .await
+        .map_err(backend)?;
+    let secret: Option<String> = ::redis::cmd("GET")
+        .arg(&name)
+        .query_async(&mut conn)
+        .await
+        .map_err(backend)?;
+    secret
+        .and_then(|text| u64::from_str_radix(&text, 16).ok())
+        .ok_or_else(|| unexpected("the store secret"))
 }
 
 fn number(bytes: Option<&Vec<u8>>, what: &str) -> Result<u64> {
@@ -298,41 +485,43 @@ impl Store for RedisStore {
 
     async fn insert_if_absent(&self, key: &[u8]) -> Result<bool> {
         self.check_key(key)?;
+        let token = self.tokens.next();
+        let mut pipe = ::redis::pipe();
+        self.admit(&mut pipe, self.key(b'k', key, "k"), &token);
         let mut conn = self.conn.clone();
-        let set: Option<String> = ::redis::cmd("SET")
-            .arg(self.key(b'k', key, "k"))
-            .arg(1)
-            .arg("NX")
-            .arg("PX")
-            .arg(self.window_ms)
-            .query_async(&mut conn)
-            .await
-            .map_err(backend)?;
-        Ok(set.is_some())
+        let (earlier,): (Option<String>,) = pipe.query_async(&mut conn).await.map_err(backend)?;
+        Ok(earlier.is_none_or(|earlier| earlier == token))
     }
 
     async fn insert_many(&self, keys: Vec<Vec<u8>>) -> Result<Vec<bool>> {
         for key in &keys {
             self.check_key(key)?;
         }
+        if keys.len() > crate::MAX_BATCH_KEYS {
+            return Err(Error::BatchTooLarge {
+                len: keys.len(),
+                max: crate::MAX_BATCH_KEYS,
+            });
+        }
         // One pipeline per slot on a cluster (one in all on a single server), sent
-        // concurrently; a key repeated in the batch is a duplicate the second time, as
-        // SET NX gives in order within a pipeline.
+        // concurrently. Each key gets its own token, so a key repeated in the batch is a
+        // duplicate the second time (SET NX in order within a pipeline), while a command
+        // re-sent by the client recognises its own write.
+        //
+        // Not atomic: a failure part-way may leave some keys admitted, and the batch's
+        // answer is then an error; a retry calls those keys duplicates.
         let cluster = matches!(self.conn, Connection::Cluster(_));
-        let mut groups: BTreeMap<u16, (Pipeline, Vec<usize>)> = BTreeMap::new();
+        let base = self.tokens.next();
+        let mut groups: BTreeMap<u16, (Pipeline, Vec<(usize, String)>)> = BTreeMap::new();
         for (index, key) in keys.iter().enumerate() {
             let name = self.key(b'k', key, "k");
             let group = if cluster { slot(&name) } else { 0 };
             let (pipe, indices) = groups
                 .entry(group)
                 .or_insert_with(|| (::redis::pipe(), Vec::new()));
-            pipe.cmd("SET")
-                .arg(name)
-                .arg(1)
-                .arg("NX")
-                .arg("PX")
-                .arg(self.window_ms);
-            indices.push(index);
+            let token = format!("{base}.{index}");
+            self.admit(pipe, name, &token);
+            indices.push((index, token));
         }
         let mut sent = tokio::task::JoinSet::new();
         for (pipe, indices) in groups.into_values() {
@@ -346,9 +535,9 @@ impl Store for RedisStore {
         let mut answers = vec![false; keys.len()];
         while let Some(done) = sent.join_next().await {
             let (indices, replies) = done.map_err(|err| unexpected(&err.to_string()))?;
-            for (index, reply) in indices.into_iter().zip(replies.map_err(backend)?) {
+            for ((index, token), earlier) in indices.into_iter().zip(replies.map_err(backend)?) {
                 if let Some(answer) = answers.get_mut(index) {
-                    *answer = reply.is_some();
+                    *answer = earlier.is_none_or(|earlier| earlier == token);
                 }
             }
         }
@@ -361,19 +550,21 @@ impl Store for RedisStore {
         key: &[u8],
         request: &[u8],
     ) -> Result<Reservation<RedisLease>> {
-        let (scoped, record, epoch) = self.record_keys(scope, key)?;
+        let (scoped, record, released) = self.record_keys(scope, key)?;
         let request_hash = format!("{:032x}", xxhash_rust::xxh3::xxh3_128(request));
         let now = now_ms().to_string();
-        let window = self.window_ms.to_string();
+        let window = self.window_ms().to_string();
+        let token = self.tokens.next();
         let reply = self
             .lines(
-                RESERVE,
-                &[&record, &epoch],
+                &SCRIPTS.reserve,
+                &[&record],
                 &[
                     request_hash.as_bytes(),
                     now.as_bytes(),
                     window.as_bytes(),
                     &scoped,
+                    token.as_bytes(),
                 ],
             )
             .await?;
@@ -382,9 +573,11 @@ impl Store for RedisStore {
             Some(b"acquired") => Reservation::Acquired(RedisLease {
                 store: self.clone(),
                 record,
+                released,
                 epoch: number(reply.get(1), "reserve")?,
                 since_ms: number(reply.get(2), "reserve")?,
             }),
+            Some(b"collision") => return Err(Error::FingerprintCollision),
             Some(b"mismatch") => Reservation::Mismatch,
             Some(b"in_flight") => Reservation::InFlight {
                 since: ms_to_system_time(number(reply.get(1), "reserve")?),
@@ -411,11 +604,11 @@ impl Store for RedisStore {
     }
 
     async fn get(&self, scope: &Scope, key: &[u8]) -> Result<Option<Record>> {
-        let (_, record, _) = self.record_keys(scope, key)?;
+        let (scoped, record, _) = self.record_keys(scope, key)?;
         let mut conn = self.conn.clone();
         let fields: Vec<Option<Vec<u8>>> = ::redis::cmd("HMGET")
             .arg(&record)
-            .arg(&["status", "created", "response", "finished"])
+            .arg(&["status", "created", "response", "finished", "sk"])
             .query_async(&mut conn)
             .await
             .map_err(backend)?;
@@ -423,6 +616,9 @@ impl Store for RedisStore {
         let Some(status) = field(0) else {
             return Ok(None);
         };
+        if field(4).as_deref() != Some(&scoped[..]) {
+            return Err(Error::FingerprintCollision);
+        }
         let status = match status.as_slice() {
             b"in_flight" => RecordStatus::InFlight,
             b"completed" => RecordStatus::Completed,
@@ -442,69 +638,20 @@ impl Store for RedisStore {
 
     async fn in_flight(&self, older_than: Duration) -> Result<Vec<InFlight>> {
         let before_ms = now_ms().saturating_sub(duration_to_ms(older_than));
-        let pattern = format!("{}:*:r", self.prefix);
         let mut seen = BTreeSet::new();
         let mut found = Vec::new();
         for node in &self.nodes {
-            let client = ::redis::Client::open(node.as_str()).map_err(backend)?;
-            let mut conn = client
-                .get_multiplexed_async_connection()
-                .await
-                .map_err(backend)?;
-            let mut cursor: u64 = 0;
-            loop {
-                let (next, keys): (u64, Vec<String>) = ::redis::cmd("SCAN")
-                    .arg(cursor)
-                    .arg("MATCH")
-                    .arg(&pattern)
-                    .arg("COUNT")
-                    .arg(1000)
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(backend)?;
-                for key in keys {
-                    if !seen.insert(key.clone()) {
-                        continue;
-                    }
-                    let fields: Vec<Option<Vec<u8>>> = ::redis::cmd("HMGET")
-                        .arg(&key)
-                        .arg(&["status", "created", "epoch", "sk", "note"])
-                        .query_async(&mut conn)
-                        .await
-                        .map_err(backend)?;
-                    let field = |i: usize| fields.get(i).cloned().flatten();
-                    if field(0).as_deref() != Some(b"in_flight") {
-                        continue;
-                    }
-                    let created = number(field(1).as_ref(), "in_flight")?;
-                    let scoped = field(3).unwrap_or_default();
-                    let Some((scope, key)) = Scope::decode_key(&scoped) else {
-                        continue;
-                    };
-                    if created <= before_ms {
-                        found.push(InFlight {
-                            scope,
-                            key: key.to_vec(),
-                            since: ms_to_system_time(created),
-                            epoch: number(field(2).as_ref(), "in_flight")?,
-                            note: field(4),
-                        });
-                    }
-                }
-                cursor = next;
-                if cursor == 0 {
-                    break;
-                }
-            }
+            self.scan_in_flight(node, before_ms, &mut seen, &mut found)
+                .await?;
         }
         Ok(found)
     }
 
     async fn take_over(&self, scope: &Scope, key: &[u8]) -> Result<Option<RedisLease>> {
-        let (_, record, epoch) = self.record_keys(scope, key)?;
-        let window = self.window_ms.to_string();
+        let (_, record, released) = self.record_keys(scope, key)?;
+        let token = self.tokens.next();
         let reply = self
-            .lines(TAKE_OVER, &[&record, &epoch], &[window.as_bytes()])
+            .lines(&SCRIPTS.take_over, &[&record], &[token.as_bytes()])
             .await?;
         if reply.is_empty() {
             return Ok(None);
@@ -512,6 +659,7 @@ impl Store for RedisStore {
         Ok(Some(RedisLease {
             store: self.clone(),
             record,
+            released,
             epoch: number(reply.first(), "take_over")?,
             since_ms: number(reply.get(1), "take_over")?,
         }))
@@ -526,9 +674,14 @@ impl Store for RedisStore {
         }
         let scoped = scope.encode_key(aggregate_id)?;
         let mark = self.key(b'm', &scoped, "m");
-        let (version, window) = (version.to_string(), self.window_ms.to_string());
+        let (version, window) = (version.to_string(), self.window_ms().to_string());
+        let token = self.tokens.next();
         let reply = self
-            .lines(ADVANCE, &[&mark], &[version.as_bytes(), window.as_bytes()])
+            .lines(
+                &SCRIPTS.advance,
+                &[&mark],
+                &[version.as_bytes(), window.as_bytes(), token.as_bytes()],
+            )
             .await?;
         Ok(match reply.first().map(Vec::as_slice) {
             Some(b"applied") => Advance::Applied,
@@ -544,11 +697,100 @@ impl Store for RedisStore {
     }
 }
 
+impl RedisStore {
+    /// Adds the records in flight since `before_ms` that node `node` holds.
+    async fn scan_in_flight(
+        &self,
+        node: &str,
+        before_ms: u64,
+        seen: &mut BTreeSet<String>,
+        found: &mut Vec<InFlight>,
+    ) -> Result<()> {
+        let client = ::redis::Client::open(node).map_err(backend)?;
+        let config = ::redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(self.options.connect_timeout)
+            .set_response_timeout(self.options.response_timeout);
+        let mut conn = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(backend)?;
+        let pattern = format!("{}:*:r", self.prefix);
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, keys): (u64, Vec<String>) = ::redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await
+                .map_err(backend)?;
+            for key in keys {
+                if !seen.insert(key.clone()) {
+                    continue;
+                }
+                let fields: Vec<Option<Vec<u8>>> = ::redis::cmd("HMGET")
+                    .arg(&key)
+                    .arg(&["status", "created", "epoch", "sk", "note"])
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(backend)?;
+                let field = |i: usize| fields.get(i).cloned().flatten();
+                if field(0).as_deref() != Some(b"in_flight") {
+                    continue;
+                }
+                let created = number(field(1).as_ref(), "in_flight")?;
+                let scoped = field(3).unwrap_or_default();
+                let Some((scope, key)) = Scope::decode_key(&scoped) else {
+                    continue;
+                };
+                if created <= before_ms {
+                    found.push(InFlight {
+                        scope,
+                        key: key.to_vec(),
+                        since: ms_to_system_time(created),
+                        epoch: number(field(2).as_ref(), "in_flight")?,
+                        note: field(4),
+                    });
+                }
+            }
+            cursor = next;
+            if cursor == 0 {
+                return Ok(());
+            }
+        }
+    }
+
+    /// The lease of `epoch` on the record of `key` in `scope`, as [`Db::resume`](crate::Db::resume).
+    pub async fn resume(&self, scope: &Scope, key: &[u8], epoch: u64) -> Result<RedisLease> {
+        let (_, record, released) = self.record_keys(scope, key)?;
+        let epoch_arg = epoch.to_string();
+        let reply = self
+            .lines(&SCRIPTS.resume, &[&record], &[epoch_arg.as_bytes()])
+            .await?;
+        match reply.first().map(Vec::as_slice) {
+            Some(b"ok") => Ok(RedisLease {
+                store: self.clone(),
+                record,
+                released,
+                epoch,
+                since_ms: number(reply.get(1), "resume")?,
+            }),
+            Some(b"fenced") => Err(Error::Fenced),
+            Some(b"lost") => Err(Error::LeaseLost),
+            _ => Err(unexpected("resume")),
+        }
+    }
+}
+
 /// A lease on a record in Redis: its key and fencing epoch.
 #[derive(Debug, Clone)]
 pub struct RedisLease {
     store: RedisStore,
     record: String,
+    /// Where a release leaves its token, so that a re-sent release is recognised.
+    released: String,
     epoch: u64,
     since_ms: u64,
 }
@@ -556,9 +798,9 @@ pub struct RedisLease {
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStore")
-            .field("nodes", &self.nodes)
+            .field("nodes", &self.nodes.len())
             .field("prefix", &self.prefix)
-            .field("window_ms", &self.window_ms)
+            .field("options", &self.options)
             .finish_non_exhaustive()
     }
 }
@@ -569,22 +811,35 @@ impl RedisLease {
         ms_to_system_time(self.since_ms)
     }
 
-    async fn call(&self, script: &str, args: &[&[u8]]) -> Result<()> {
+    async fn call(&self, script: &Script, keys: &[&str], args: &[&[u8]]) -> Result<()> {
         let epoch = self.epoch.to_string();
         let mut all: Vec<&[u8]> = vec![epoch.as_bytes()];
         all.extend_from_slice(args);
-        let script = format!("{OWNER}{script}");
-        match self
-            .store
-            .status(&script, &[&self.record], &all)
-            .await?
-            .as_str()
-        {
+        match self.store.status(script, keys, &all).await?.as_str() {
             "ok" => Ok(()),
             "fenced" => Err(Error::Fenced),
             "lost" => Err(Error::LeaseLost),
             _ => Err(unexpected("a lease call")),
         }
+    }
+
+    async fn finish(&self, kind: &[u8], response: &[u8]) -> Result<()> {
+        self.store.options.check_response(response)?;
+        let now = now_ms().to_string();
+        let token = self.store.tokens.next();
+        let window = self.store.window_ms().to_string();
+        self.call(
+            &SCRIPTS.finish,
+            &[&self.record, &self.released],
+            &[
+                kind,
+                response,
+                now.as_bytes(),
+                token.as_bytes(),
+                window.as_bytes(),
+            ],
+        )
+        .await
     }
 }
 
@@ -594,49 +849,20 @@ impl StoreLease for RedisLease {
     }
 
     async fn complete(self, response: &[u8]) -> Result<()> {
-        let now = now_ms().to_string();
-        self.call(FINISH, &[b"completed", response, now.as_bytes()])
-            .await
+        self.finish(b"completed", response).await
     }
 
     async fn fail(self, response: &[u8]) -> Result<()> {
-        let now = now_ms().to_string();
-        self.call(FINISH, &[b"failed", response, now.as_bytes()])
-            .await
+        self.finish(b"failed", response).await
     }
 
     async fn release(self) -> Result<()> {
-        self.call(FINISH, &[b"release", b"", b"0"]).await
+        self.finish(b"release", b"").await
     }
 
     async fn note(&self, note: &[u8]) -> Result<()> {
-        if note.len() > crate::base::MAX_NOTE_BYTES {
-            return Err(Error::NoteTooLong { len: note.len() });
-        }
-        self.call(NOTE, &[note]).await
-    }
-}
-
-impl RedisStore {
-    /// The lease of `epoch` on the record of `key` in `scope`, as [`Db::resume`](crate::Db::resume).
-    pub async fn resume(&self, scope: &Scope, key: &[u8], epoch: u64) -> Result<RedisLease> {
-        let (_, record, _) = self.record_keys(scope, key)?;
-        let epoch_arg = epoch.to_string();
-        let script = format!("{OWNER}{RESUME}");
-        let reply = self
-            .lines(&script, &[&record], &[epoch_arg.as_bytes()])
-            .await?;
-        match reply.first().map(Vec::as_slice) {
-            Some(b"ok") => Ok(RedisLease {
-                store: self.clone(),
-                record,
-                epoch,
-                since_ms: number(reply.get(1), "resume")?,
-            }),
-            Some(b"fenced") => Err(Error::Fenced),
-            Some(b"lost") => Err(Error::LeaseLost),
-            _ => Err(unexpected("resume")),
-        }
+        StoreOptions::check_note(note)?;
+        self.call(&SCRIPTS.note, &[&self.record], &[note]).await
     }
 }
 

@@ -9,13 +9,91 @@
 
 mod outage;
 
-pub use outage::{Guarded, GuardedLease, OutagePolicy};
+pub use outage::{Guarded, GuardedLease, HeldLease, OutagePolicy};
 
 use std::future::Future;
 use std::time::Duration;
 
 use crate::api::{Advance, Db, InFlight, Lease, Record, Reservation, Scope};
-use crate::base::{Error, Result};
+use crate::base::{
+    DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_RESPONSE_BYTES, Error, MAX_NOTE_BYTES, Result, check_key,
+};
+
+/// What every shared store is built with: the window, the input limits (the embedded
+/// store's defaults, so that every store refuses the same input before writing) and how
+/// long to wait for a server.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    pub(crate) window: Duration,
+    pub(crate) max_key_bytes: usize,
+    pub(crate) max_response_bytes: usize,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) response_timeout: Duration,
+}
+
+impl StoreOptions {
+    /// Keys remembered for `window`; every other setting at its default.
+    pub fn new(window: Duration) -> StoreOptions {
+        StoreOptions {
+            window,
+            max_key_bytes: DEFAULT_MAX_KEY_BYTES,
+            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
+            connect_timeout: Duration::from_secs(5),
+            response_timeout: Duration::from_secs(5),
+        }
+    }
+
+    /// Longest key accepted, as [`Options::max_key_bytes`](crate::Options::max_key_bytes).
+    /// Default 1 KiB.
+    pub fn max_key_bytes(mut self, bytes: usize) -> Self {
+        self.max_key_bytes = bytes;
+        self
+    }
+
+    /// Largest response stored, as
+    /// [`Options::max_response_bytes`](crate::Options::max_response_bytes). Default 1 MiB.
+    pub fn max_response_bytes(mut self, bytes: usize) -> Self {
+        self.max_response_bytes = bytes;
+        self
+    }
+
+    /// How long to wait for a connection to a server. Default 5 s.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long to wait for a server's answer to one call; a call that waits longer
+    /// fails with [`Error::Unavailable`]. Default 5 s.
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// Refuses a key the embedded store would refuse.
+    pub(crate) fn check_key(&self, key: &[u8]) -> Result<()> {
+        check_key(key, self.max_key_bytes)
+    }
+
+    /// Refuses a response over the limit.
+    pub(crate) fn check_response(&self, response: &[u8]) -> Result<()> {
+        if response.len() > self.max_response_bytes {
+            return Err(Error::ResponseTooLarge {
+                len: response.len(),
+                max: self.max_response_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    /// Refuses a note over [`MAX_NOTE_BYTES`].
+    pub(crate) fn check_note(note: &[u8]) -> Result<()> {
+        if note.len() > MAX_NOTE_BYTES {
+            return Err(Error::NoteTooLong { len: note.len() });
+        }
+        Ok(())
+    }
+}
 
 /// Keys and records behind one asynchronous interface. Every method has the semantics of
 /// the [`Db`] method of the same name.

@@ -1,8 +1,14 @@
 //! What a service does while its shared store cannot be reached: [`OutagePolicy`],
 //! applied by the [`Guarded`] wrapper, which also counts every outage it meets.
 //!
-//! Only [`Error::Unavailable`] (connection refused or lost, pool timeout) is an outage.
-//! Any other error, input errors included, passes through unchanged under both policies.
+//! Only [`Error::Unavailable`] (connection refused, lost or timed out, a server that
+//! reports it cannot serve) is an outage. Any other error, input errors included, passes
+//! through unchanged under both policies. Lease calls follow the policy too: under
+//! `FailOpen`, a `complete`, `fail`, `release` or `note` that meets an outage answers
+//! `Ok` and is counted in [`Guarded::lease_outages`]; the store never learnt the outcome,
+//! so its record stays in flight until a take-over, a lease timeout or the end of the
+//! window, and retries meanwhile see `InFlight`. Outages are logged at the 1st, 2nd,
+//! 4th, 8th, ... occurrence, so a long outage cannot flood the log.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,8 +25,8 @@ pub enum OutagePolicy {
     /// inventory, where a duplicate costs more than a refusal.
     FailClosed,
     /// Carry on unprotected: `insert_if_absent` and `insert_many` admit every key,
-    /// `reserve` acquires a [`GuardedLease::Unprotected`] whose calls store nothing, and
-    /// `advance` answers `Applied`. Duplicates may pass while the outage lasts. Reads
+    /// `reserve` acquires a [`GuardedLease::Unprotected`] whose calls store nothing,
+    /// `advance` answers `Applied`, and lease calls answer `Ok`. Duplicates may pass while the outage lasts. Reads
     /// (`get`, `in_flight`, `take_over`) still return the error: there is nothing to
     /// pretend.
     FailOpen,
@@ -30,8 +36,15 @@ pub enum OutagePolicy {
 #[derive(Debug, Clone)]
 pub struct Guarded<S> {
     inner: S,
+    guard: Arc<Guard>,
+}
+
+/// The policy and the counts, shared by a store's clones and its leases.
+#[derive(Debug)]
+struct Guard {
     policy: OutagePolicy,
-    outages: Arc<AtomicU64>,
+    outages: AtomicU64,
+    lease_outages: AtomicU64,
 }
 
 impl<S: Store> Guarded<S> {
@@ -39,8 +52,11 @@ impl<S: Store> Guarded<S> {
     pub fn new(inner: S, policy: OutagePolicy) -> Guarded<S> {
         Guarded {
             inner,
-            policy,
-            outages: Arc::new(AtomicU64::new(0)),
+            guard: Arc::new(Guard {
+                policy,
+                outages: AtomicU64::new(0),
+                lease_outages: AtomicU64::new(0),
+            }),
         }
     }
 
@@ -49,19 +65,54 @@ impl<S: Store> Guarded<S> {
         &self.inner
     }
 
-    /// Calls that met an outage so far (each clone shares the count).
+    /// Calls that met an outage so far, lease calls included (each clone shares the
+    /// count).
     pub fn outages(&self) -> u64 {
-        self.outages.load(Ordering::Relaxed)
+        self.guard.outages.load(Ordering::Relaxed)
+    }
+
+    /// Lease calls (`complete`, `fail`, `release`, `note`) that met an outage: under
+    /// `FailOpen`, records whose outcome the store never learnt.
+    pub fn lease_outages(&self) -> u64 {
+        self.guard.lease_outages.load(Ordering::Relaxed)
+    }
+
+    fn decide<T>(&self, answer: Result<T>, open: impl FnOnce() -> T) -> Result<T> {
+        self.guard.decide(answer, open)
+    }
+
+    /// Counts an outage and returns the error whatever the policy.
+    fn closed<T>(&self, answer: Result<T>) -> Result<T> {
+        if let Err(err @ Error::Unavailable { .. }) = &answer {
+            self.guard.count(err);
+        }
+        answer
+    }
+
+    fn held(&self, lease: S::Lease) -> GuardedLease<S::Lease> {
+        GuardedLease::Held(HeldLease {
+            lease,
+            guard: Arc::clone(&self.guard),
+        })
+    }
+}
+
+impl Guard {
+    /// Counts an outage (and logs it at the 1st, 2nd, 4th, ... one).
+    fn count(&self, err: &Error) {
+        let n = self.outages.fetch_add(1, Ordering::Relaxed) + 1;
+        #[cfg(feature = "metrics")]
+        metrics::counter!("oncedb_store_outages_total").increment(1);
+        if n.is_power_of_two() {
+            log::warn!("store outage ({:?}, {n} so far): {err}", self.policy);
+        }
     }
 
     /// Counts an outage; under `FailOpen` returns `open` instead of the error.
     fn decide<T>(&self, answer: Result<T>, open: impl FnOnce() -> T) -> Result<T> {
         match answer {
             Err(err @ Error::Unavailable { .. }) => {
-                self.outages.fetch_add(1, Ordering::Relaxed);
-                #[cfg(feature = "metrics")]
-                metrics::counter!("oncedb_store_outages_total").increment(1);
-                log::warn!("store outage ({:?}): {err}", self.policy);
+                self.count(&err);
                 match self.policy {
                     OutagePolicy::FailClosed => Err(err),
                     OutagePolicy::FailOpen => Ok(open()),
@@ -71,25 +122,37 @@ impl<S: Store> Guarded<S> {
         }
     }
 
-    /// Counts an outage and returns the error whatever the policy.
-    fn closed<T>(&self, answer: Result<T>) -> Result<T> {
+    /// A lease call's answer under the policy.
+    fn lease_call(&self, answer: Result<()>) -> Result<()> {
         if matches!(answer, Err(Error::Unavailable { .. })) {
-            self.outages.fetch_add(1, Ordering::Relaxed);
-            #[cfg(feature = "metrics")]
-            metrics::counter!("oncedb_store_outages_total").increment(1);
+            self.lease_outages.fetch_add(1, Ordering::Relaxed);
         }
-        answer
+        self.decide(answer, || ())
     }
 }
 
 /// A lease of a [`Guarded`] store.
 #[derive(Debug)]
 pub enum GuardedLease<L> {
-    /// A lease the store holds.
-    Held(L),
+    /// A lease the store holds; its calls follow the store's policy.
+    Held(HeldLease<L>),
     /// Handed out under [`OutagePolicy::FailOpen`] while the store was unreachable:
     /// nothing is stored, and every call succeeds without effect.
     Unprotected,
+}
+
+/// A lease the wrapped store holds, with the policy its calls follow.
+#[derive(Debug)]
+pub struct HeldLease<L> {
+    lease: L,
+    guard: Arc<Guard>,
+}
+
+impl<L> HeldLease<L> {
+    /// The wrapped store's lease.
+    pub fn lease(&self) -> &L {
+        &self.lease
+    }
 }
 
 impl<S: Store> Store for Guarded<S> {
@@ -116,7 +179,7 @@ impl<S: Store> Store for Guarded<S> {
             .inner
             .reserve(scope, key, request)
             .await
-            .map(|reservation| reservation.map_lease(GuardedLease::Held));
+            .map(|reservation| reservation.map_lease(|lease| self.held(lease)));
         self.decide(answer, || Reservation::Acquired(GuardedLease::Unprotected))
     }
 
@@ -133,7 +196,7 @@ impl<S: Store> Store for Guarded<S> {
     async fn take_over(&self, scope: &Scope, key: &[u8]) -> Result<Option<Self::Lease>> {
         let answer = self.inner.take_over(scope, key).await;
         self.closed(answer)
-            .map(|lease| lease.map(GuardedLease::Held))
+            .map(|lease| lease.map(|lease| self.held(lease)))
     }
 
     async fn advance(&self, scope: &Scope, aggregate_id: &[u8], version: u64) -> Result<Advance> {
@@ -145,35 +208,47 @@ impl<S: Store> Store for Guarded<S> {
 impl<L: StoreLease> StoreLease for GuardedLease<L> {
     fn epoch(&self) -> u64 {
         match self {
-            GuardedLease::Held(lease) => lease.epoch(),
+            GuardedLease::Held(held) => held.lease.epoch(),
             GuardedLease::Unprotected => 0,
         }
     }
 
     async fn complete(self, response: &[u8]) -> Result<()> {
         match self {
-            GuardedLease::Held(lease) => lease.complete(response).await,
+            GuardedLease::Held(held) => {
+                let answer = held.lease.complete(response).await;
+                held.guard.lease_call(answer)
+            }
             GuardedLease::Unprotected => Ok(()),
         }
     }
 
     async fn fail(self, response: &[u8]) -> Result<()> {
         match self {
-            GuardedLease::Held(lease) => lease.fail(response).await,
+            GuardedLease::Held(held) => {
+                let answer = held.lease.fail(response).await;
+                held.guard.lease_call(answer)
+            }
             GuardedLease::Unprotected => Ok(()),
         }
     }
 
     async fn release(self) -> Result<()> {
         match self {
-            GuardedLease::Held(lease) => lease.release().await,
+            GuardedLease::Held(held) => {
+                let answer = held.lease.release().await;
+                held.guard.lease_call(answer)
+            }
             GuardedLease::Unprotected => Ok(()),
         }
     }
 
     async fn note(&self, note: &[u8]) -> Result<()> {
         match self {
-            GuardedLease::Held(lease) => lease.note(note).await,
+            GuardedLease::Held(held) => {
+                let answer = held.lease.note(note).await;
+                held.guard.lease_call(answer)
+            }
             GuardedLease::Unprotected => Ok(()),
         }
     }

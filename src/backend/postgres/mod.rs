@@ -30,11 +30,8 @@ use tokio_postgres::types::ToSql;
 
 use super::{refused, unavailable};
 use crate::api::{Advance, InFlight, Record, RecordStatus, Reservation, Scope};
-use crate::base::{
-    Error, MAX_NOTE_BYTES, MAX_RESPONSE_BYTES_LIMIT, Result, check_key, duration_to_ms,
-    system_time_to_ms,
-};
-use crate::store::{Store, StoreLease};
+use crate::base::{Error, Result, duration_to_ms, system_time_to_ms};
+use crate::store::{Store, StoreLease, StoreOptions};
 
 /// The pool crate this module uses, for building a [`Pool`] by hand.
 pub use deadpool_postgres;
@@ -52,7 +49,12 @@ const MAX_KEYS_PER_STATEMENT: usize = 4096;
 /// [`Error::Unavailable`], anything the server said is [`Error::Backend`].
 pub(crate) fn pg_error(err: tokio_postgres::Error) -> Error {
     if let Some(db) = err.as_db_error() {
-        return refused(ENGINE, format!("{} ({})", db.message(), db.code().code()));
+        let message = format!("{} ({})", db.message(), db.code().code());
+        return if is_outage(db.code()) {
+            unavailable(ENGINE, message)
+        } else {
+            refused(ENGINE, message)
+        };
     }
     let message = match std::error::Error::source(&err) {
         Some(source) => format!("{err}: {source}"),
@@ -63,6 +65,24 @@ pub(crate) fn pg_error(err: tokio_postgres::Error) -> Error {
 
 /// The engine named in this store's errors.
 const ENGINE: &str = "postgres";
+
+/// Conditions the server reports while it cannot serve, which an
+/// [`OutagePolicy`](crate::OutagePolicy) acts on: a connection exception (class 08), a
+/// server shutting down or starting (57P01, 57P02, 57P03), too many connections (53300),
+/// a read-only standby (25006), and a statement cancelled by its timeout (57014).
+fn is_outage(code: &tokio_postgres::error::SqlState) -> bool {
+    use tokio_postgres::error::SqlState;
+    code.code().starts_with("08")
+        || [
+            SqlState::ADMIN_SHUTDOWN,
+            SqlState::CRASH_SHUTDOWN,
+            SqlState::CANNOT_CONNECT_NOW,
+            SqlState::TOO_MANY_CONNECTIONS,
+            SqlState::READ_ONLY_SQL_TRANSACTION,
+            SqlState::QUERY_CANCELED,
+        ]
+        .contains(code)
+}
 
 /// The cached statement for `sql` on `client`: every call prepares once per connection.
 async fn prepare(client: &Object, sql: &str) -> Result<tokio_postgres::Statement> {
@@ -128,7 +148,7 @@ fn request_hash(request: &[u8]) -> String {
 pub struct PostgresStore {
     pool: Pool,
     window_ms: i64,
-    max_key_bytes: usize,
+    options: StoreOptions,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -145,9 +165,26 @@ impl PostgresStore {
     /// string) with a pool of at most 16 connections, records remembered for `window`.
     /// Nothing is sent until the first call; run [`migrate`](Self::migrate) once first.
     pub fn connect(url: &str, window: Duration) -> Result<PostgresStore> {
-        let config: tokio_postgres::Config = url.parse().map_err(|err| {
+        PostgresStore::connect_with(url, StoreOptions::new(window))
+    }
+
+    /// A store on the database at `url` with `options`. The response timeout bounds
+    /// every statement on the server (`statement_timeout`), the wait for a pooled
+    /// connection, and a dead TCP connection (`tcp_user_timeout` and keepalives), so no
+    /// call hangs for longer than a few timeouts; the connect timeout bounds each new
+    /// connection.
+    pub fn connect_with(url: &str, options: StoreOptions) -> Result<PostgresStore> {
+        let mut config: tokio_postgres::Config = url.parse().map_err(|err| {
             Error::InvalidOptions(format!("bad PostgreSQL connection string: {err}"))
         })?;
+        let timeout_ms = duration_to_ms(options.response_timeout).max(1);
+        config
+            .connect_timeout(options.connect_timeout)
+            .tcp_user_timeout(options.response_timeout)
+            .keepalives_idle(Duration::from_secs(10))
+            .keepalives_interval(Duration::from_secs(2))
+            .keepalives_retries(3)
+            .options(format!("-c statement_timeout={timeout_ms}"));
         let manager = Manager::from_config(
             config,
             NoTls,
@@ -158,21 +195,28 @@ impl PostgresStore {
         let pool = Pool::builder(manager)
             .max_size(16)
             .runtime(deadpool_postgres::Runtime::Tokio1)
-            .wait_timeout(Some(Duration::from_secs(30)))
-            .create_timeout(Some(Duration::from_secs(10)))
+            .wait_timeout(Some(options.response_timeout))
+            .create_timeout(Some(options.connect_timeout))
+            .recycle_timeout(Some(options.response_timeout))
             .build()
             .map_err(|err| Error::InvalidOptions(format!("connection pool: {err}")))?;
-        PostgresStore::from_pool(pool, window)
+        PostgresStore::from_pool_with(pool, options)
     }
 
     /// A store on an existing pool (for TLS, pool sizing or shared pools).
     pub fn from_pool(pool: Pool, window: Duration) -> Result<PostgresStore> {
-        let window_ms = i64::try_from(duration_to_ms(window).max(1))
+        PostgresStore::from_pool_with(pool, StoreOptions::new(window))
+    }
+
+    /// A store on an existing pool with `options` (its limits; the pool's own settings
+    /// govern connections and timeouts).
+    pub fn from_pool_with(pool: Pool, options: StoreOptions) -> Result<PostgresStore> {
+        let window_ms = i64::try_from(duration_to_ms(options.window).max(1))
             .map_err(|_| Error::InvalidOptions("window too long".to_owned()))?;
         Ok(PostgresStore {
             pool,
             window_ms,
-            max_key_bytes: 1024,
+            options,
         })
     }
 
@@ -210,7 +254,7 @@ impl PostgresStore {
     }
 
     fn record_params(&self, scope: &Scope, key: &[u8]) -> Result<()> {
-        check_key(key, self.max_key_bytes)?;
+        self.options.check_key(key)?;
         // Checks the scope's part lengths as every other store does.
         scope.encode_key(key).map(drop)
     }
@@ -296,7 +340,7 @@ impl Store for PostgresStore {
     type Lease = PostgresLease;
 
     async fn insert_if_absent(&self, key: &[u8]) -> Result<bool> {
-        check_key(key, self.max_key_bytes)?;
+        self.options.check_key(key)?;
         let client = self.client().await?;
         let row = query_opt(&client, sql::INSERT_KEY, &[&key, &self.window_ms]).await?;
         Ok(row.is_some())
@@ -304,7 +348,7 @@ impl Store for PostgresStore {
 
     async fn insert_many(&self, keys: Vec<Vec<u8>>) -> Result<Vec<bool>> {
         for key in &keys {
-            check_key(key, self.max_key_bytes)?;
+            self.options.check_key(key)?;
         }
         let mut answers = first_occurrences(&keys);
         // Sorted, so concurrent batches lock rows in one order and never deadlock.
@@ -315,18 +359,25 @@ impl Store for PostgresStore {
             .map(|(key, _)| key.as_slice())
             .collect();
         distinct.sort_unstable();
-        let client = self.client().await?;
-        let statement = prepare(&client, sql::INSERT_KEYS).await?;
+        // One transaction: a batch is admitted whole or not at all, as in the embedded
+        // store, however many statements its chunks take.
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg_error)?;
+        let statement = tx
+            .prepare_cached(sql::INSERT_KEYS)
+            .await
+            .map_err(pg_error)?;
         let mut admitted: HashSet<Vec<u8>> = HashSet::with_capacity(distinct.len());
         for chunk in distinct.chunks(MAX_KEYS_PER_STATEMENT) {
-            let rows = client
+            let rows = tx
                 .query(&statement, &[&chunk, &self.window_ms])
                 .await
                 .map_err(pg_error)?;
             for row in rows {
-                admitted.insert(row.try_get::<_, Vec<u8>>(0).map_err(pg_error)?);
+                admitted.insert(column(&row, 0)?);
             }
         }
+        tx.commit().await.map_err(pg_error)?;
         for (answer, key) in answers.iter_mut().zip(&keys) {
             *answer = *answer && admitted.contains(key);
         }
@@ -558,12 +609,7 @@ impl PostgresLease {
     }
 
     async fn finish(self, status: &str, response: &[u8]) -> Result<()> {
-        if response.len() > MAX_RESPONSE_BYTES_LIMIT {
-            return Err(Error::ResponseTooLarge {
-                len: response.len(),
-                max: MAX_RESPONSE_BYTES_LIMIT,
-            });
-        }
+        self.store.options.check_response(response)?;
         self.call(sql::FINISH, &[&status, &response]).await
     }
 }
@@ -586,9 +632,7 @@ impl StoreLease for PostgresLease {
     }
 
     async fn note(&self, note: &[u8]) -> Result<()> {
-        if note.len() > MAX_NOTE_BYTES {
-            return Err(Error::NoteTooLong { len: note.len() });
-        }
+        StoreOptions::check_note(note)?;
         self.call(sql::NOTE, &[&note]).await
     }
 }
