@@ -12,6 +12,7 @@
     reason = "benchmark tool: a failure aborts the run with its message"
 )]
 
+use crate::output::Failure;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -50,7 +51,7 @@ pub fn run(
     batch: Option<usize>,
     dup_rate: f64,
     window: Duration,
-) -> Result<(), String> {
+) -> Result<(), Failure> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -61,10 +62,10 @@ pub fn run(
     let run_id = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
-    println!(
+    outln!(
         "oncedb bench --backend {backend}: {ops} ops per workload, {tasks} client tasks, dup rate {:.0}%",
         dup_rate * 100.0
-    );
+    )?;
     let rows = runtime.block_on(async {
         let mut rows = Vec::new();
         for (n, mix) in mixes.into_iter().enumerate() {
@@ -81,7 +82,7 @@ pub fn run(
         }
         Ok::<_, String>(rows)
     })?;
-    print_rows(&rows);
+    print_rows(&rows)?;
     if rows.iter().any(|row| row.admitted != row.distinct) {
         return Err("admitted counts differ from the distinct keys of the stream".into());
     }
@@ -270,13 +271,20 @@ fn micros(ns: u64) -> String {
     format!("{:.1}", ns as f64 / 1_000.0)
 }
 
-fn print_rows(rows: &[Row]) {
-    println!(
+fn print_rows(rows: &[Row]) -> Result<(), Failure> {
+    outln!(
         "{:<32} {:>10} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9}",
-        "workload", "k ops/s", "p50 us", "p99 us", "p99.9 us", "max us", "admitted", "distinct"
-    );
+        "workload",
+        "k ops/s",
+        "p50 us",
+        "p99 us",
+        "p99.9 us",
+        "max us",
+        "admitted",
+        "distinct"
+    )?;
     for row in rows {
-        println!(
+        outln!(
             "{:<32} {:>10.1} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9}",
             row.name,
             row.ops as f64 / row.elapsed.as_secs_f64() / 1e3,
@@ -286,7 +294,7 @@ fn print_rows(rows: &[Row]) {
             micros(row.latency.max()),
             row.admitted,
             row.distinct,
-        );
+        )?;
     }
-    println!("latency is per call: one key, one batch, or one reserve + complete");
+    outln!("latency is per call: one key, one batch, or one reserve + complete")
 }

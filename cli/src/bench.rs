@@ -14,6 +14,7 @@
     reason = "benchmark tool: indices come from the workload it generates"
 )]
 
+use crate::output::Failure;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -117,7 +118,7 @@ struct Outcome {
     reopen: Option<Duration>,
 }
 
-pub fn run(args: &BenchArgs) -> Result<(), String> {
+pub fn run(args: &BenchArgs) -> Result<(), Failure> {
     if let Some(backend) = &args.backend {
         return crate::backends::run(
             backend,
@@ -138,17 +139,17 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
     } else {
         vec![scenario_from(args)?]
     };
-    println!(
+    outln!(
         "oncedb bench: window {} s, bucket {} s, dup rate {:.0}%",
         args.window,
         args.bucket,
         args.dup_rate * 100.0
-    );
+    )?;
     let mut outcomes = Vec::new();
     for scenario in scenarios {
         outcomes.push(run_scenario(args, scenario)?);
     }
-    print_table(&outcomes);
+    print_table(&outcomes)?;
     Ok(())
 }
 
@@ -271,7 +272,7 @@ fn new_histogram() -> Histogram<u64> {
 }
 
 fn run_scenario(args: &BenchArgs, scenario: Scenario) -> Result<Outcome, String> {
-    eprintln!("== {}: generating {} keys", scenario.name, scenario.keys);
+    noteln!("== {}: generating {} keys", scenario.name, scenario.keys);
     let dir = scenario.durability.map(|_| {
         args.dir
             .clone()
@@ -321,7 +322,7 @@ fn run_scenario(args: &BenchArgs, scenario: Scenario) -> Result<Outcome, String>
             ("first calls after an advance", &latencies.after_advance),
             ("all other calls", &latencies.others),
         ] {
-            eprintln!(
+            noteln!(
                 "   {label:<28} {:>7}: p50 {} us, p99 {} us, p99.9 {} us, max {} us",
                 histogram.len(),
                 micros(histogram.value_at_quantile(0.5)),
@@ -342,7 +343,7 @@ fn run_scenario(args: &BenchArgs, scenario: Scenario) -> Result<Outcome, String>
         let db = Db::open(options(args, &scenario, dir.as_ref(), clock.as_ref()))
             .map_err(|e| e.to_string())?;
         let took = started.elapsed();
-        eprintln!(
+        noteln!(
             "   reopen: {} keys rebuilt from {} log records in {:.3} s ({:.2} M keys/s)",
             db.stats().live_keys,
             db.stats().recovered_records,
@@ -484,8 +485,8 @@ fn micros(ns: u64) -> String {
     format!("{:.1}", ns as f64 / 1_000.0)
 }
 
-fn print_table(outcomes: &[Outcome]) {
-    println!(
+fn print_table(outcomes: &[Outcome]) -> Result<(), Failure> {
+    outln!(
         "{:<42} {:>10} {:>9} {:>9} {:>9} {:>10} {:>8} {:>8} {:>9} {:>9}",
         "scenario",
         "Mops/s",
@@ -497,7 +498,7 @@ fn print_table(outcomes: &[Outcome]) {
         "fsyncs",
         "ops/fsync",
         "reopen s"
-    );
+    )?;
     for outcome in outcomes {
         let scenario = &outcome.scenario;
         let ops_per_sec = scenario.keys as f64 / outcome.elapsed.as_secs_f64();
@@ -515,7 +516,7 @@ fn print_table(outcomes: &[Outcome]) {
                 format!("{:.1}", scenario.keys as f64 / n as f64),
             ),
         };
-        println!(
+        outln!(
             "{:<42} {:>10.3} {:>9} {:>9} {:>9} {:>10} {:>8} {:>8} {:>9} {:>9} {:>8.2}",
             scenario.name,
             ops_per_sec / 1e6,
@@ -530,9 +531,9 @@ fn print_table(outcomes: &[Outcome]) {
                 .reopen
                 .map_or("-".into(), |d| format!("{:.2}", d.as_secs_f64())),
             outcome.stats.table_probes as f64 / scenario.keys as f64,
-        );
+        )?;
     }
-    println!(
+    outln!(
         "latency is per call: one key (sampled per --sample-every), one batch, or one reserve + complete; probes: table slots read per op"
-    );
+    )
 }

@@ -2,6 +2,7 @@
 //! not been seen inside the window go to stdout, in input order; the store in `--dir`
 //! remembers keys across runs.
 
+use crate::output::Failure;
 use std::borrow::Cow;
 use std::io::{BufRead, BufReader, BufWriter, IsTerminal, Read, Write};
 use std::path::PathBuf;
@@ -99,7 +100,10 @@ impl KeySpec {
             }
         };
         if key.is_empty() {
-            return None;
+            // An empty line is a line like any other (`awk '!seen[$0]++'` prints the first
+            // one only). No line holds a newline, so "\n" stands for it without colliding.
+            // An empty JSON field or regex capture is no key.
+            return matches!(self, KeySpec::Line).then_some(Cow::Borrowed(b"\n"));
         }
         if key.len() > MAX_KEY_BYTES_LIMIT {
             // Longer keys are stored by a 128-bit hash of their bytes.
@@ -158,7 +162,7 @@ struct Counts {
 }
 
 /// Runs the filter; errors are reported by the caller in one line.
-pub fn run(args: &DedupArgs) -> Result<(), String> {
+pub fn run(args: &DedupArgs) -> Result<(), Failure> {
     let bucket = args.bucket.unwrap_or_else(|| default_bucket(args.window));
     let options = Options::new(&args.dir)
         .window(args.window)
@@ -171,11 +175,14 @@ pub fn run(args: &DedupArgs) -> Result<(), String> {
     let result = filter(&db, args, &progress, &mut counts);
     progress.finish_and_clear();
     let flushed = db.flush().map_err(|err| err.to_string());
-    eprintln!(
+    noteln!(
         "oncedb dedup: {} lines, {} emitted, {} duplicates, {} without a key",
-        counts.lines, counts.emitted, counts.duplicates, counts.keyless
+        counts.lines,
+        counts.emitted,
+        counts.duplicates,
+        counts.keyless
     );
-    result.and(flushed)
+    result.and(flushed.map_err(Failure::from))
 }
 
 fn progress_bar() -> ProgressBar {
@@ -213,7 +220,7 @@ fn filter(
     args: &DedupArgs,
     progress: &ProgressBar,
     counts: &mut Counts,
-) -> Result<(), String> {
+) -> Result<(), Failure> {
     let mut input = BufReader::with_capacity(1 << 20, std::io::stdin().lock());
     let mut output = BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
     let mut batch = Batch::default();
@@ -246,21 +253,20 @@ fn filter(
             if emit {
                 counts.emitted += 1;
                 let (line, newline) = batch.line(i);
-                if write_line(&mut output, line, newline).is_err() {
-                    // The reader went away (`| head`): stop quietly, like `uniq`.
-                    return Ok(());
-                }
+                // A reader that went away (`| head`) ends the run as a success, like
+                // `uniq`; any other write failure is an error.
+                write_line(&mut output, line, newline)?;
             }
         }
         progress.set_position(counts.lines);
-        if input.buffer().is_empty() && output.flush().is_err() {
-            return Ok(());
+        if input.buffer().is_empty() {
+            output.flush()?;
         }
         if !more {
             break;
         }
     }
-    let _ = output.flush();
+    output.flush()?;
     Ok(())
 }
 

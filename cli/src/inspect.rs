@@ -2,6 +2,7 @@
 //! expiry; the records in flight with their age and note; the settings the store was
 //! created with. `--json` for machines.
 
+use crate::output::Failure;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -35,7 +36,7 @@ fn lossy(bytes: &[u8]) -> String {
 }
 
 /// Opens the store (taking its lock, like any open) and prints what it holds.
-pub fn run(args: &InspectArgs) -> Result<(), String> {
+pub fn run(args: &InspectArgs) -> Result<(), Failure> {
     let options = Options::from_dir(&args.dir).map_err(|err| err.to_string())?;
     let db = Db::open(options).map_err(|err| err.to_string())?;
     let (window, bucket) = (db.window(), db.bucket_width());
@@ -71,11 +72,11 @@ pub fn run(args: &InspectArgs) -> Result<(), String> {
                 "note": r.note.as_deref().map(lossy),
             })).collect::<Vec<_>>(),
         });
-        println!("{report:#}");
+        outln!("{report:#}")?;
         return Ok(());
     }
-    println!("store {}", args.dir.display());
-    println!(
+    outln!("store {}", args.dir.display())?;
+    outln!(
         "  window {:?} in buckets of {:?}; {} keys, {} records, {} aggregates live; {} bytes in {} segments",
         window,
         bucket,
@@ -84,14 +85,20 @@ pub fn run(args: &InspectArgs) -> Result<(), String> {
         stats.live_aggregates,
         stats.bytes_on_disk,
         stats.segments
-    );
-    println!("buckets (unix ms)");
-    println!(
+    )?;
+    outln!("buckets (unix ms)")?;
+    outln!(
         "  {:>15} {:>15} {:>15} {:>10} {:>8} {:>10} {:>12}",
-        "start", "end", "expires", "keys", "records", "aggregates", "bytes"
-    );
+        "start",
+        "end",
+        "expires",
+        "keys",
+        "records",
+        "aggregates",
+        "bytes"
+    )?;
     for b in &buckets {
-        println!(
+        outln!(
             "  {:>15} {:>15} {:>15} {:>10} {:>8} {:>10} {:>12}",
             unix_ms(b.start),
             unix_ms(b.end),
@@ -100,11 +107,11 @@ pub fn run(args: &InspectArgs) -> Result<(), String> {
             b.records,
             b.aggregates,
             b.bytes
-        );
+        )?;
     }
-    println!("records in flight: {}", in_flight.len());
+    outln!("records in flight: {}", in_flight.len())?;
     for r in &in_flight {
-        println!(
+        outln!(
             "  {}/{} key {:?}: {} s in flight, epoch {}{}",
             lossy(r.scope.tenant()),
             lossy(r.scope.operation()),
@@ -115,7 +122,7 @@ pub fn run(args: &InspectArgs) -> Result<(), String> {
                 .as_deref()
                 .map(|note| format!(", note {:?}", lossy(note)))
                 .unwrap_or_default()
-        );
+        )?;
     }
     Ok(())
 }

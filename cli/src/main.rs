@@ -3,6 +3,8 @@
 //! store's files without changing them; `oncedb bench` measures throughput, latency,
 //! memory per key and fsync batching on this machine.
 
+#[macro_use]
+mod output;
 mod backends;
 mod bench;
 mod dedup;
@@ -53,20 +55,20 @@ fn main() -> ExitCode {
         Err(err) => {
             let text = err.to_string();
             let first = text.lines().next().unwrap_or("bad arguments");
-            eprintln!("oncedb: {}", first.trim_start_matches("error: "));
+            noteln!("oncedb: {}", first.trim_start_matches("error: "));
             return ExitCode::from(USAGE);
         }
     };
     let (name, result) = match cli.command {
-        Command::Bench(args) => ("bench", bench::run(&args).map_err(|err| err.to_string())),
+        Command::Bench(args) => ("bench", bench::run(&args)),
         Command::Verify(args) => return verify::run(&args),
         Command::Dedup(args) => ("dedup", dedup::run(&args)),
         Command::Inspect(args) => ("inspect", inspect::run(&args)),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("oncedb {name}: {err}");
+        Ok(()) | Err(output::Failure::Closed) => ExitCode::SUCCESS,
+        Err(output::Failure::Message(err)) => {
+            noteln!("oncedb {name}: {err}");
             ExitCode::FAILURE
         }
     }
