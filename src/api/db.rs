@@ -79,6 +79,10 @@ impl Db {
         let reserved = with_scoped_key(scope, key, |scoped| self.engine.reserve(scoped, request))?;
         let answer = match reserved {
             Reserved::Acquired(grant) => Reservation::Acquired(self.lease(scope, key, grant)),
+            Reserved::TakenOver { grant, .. } => {
+                observe::take_over(scope, key, grant.lease_id);
+                Reservation::Acquired(self.lease(scope, key, grant))
+            }
             Reserved::Existing(record) => match record.status {
                 RecordStatus::InFlight => Reservation::InFlight {
                     since: record.created_at(),

@@ -77,6 +77,21 @@ impl Options {
         self
     }
 
+    /// Takes over records left in flight: a reserve that finds the key's record in
+    /// flight under a lease granted at least `timeout` ago acquires it as a take-over (a
+    /// higher epoch; the old lease is fenced from then on, durably), instead of answering
+    /// `InFlight`. Off by default: a record in flight stays so until a
+    /// [`Db::take_over`](crate::Db::take_over) or the end of the window.
+    ///
+    /// Safe only when running the operation twice is harmless downstream: the side effect
+    /// is idempotent by the same key (a provider that dedups on the operation id), since
+    /// the first attempt may still be running, or may have succeeded without recording
+    /// it. Choose a timeout above the longest a live attempt can take.
+    pub fn lease_timeout(mut self, timeout: Duration) -> Self {
+        self.config.lease_timeout_ms = Some(duration_to_ms(timeout));
+        self
+    }
+
     /// The largest forward step of the clock the store adopts at once. A reading further
     /// ahead of the store's time (the newest bucket it has seen) is held back: it neither
     /// expires keys nor stamps new ones in a far-future bucket, it is counted in

@@ -57,22 +57,32 @@ local function owner(key, mine)
 end
 ";
 
-/// KEYS: record. ARGV: request hash, now (ms), window (ms), scoped key, call token.
-/// A reserve re-sent by the client after its first run finds its own token and answers
-/// `acquired` again; another scoped key under the same name is a `collision`.
+/// KEYS: record. ARGV: request hash, now (ms), window (ms), scoped key, call token,
+/// lease timeout (ms, 0 for none). A reserve re-sent by the client after its first run
+/// finds its own token and answers `acquired` again; another scoped key under the same
+/// name is a `collision`; a record in flight under a lease granted a lease timeout ago is
+/// taken over.
 const RESERVE: &str = r"
 if redis.call('EXISTS', KEYS[1]) == 0 then
   local epoch = str(next_epoch(nil))
   redis.call('HSET', KEYS[1], 'status', 'in_flight', 'req', ARGV[1], 'epoch', epoch,
-    'created', ARGV[2], 'sk', ARGV[4], 'tok', ARGV[5])
+    'created', ARGV[2], 'leased', ARGV[2], 'sk', ARGV[4], 'tok', ARGV[5])
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
   return {'acquired', epoch, ARGV[2]}
 end
 local f = redis.call('HMGET', KEYS[1], 'sk', 'req', 'status', 'created', 'response',
-  'finished', 'tok', 'epoch')
+  'finished', 'tok', 'epoch', 'leased', 'taken')
 if f[1] ~= ARGV[4] then return {'collision'} end
 if f[3] == 'in_flight' and f[7] == ARGV[5] then return {'acquired', f[8], f[4]} end
 if f[2] ~= ARGV[1] then return {'mismatch'} end
+local timeout = tonumber(ARGV[6])
+if f[3] == 'in_flight' and timeout > 0 and tonumber(ARGV[2]) - tonumber(f[9] or f[4]) >= timeout then
+  local epoch = str(next_epoch(tonumber(f[8])))
+  local taken = f[8]
+  if f[10] then taken = f[10] .. ' ' .. f[8] end
+  redis.call('HSET', KEYS[1], 'epoch', epoch, 'taken', taken, 'leased', ARGV[2], 'tok', ARGV[5])
+  return {'acquired', epoch, f[4]}
+end
 if f[3] == 'in_flight' then return {'in_flight', f[4]} end
 return {f[3], f[4], f[5], f[6]}
 ";
@@ -111,8 +121,8 @@ if state ~= 'owned' then return {state} end
 return {'ok', redis.call('HGET', KEYS[1], 'created')}
 ";
 
-/// KEYS: record. ARGV: call token. The replaced epoch joins the record's `taken` list,
-/// exactly the epochs fenced on it.
+/// KEYS: record. ARGV: call token, now (ms). The replaced epoch joins the record's
+/// `taken` list, exactly the epochs fenced on it.
 const TAKE_OVER: &str = r"
 local f = redis.call('HMGET', KEYS[1], 'status', 'epoch', 'taken', 'ttok', 'created')
 if f[1] ~= 'in_flight' then return {} end
@@ -120,7 +130,7 @@ if f[4] == ARGV[1] then return {f[2], f[5]} end
 local epoch = str(next_epoch(tonumber(f[2])))
 local taken = f[2]
 if f[3] then taken = f[3] .. ' ' .. f[2] end
-redis.call('HSET', KEYS[1], 'epoch', epoch, 'taken', taken, 'ttok', ARGV[1])
+redis.call('HSET', KEYS[1], 'epoch', epoch, 'taken', taken, 'ttok', ARGV[1], 'leased', ARGV[2])
 return {epoch, f[5]}
 ";
 
@@ -555,6 +565,11 @@ impl Store for RedisStore {
         let now = now_ms().to_string();
         let window = self.window_ms().to_string();
         let token = self.tokens.next();
+        let timeout = self
+            .options
+            .lease_timeout
+            .map_or(0, |timeout| duration_to_ms(timeout).max(1))
+            .to_string();
         let reply = self
             .lines(
                 &SCRIPTS.reserve,
@@ -565,6 +580,7 @@ impl Store for RedisStore {
                     window.as_bytes(),
                     &scoped,
                     token.as_bytes(),
+                    timeout.as_bytes(),
                 ],
             )
             .await?;
@@ -650,8 +666,13 @@ impl Store for RedisStore {
     async fn take_over(&self, scope: &Scope, key: &[u8]) -> Result<Option<RedisLease>> {
         let (_, record, released) = self.record_keys(scope, key)?;
         let token = self.tokens.next();
+        let now = now_ms().to_string();
         let reply = self
-            .lines(&SCRIPTS.take_over, &[&record], &[token.as_bytes()])
+            .lines(
+                &SCRIPTS.take_over,
+                &[&record],
+                &[token.as_bytes(), now.as_bytes()],
+            )
             .await?;
         if reply.is_empty() {
             return Ok(None);

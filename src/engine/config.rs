@@ -39,6 +39,8 @@ pub(crate) struct Config {
     pub(crate) clock_step: ClockStep,
     /// Set by `Options::clock`: the store runs on a clock of the caller's.
     pub(crate) custom_clock: bool,
+    /// A reserve that finds a record in flight this long takes it over.
+    pub(crate) lease_timeout_ms: Option<u64>,
 }
 
 /// The largest forward step of the clock the store adopts; see `Options::max_clock_step`.
@@ -75,6 +77,7 @@ impl Default for Config {
             stuck_after_ms: 5 * 60 * 1000,
             clock_step: ClockStep::Default,
             custom_clock: false,
+            lease_timeout_ms: None,
         }
     }
 }

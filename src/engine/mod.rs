@@ -60,6 +60,8 @@ pub(crate) struct Engine {
     max_key_bytes: usize,
     max_response_bytes: usize,
     stuck_after_ms: u64,
+    /// A reserve that finds a record in flight this long takes it over; `None`: never.
+    lease_timeout_ms: Option<u64>,
     journal: Option<Journal>,
     recovery: Option<RecoveryReport>,
 }
@@ -123,6 +125,7 @@ impl Engine {
             max_key_bytes: config.max_key_bytes,
             max_response_bytes: config.max_response_bytes,
             stuck_after_ms: config.stuck_after_ms,
+            lease_timeout_ms: config.lease_timeout_ms,
             journal: parts.journal,
             recovery: parts.recovery,
         }
@@ -433,9 +436,13 @@ impl Engine {
         let bucket = self.bucket_at(now_ms);
         let (reserved, ticket) = {
             let mut shard = self.index.lock(fingerprint, bucket);
-            let reserved = shard.reserve(fingerprint, scoped_key, request_hash, now_ms, || {
-                self.next_lease_id()
-            })?;
+            let reserved = shard.reserve(
+                fingerprint,
+                scoped_key,
+                request_hash,
+                (now_ms, self.lease_timeout_ms),
+                || self.next_lease_id(),
+            )?;
             let ticket = match reserved {
                 Reserved::Acquired(grant) => self.enqueue(&[LogEntry::Reserve {
                     fingerprint,
@@ -444,6 +451,12 @@ impl Engine {
                     created_ms: now_ms,
                     bucket: shard.current(),
                     scoped_key,
+                }])?,
+                Reserved::TakenOver { grant, old } => self.enqueue(&[LogEntry::TakeOver {
+                    fingerprint,
+                    old,
+                    new: grant.lease_id,
+                    at_ms: now_ms,
                 }])?,
                 Reserved::Existing(_) | Reserved::Mismatch => None,
             };
@@ -517,7 +530,7 @@ impl Engine {
         let bucket = self.bucket_at(now_ms);
         let (taken, ticket) = {
             let mut shard = self.index.lock(fingerprint, bucket);
-            match shard.take_over(fingerprint, scoped_key, || self.next_lease_id())? {
+            match shard.take_over(fingerprint, scoped_key, now_ms, || self.next_lease_id())? {
                 None => (None, None),
                 Some((old, new, since_ms)) => {
                     let ticket = self.enqueue(&[LogEntry::TakeOver {

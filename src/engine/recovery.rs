@@ -491,12 +491,14 @@ impl Replay<'_> {
                 fingerprint,
                 old,
                 new,
-                ..
+                at_ms,
             } => {
                 self.max_lease = self.max_lease.max(*new);
-                self.index
-                    .lock(*fingerprint, 0)
-                    .restore_take_over(*fingerprint, *old, *new);
+                self.index.lock(*fingerprint, 0).restore_take_over(
+                    *fingerprint,
+                    (*old, *new),
+                    *at_ms,
+                );
             }
             DecodedEntry::Advance {
                 fingerprint,
@@ -558,6 +560,7 @@ mod tests {
             stuck_after_ms: 60_000,
             clock_step: ClockStep::Default,
             custom_clock: true,
+            lease_timeout_ms: None,
         }
     }
 
@@ -763,6 +766,53 @@ mod tests {
         assert!(unlimited.insert_if_absent(b"k").unwrap());
         set_bucket(&clock, START + 1000 * SPAN);
         assert!(!unlimited.contains(b"k").unwrap());
+    }
+
+    /// With a lease timeout, a reserve that finds the record in flight for that long
+    /// takes it over: a higher epoch, the old lease fenced, durably (across a reopen);
+    /// before the timeout it answers in flight, and the timeout counts from the last
+    /// grant.
+    #[test]
+    fn a_lease_timeout_turns_a_stuck_reserve_into_a_take_over() {
+        let disk = MemStorage::new();
+        let clock = clock_at(START);
+        let timed = || Config {
+            lease_timeout_ms: Some(1_500),
+            ..config(&disk, &clock)
+        };
+        let key = b"\x00\x01t\x00\x01ok";
+        let engine = Engine::open(&timed()).unwrap();
+        let Reserved::Acquired(first) = engine.reserve(key, b"req").unwrap() else {
+            panic!("first reserve acquires");
+        };
+        clock.forward(std::time::Duration::from_millis(1_000));
+        assert!(matches!(
+            engine.reserve(key, b"req").unwrap(),
+            Reserved::Existing(_)
+        ));
+        clock.forward(std::time::Duration::from_millis(500));
+        let Reserved::TakenOver { grant, old } = engine.reserve(key, b"req").unwrap() else {
+            panic!("a stuck record is taken over");
+        };
+        assert_eq!(old, first.lease_id);
+        assert!(grant.lease_id > first.lease_id);
+        assert_eq!(grant.since_ms, first.since_ms);
+        // The new lease was granted just now: not taken over again yet.
+        assert!(matches!(
+            engine.reserve(key, b"req").unwrap(),
+            Reserved::Existing(_)
+        ));
+        drop(engine);
+        let engine = Engine::open(&timed()).unwrap();
+        assert!(matches!(
+            engine.resume(key, first.lease_id),
+            Err(Error::Fenced)
+        ));
+        assert!(engine.resume(key, grant.lease_id).is_ok());
+        assert!(matches!(
+            engine.reserve(key, b"req").unwrap(),
+            Reserved::Existing(_)
+        ));
     }
 
     /// Replay stamps each key with the bucket it was admitted in, not with the bucket of

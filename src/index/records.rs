@@ -21,6 +21,9 @@ pub(crate) struct StoredRecord {
     pub(crate) request_hash: u128,
     pub(crate) bucket: u64,
     pub(crate) created_ms: u64,
+    /// When the current lease was granted (the reserve, or the last take-over): a lease
+    /// timeout counts from here.
+    pub(crate) leased_ms: u64,
     /// The lease the record was created under; kept after it ends, so that replay can
     /// tell an older reserve from a newer one.
     pub(crate) lease_id: u64,
@@ -62,8 +65,10 @@ impl StoredRecord {
             .is_some_and(|earlier| earlier.contains(&lease_id))
     }
 
-    /// Hands the record from its current lease to `new` (a take-over), fencing the old.
-    pub(crate) fn hand_over(&mut self, new: u64) {
+    /// Hands the record from its current lease to `new` (a take-over at `at_ms`), fencing
+    /// the old.
+    pub(crate) fn hand_over(&mut self, new: u64, at_ms: u64) {
+        self.leased_ms = at_ms;
         let mut earlier = self.taken_over.take().map(Vec::from).unwrap_or_default();
         earlier.push(self.lease_id);
         self.taken_over = Some(earlier.into_boxed_slice());
@@ -291,6 +296,7 @@ mod tests {
             request_hash: 1,
             bucket,
             created_ms: bucket,
+            leased_ms: bucket,
             lease_id: 1,
             taken_over: None,
             state: State::InFlight,

@@ -24,6 +24,9 @@ const MAX_UNSWEPT_AGE_BUCKETS: u64 = 1 << 30;
 pub(crate) enum Reserved {
     /// A new record in flight under the grant's lease, stamped with the current bucket.
     Acquired(Grant),
+    /// The key's record was in flight for longer than the lease timeout: it is now
+    /// under the grant's lease, and lease `old` is fenced.
+    TakenOver { grant: Grant, old: u64 },
     /// The key's live record, bound to the same request.
     Existing(Record),
     /// The key's live record is bound to another request.
@@ -382,7 +385,7 @@ impl Shard {
         fingerprint: Fingerprint,
         scoped_key: &[u8],
         request_hash: u128,
-        now_ms: u64,
+        (now_ms, lease_timeout_ms): (u64, Option<u64>),
         next_lease: impl FnOnce() -> Result<u64>,
     ) -> Result<Reserved> {
         let (window, current) = (self.view(), self.current);
@@ -392,6 +395,22 @@ impl Shard {
                 .live_mut(fingerprint.0, Some(scoped_key), window, current)?
             {
                 Some(record) if record.request_hash != request_hash => Reserved::Mismatch,
+                Some(record)
+                    if record.state == State::InFlight
+                        && lease_timeout_ms.is_some_and(|timeout| {
+                            now_ms.saturating_sub(record.leased_ms) >= timeout
+                        }) =>
+                {
+                    let old = record.lease_id;
+                    let lease_id = next_lease()?;
+                    record.hand_over(lease_id, now_ms);
+                    let grant = Grant {
+                        fingerprint,
+                        lease_id,
+                        since_ms: record.created_ms,
+                    };
+                    Reserved::TakenOver { grant, old }
+                }
                 Some(record) => Reserved::Existing(record.snapshot()),
                 None => {
                     // The id first: if ids ran out, nothing (no early eviction) happened.
@@ -420,6 +439,7 @@ impl Shard {
         let counters = &mut self.counters;
         match outcome {
             Reserved::Acquired(_) => counters.acquired += 1,
+            Reserved::TakenOver { .. } => counters.take_overs += 1,
             Reserved::Existing(record) if record.status == RecordStatus::InFlight => {
                 counters.in_flight_hits += 1;
             }
@@ -443,6 +463,7 @@ impl Shard {
             request_hash: new.request_hash,
             bucket: stamp,
             created_ms: new.created_ms,
+            leased_ms: new.created_ms,
             lease_id: new.lease_id,
             taken_over: None,
             state: State::InFlight,
@@ -592,6 +613,7 @@ impl Shard {
         &mut self,
         fingerprint: Fingerprint,
         scoped_key: &[u8],
+        now_ms: u64,
         next_lease: impl FnOnce() -> Result<u64>,
     ) -> Result<Option<(u64, u64, u64)>> {
         let (window, current) = (self.view(), self.current);
@@ -604,7 +626,7 @@ impl Shard {
         };
         let old = record.lease_id;
         let new = next_lease()?;
-        record.hand_over(new);
+        record.hand_over(new, now_ms);
         let since_ms = record.created_ms;
         self.counters.take_overs += 1;
         self.after_writes(1);
@@ -612,12 +634,17 @@ impl Shard {
     }
 
     /// Recovery: a logged take-over moves the record from lease `old` to lease `new`.
-    pub(crate) fn restore_take_over(&mut self, fingerprint: Fingerprint, old: u64, new: u64) {
+    pub(crate) fn restore_take_over(
+        &mut self,
+        fingerprint: Fingerprint,
+        (old, new): (u64, u64),
+        at_ms: u64,
+    ) {
         let (window, current) = (self.view(), self.current);
         if let Ok(Some(record)) = self.records.live_mut(fingerprint.0, None, window, current)
             && record.in_flight_under(old)
         {
-            record.hand_over(new);
+            record.hand_over(new, at_ms);
         }
     }
 

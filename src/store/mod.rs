@@ -29,6 +29,7 @@ pub struct StoreOptions {
     pub(crate) max_response_bytes: usize,
     pub(crate) connect_timeout: Duration,
     pub(crate) response_timeout: Duration,
+    pub(crate) lease_timeout: Option<Duration>,
 }
 
 impl StoreOptions {
@@ -40,6 +41,7 @@ impl StoreOptions {
             max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
             connect_timeout: Duration::from_secs(5),
             response_timeout: Duration::from_secs(5),
+            lease_timeout: None,
         }
     }
 
@@ -67,6 +69,16 @@ impl StoreOptions {
     /// fails with [`Error::Unavailable`]. Default 5 s.
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
         self.response_timeout = timeout;
+        self
+    }
+
+    /// Takes over records left in flight, as
+    /// [`Options::lease_timeout`](crate::Options::lease_timeout) (whose safety note
+    /// applies): a reserve that finds the record in flight under a lease granted at least
+    /// `timeout` ago (by the clients' clocks) acquires it with a higher epoch. Off by
+    /// default.
+    pub fn lease_timeout(mut self, timeout: Duration) -> Self {
+        self.lease_timeout = Some(timeout);
         self
     }
 
