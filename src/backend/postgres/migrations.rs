@@ -7,11 +7,18 @@ use super::{column, pg_error};
 use crate::base::Result;
 
 /// Every migration this version ships, in order: (version, name, SQL).
-pub const MIGRATIONS: &[(i32, &str, &str)] = &[(
-    1,
-    "records, keys, ordering marks, inbox, outbox",
-    include_str!("migrations/0001_records.sql"),
-)];
+pub const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (
+        1,
+        "records, keys, ordering marks, inbox, outbox",
+        include_str!("migrations/0001_records.sql"),
+    ),
+    (
+        2,
+        "the epochs take-overs replaced",
+        include_str!("migrations/0002_taken_epochs.sql"),
+    ),
+];
 
 /// Advisory lock key under which migrations run ("oncedb" in ASCII).
 const MIGRATION_LOCK: i64 = 0x6f6e_6365_6462;

@@ -554,14 +554,14 @@ enum Ownership {
     Lost,
 }
 
-/// Whether lease `epoch` owns the record in `row` (status, epoch, first_epoch).
+/// Whether lease `epoch` owns the record in `row` (status, epoch, taken_epochs): exactly the epochs take-overs replaced are fenced.
 fn ownership(row: &tokio_postgres::Row, epoch: u64) -> Result<Ownership> {
     let status: String = column(row, "status")?;
     let current = unsigned(column(row, "epoch")?, "epoch")?;
-    let first = unsigned(column(row, "first_epoch")?, "first_epoch")?;
+    let taken: Vec<i64> = column(row, "taken_epochs")?;
     Ok(if status == "processing" && current == epoch {
         Ownership::Owned
-    } else if first <= epoch && epoch < current {
+    } else if taken.iter().any(|&taken| u64::try_from(taken) == Ok(epoch)) {
         Ownership::Fenced
     } else {
         Ownership::Lost

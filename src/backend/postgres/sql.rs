@@ -28,7 +28,7 @@ SELECT $1, $2, $3, $4, 'processing', e.v, e.v, now(), now(),
 FROM (SELECT nextval('oncedb_lease_epoch') AS v) AS e
 ON CONFLICT (tenant_id, operation, idempotency_key) DO UPDATE SET
     request_hash = EXCLUDED.request_hash, status = 'processing',
-    epoch = EXCLUDED.epoch, first_epoch = EXCLUDED.first_epoch,
+    epoch = EXCLUDED.epoch, first_epoch = EXCLUDED.first_epoch, taken_epochs = '{}',
     response_body = NULL, note = NULL, created_at = EXCLUDED.created_at,
     updated_at = EXCLUDED.updated_at, finished_at = NULL, expires_at = EXCLUDED.expires_at
 WHERE r.expires_at <= now()
@@ -42,7 +42,7 @@ WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND expires_at 
 
 /// What decides whether a lease owns the live record.
 pub(super) const LEASE_STATE: &str = "
-SELECT status, epoch, first_epoch, created_at
+SELECT status, epoch, taken_epochs, created_at
 FROM idempotency_records
 WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND expires_at > now()";
 
@@ -69,9 +69,10 @@ pub(super) const NOTE: &str = concat!(
     owned_by_lease!()
 );
 
-/// A new epoch for a live record in flight.
+/// A new epoch for a live record in flight; the replaced one joins `taken_epochs`.
 pub(super) const TAKE_OVER: &str = "
-UPDATE idempotency_records SET epoch = nextval('oncedb_lease_epoch'), updated_at = now()
+UPDATE idempotency_records SET taken_epochs = taken_epochs || epoch,
+    epoch = nextval('oncedb_lease_epoch'), updated_at = now()
 WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3
   AND status = 'processing' AND expires_at > now()
 RETURNING epoch, created_at";
