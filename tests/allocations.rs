@@ -1,6 +1,10 @@
 //! `insert_many_into` allocates nothing in steady state: its buffers are reused across
 //! calls. Counted by a per-thread counting global allocator, so the test harness and the
 //! store's background threads do not enter the count.
+//!
+//! A test binary of its own: the `#[global_allocator]` below serves the whole process, so
+//! folded into another binary it would put every allocation of every other test through
+//! its counting, slowing and disturbing them.
 
 #![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
 

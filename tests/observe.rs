@@ -1,5 +1,10 @@
 //! The `metrics` facade and `tracing` events, each checked with a real recorder or
 //! subscriber. Runs with `--features metrics,tracing` (CI runs every feature).
+//!
+//! A test binary of its own: the tracing test installs its subscriber process-wide
+//! (`set_global_default`), so it would capture the events of any other test running in the
+//! same process, and a replay or mismatch of another tenant, operation or key could be
+//! the line its assertions find first. (The metrics test's recorder is thread-local.)
 
 #![cfg(any(feature = "metrics", feature = "tracing"))]
 #![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]

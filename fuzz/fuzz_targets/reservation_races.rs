@@ -1,5 +1,5 @@
 //! Interleaved client lifecycles, clock moves, crashes and reopens against a model.
-//! The harness is shared with the corpus replay test `tests/fuzz_corpus.rs`.
+//! The harness is shared with the corpus replay test `tests/durability/fuzz_corpus.rs`.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

@@ -1,5 +1,5 @@
 //! Damaged segment and manifest files must open to `Ok` or an error, never a panic.
-//! The harness is shared with the corpus replay test `tests/fuzz_corpus.rs`.
+//! The harness is shared with the corpus replay test `tests/durability/fuzz_corpus.rs`.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

@@ -2,27 +2,14 @@
 //! SIGKILL after a random number of acknowledged writes, and the parent checks that every
 //! acknowledged key and record survived. Rounds: 20 per mode, or `ONCEDB_CRASH_ROUNDS`.
 
-#![expect(clippy::expect_used, reason = "test code: a panic is the test failing")]
-#![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
-
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 
+use crate::support::spawning_children;
 use oncedb::io::SplitMix64;
 use oncedb::{Db, Durability, Options, RecordStatus, Reservation, Scope};
-
-/// The tests here run one at a time: a child spawned by one test inherits, between fork
-/// and exec, the open lock file of a store another test just closed, and the lock lives
-/// as long as that copy.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
 
 const CHILD_DIR: &str = "ONCEDB_CRASH_DIR";
 const CHILD_MODE: &str = "ONCEDB_CRASH_MODE";
@@ -101,7 +88,7 @@ struct Acked {
 fn run_child(dir: &Path, mode: &str, first_key: u64, kill_after: usize) -> Acked {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
-            "crash_writer_child",
+            "crash_recovery::crash_writer_child",
             "--exact",
             "--ignored",
             "--nocapture",
@@ -175,12 +162,12 @@ fn crash_rounds(mode: &str, seed: u64) {
 
 #[test]
 fn sync_writes_survive_sigkill() {
-    let _serial = serial();
+    let _children = spawning_children();
     crash_rounds("sync", 1);
 }
 
 #[test]
 fn buffered_writes_survive_sigkill() {
-    let _serial = serial();
+    let _children = spawning_children();
     crash_rounds("buffered", 2);
 }

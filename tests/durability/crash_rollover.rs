@@ -9,9 +9,6 @@
 //! the store and checks every acknowledged key and record that is still inside the
 //! window. Rounds: 12, or `ONCEDB_CRASH_ROUNDS`.
 
-#![expect(clippy::expect_used, reason = "test code: a panic is the test failing")]
-#![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
-
 use std::any::Any;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -19,6 +16,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
+use crate::support::spawning_children;
 use oncedb::io::{StdStorage, Storage, StorageFile};
 use oncedb::{Db, Durability, ManualClock, Options, RecordStatus, Reservation, Scope};
 
@@ -211,7 +209,7 @@ fn spawn(
     let mut command = Command::new(std::env::current_exe().unwrap());
     command
         .args([
-            "crash_rollover_child",
+            "crash_rollover::crash_rollover_child",
             "--exact",
             "--ignored",
             "--nocapture",
@@ -335,6 +333,7 @@ fn tear_newest(dir: &Path) {
 
 #[test]
 fn writes_survive_sigkill_across_roll_over_expiry_and_open() {
+    let _children = spawning_children();
     let rounds: u64 = std::env::var("ONCEDB_CRASH_ROUNDS")
         .ok()
         .and_then(|r| r.parse().ok())

@@ -1,13 +1,12 @@
 //! Durable stores: reopen, locking, manifest checks, segment expiry, group commit.
-
-#![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
-
-use oncedb_testkit::fixtures as common;
+//!
+//! Every test here on the real file system holds `support::real_files()`, so that no
+//! crash test's child process holds a copy of a store's lock while the store is reopened.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::{BUCKET, WINDOW, durable_options, manual_clock};
+use crate::support::{BUCKET, WINDOW, durable_options, manual_clock, real_files};
 use oncedb::io::{StdStorage, Storage, StorageFile};
 use oncedb::{Db, Durability, Error, Options, RecordStatus, Reservation, Scope};
 
@@ -23,6 +22,7 @@ fn segment_files(dir: &std::path::Path) -> Vec<String> {
 
 #[test]
 fn keys_and_records_survive_reopen_in_every_mode() {
+    let _files = real_files();
     for durability in [
         Durability::Sync,
         Durability::Buffered,
@@ -88,6 +88,7 @@ fn keys_and_records_survive_reopen_in_every_mode() {
 
 #[test]
 fn leases_after_reopen_do_not_reuse_ids() {
+    let _files = real_files();
     let dir = tempfile::tempdir().unwrap();
     let clock = manual_clock();
     let scope = Scope::new("org", "pay");
@@ -118,6 +119,7 @@ fn leases_after_reopen_do_not_reuse_ids() {
 
 #[test]
 fn a_second_open_of_one_directory_is_locked_out() {
+    let _files = real_files();
     let dir = tempfile::tempdir().unwrap();
     let clock = manual_clock();
     let db = Db::open(durable_options(dir.path(), &clock)).unwrap();
@@ -132,6 +134,7 @@ fn a_second_open_of_one_directory_is_locked_out() {
 
 #[test]
 fn reopening_with_another_window_is_refused() {
+    let _files = real_files();
     let dir = tempfile::tempdir().unwrap();
     let clock = manual_clock();
     drop(Db::open(durable_options(dir.path(), &clock)).unwrap());
@@ -144,6 +147,7 @@ fn reopening_with_another_window_is_refused() {
 
 #[test]
 fn keys_remember_their_bucket_across_reopen() {
+    let _files = real_files();
     let dir = tempfile::tempdir().unwrap();
     let clock = manual_clock();
     {
@@ -163,6 +167,7 @@ fn keys_remember_their_bucket_across_reopen() {
 
 #[test]
 fn expired_segments_are_deleted_whole() {
+    let _files = real_files();
     let dir = tempfile::tempdir().unwrap();
     let clock = manual_clock();
     let db = Db::open(durable_options(dir.path(), &clock)).unwrap();
@@ -191,6 +196,7 @@ fn expired_segments_are_deleted_whole() {
 
 #[test]
 fn expired_segments_are_deleted_at_open() {
+    let _files = real_files();
     let dir = tempfile::tempdir().unwrap();
     let clock = manual_clock();
     drop({
@@ -208,6 +214,7 @@ fn expired_segments_are_deleted_at_open() {
 
 #[test]
 fn segments_roll_over_at_the_size_limit() {
+    let _files = real_files();
     let dir = tempfile::tempdir().unwrap();
     let clock = manual_clock();
     let options = durable_options(dir.path(), &clock).segment_max_bytes(4096);
@@ -230,6 +237,7 @@ fn segments_roll_over_at_the_size_limit() {
 
 #[test]
 fn a_batch_costs_one_fsync_and_writers_share_fsyncs() {
+    let _files = real_files();
     let dir = tempfile::tempdir().unwrap();
     let clock = manual_clock();
     let db = Db::open(durable_options(dir.path(), &clock).durability(Durability::Sync)).unwrap();
@@ -272,6 +280,7 @@ fn in_memory_flush_is_a_no_op_and_open_needs_no_directory() {
 
 #[test]
 fn segments_stay_within_their_limit_and_roll_over_once_per_boundary() {
+    let _files = real_files();
     const MAX: u64 = 4096;
     // The largest append: a finish frame with a 900-byte response and its group's mark.
     const LARGEST_APPEND: u64 = 20 + 36 + 900 + 28;
@@ -327,6 +336,7 @@ fn segments_stay_within_their_limit_and_roll_over_once_per_boundary() {
 
 #[test]
 fn stats_report_bytes_on_disk_and_fsync_latency() {
+    let _files = real_files();
     let dir = tempfile::tempdir().unwrap();
     let clock = manual_clock();
     let db = Db::open(
@@ -441,6 +451,7 @@ impl Storage for RecordingStorage {
 
 #[test]
 fn roll_over_and_expiry_leave_the_writer_one_seal() {
+    let _files = real_files();
     let dir = tempfile::tempdir().unwrap();
     let clock = manual_clock();
     let storage = RecordingStorage::default();
@@ -493,6 +504,7 @@ fn roll_over_and_expiry_leave_the_writer_one_seal() {
 
 #[test]
 fn a_prepared_file_left_by_a_crash_is_removed_at_open() {
+    let _files = real_files();
     let dir = tempfile::tempdir().unwrap();
     let clock = manual_clock();
     drop(Db::open(durable_options(dir.path(), &clock)).unwrap());
@@ -506,6 +518,7 @@ fn a_prepared_file_left_by_a_crash_is_removed_at_open() {
 
 #[test]
 fn a_roll_over_at_the_size_limit_takes_a_prepared_segment_too() {
+    let _files = real_files();
     let dir = tempfile::tempdir().unwrap();
     let clock = manual_clock();
     let storage = RecordingStorage::default();

@@ -2,14 +2,9 @@
 //! workload, once and persistently. The store must report the failure (and refuse later
 //! writes), and a reopen must hold every write acknowledged before it.
 
-#![expect(clippy::expect_used, reason = "test code: a panic is the test failing")]
-#![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
-
-use oncedb_testkit::fixtures as common;
-
 use std::sync::Arc;
 
-use common::{BUCKET, WINDOW, manual_clock};
+use crate::support::{BUCKET, WINDOW, manual_clock};
 use oncedb::io::{FaultyStorage, MemStorage, Storage};
 use oncedb::{Db, Durability, Error, ManualClock, Options, RecordStatus, Reservation, Scope};
 

@@ -2,11 +2,9 @@
 //! so that every seed and every fixed crash reproducer runs under `cargo test`. The
 //! harnesses live in `tests/fuzzing/` and are shared with the cargo-fuzz targets in `fuzz/`.
 
-#![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
-
-#[path = "fuzzing/reservation_races.rs"]
+#[path = "../fuzzing/reservation_races.rs"]
 mod reservation_races;
-#[path = "fuzzing/segment_decode.rs"]
+#[path = "../fuzzing/segment_decode.rs"]
 mod segment_decode;
 
 use std::fs;
@@ -59,27 +57,9 @@ fn reservation_races_corpus() {
     replay("reservation_races", reservation_races::run);
 }
 
-/// Reproducers of engine bugs that are not fixed yet live in
-/// `fuzz/seeds/known-bugs/<target>/` (see `docs/fuzzing.md`), outside the corpus above so
-/// that the suite stays green. This test fails while any of them still fails; once it
-/// passes, move the files into `fuzz/seeds/<target>/` as regression seeds.
-#[test]
-#[ignore = "fails while the engine bugs it reproduces are open"]
-fn known_engine_bugs() {
-    for (target, run) in [
-        ("segment_decode", segment_decode::run as fn(&[u8])),
-        ("reservation_races", reservation_races::run),
-    ] {
-        let dir = seeds().join("known-bugs").join(target);
-        if dir.is_dir() {
-            replay_dir(&dir, run);
-        }
-    }
-}
-
 /// Rewrites the generated seeds (not the reproducers or corpus finds kept beside them).
 /// Run by hand after changing a harness's input encoding:
-/// `cargo test --test fuzz_corpus -- --ignored write_seeds`.
+/// `cargo test --test durability -- --ignored fuzz_corpus::write_seeds`.
 #[test]
 #[ignore = "writes fuzz/seeds/; run by hand after changing a harness"]
 fn write_seeds() {

@@ -1,15 +1,8 @@
 //! Bad input gets a clear error and changes nothing.
 
-#![expect(
-    clippy::cast_possible_truncation,
-    reason = "test code: values are small and chosen by the test"
-)]
-
-use oncedb_testkit::fixtures as common;
-
 use std::time::Duration;
 
-use common::{manual_clock, memory_db};
+use crate::support::{manual_clock, memory_db};
 use oncedb::{Db, Error, Options, Reservation, Scope};
 
 #[test]

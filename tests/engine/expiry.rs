@@ -1,10 +1,8 @@
 //! The window: how long a key is remembered, when it is forgotten, and clocks that jump.
 
-use oncedb_testkit::fixtures as common;
-
 use std::time::Duration;
 
-use common::{BUCKET, WINDOW, manual_clock, memory_db, start_at};
+use crate::support::{BUCKET, WINDOW, manual_clock, memory_db, start_at};
 use oncedb::ManualClock;
 
 const MS: Duration = Duration::from_millis(1);

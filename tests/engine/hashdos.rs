@@ -3,12 +3,6 @@
 //! per-database secret, so against a real database the same keys spread out and probe
 //! sequences stay short. Probes are counted (`Stats::table_probes`), never timed.
 
-#![expect(
-    clippy::cast_possible_truncation,
-    reason = "test code: values are small and chosen by the test"
-)]
-#![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
-
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 

@@ -28,7 +28,9 @@ const LEVELS: &[(&str, u32)] = &[
 
 /// Rooms whose submodules are private: the rest of the crate sees only their `mod.rs`.
 /// (`backend` publishes `postgres` as the public module `oncedb::postgres`.)
-const FRONTED: &[&str] = &["base", "io", "index", "wal", "engine", "api", "store", "http"];
+const FRONTED: &[&str] = &[
+    "base", "io", "index", "wal", "engine", "api", "store", "http",
+];
 
 /// Rooms `api` may not name: it reaches them through `engine`.
 const BELOW_ENGINE: &[&str] = &["index", "wal", "io"];
@@ -163,7 +165,9 @@ fn check_reference(
         )),
     }
     if room == "api" && BELOW_ENGINE.contains(&target.as_str()) {
-        bad.push(format!("{at} names crate::{target}: the API goes through engine"));
+        bad.push(format!(
+            "{at} names crate::{target}: the API goes through engine"
+        ));
     }
     if let Some(next) = next
         && FRONTED.contains(&target.as_str())
@@ -241,12 +245,32 @@ fn fixture(dirty: &[(&str, &str)]) -> Vec<String> {
 fn the_check_catches_every_kind_of_violation() {
     assert_eq!(fixture(&[]), Vec::<String>::new(), "a clean tree passes");
     let cases: &[(&str, &str, &str)] = &[
-        ("index", "use crate::engine::Engine;\n// crate::api in a comment\n", "names crate::engine"),
+        (
+            "index",
+            "use crate::engine::Engine;\n// crate::api in a comment\n",
+            "names crate::engine",
+        ),
         ("io", "use crate::base::Error;\n", "names crate::base"),
-        ("index", "use crate::{base::Error,\n    engine::Engine};\n", "names crate::engine"),
-        ("index", "use super::engine::Engine;\n", "names crate::engine"),
-        ("engine", "use crate::wal::inner::Thing;\n", "reaches into crate::wal::inner"),
-        ("api", "use crate::index::Thing;\n", "the API goes through engine"),
+        (
+            "index",
+            "use crate::{base::Error,\n    engine::Engine};\n",
+            "names crate::engine",
+        ),
+        (
+            "index",
+            "use super::engine::Engine;\n",
+            "names crate::engine",
+        ),
+        (
+            "engine",
+            "use crate::wal::inner::Thing;\n",
+            "reaches into crate::wal::inner",
+        ),
+        (
+            "api",
+            "use crate::index::Thing;\n",
+            "the API goes through engine",
+        ),
         ("wal", "pub(crate) mod inner;\n", "opens a submodule"),
     ];
     for &(room, body, expected) in cases {

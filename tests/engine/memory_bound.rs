@@ -1,10 +1,6 @@
 //! `Options::max_keys` under a key flood of ten times the limit, with both policies.
 
-#![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
-
-use oncedb_testkit::fixtures as common;
-
-use common::{BUCKET, WINDOW, manual_clock};
+use crate::support::{BUCKET, WINDOW, manual_clock};
 use oncedb::{Db, Error, FullPolicy, ManualClock, Options, Reservation, Scope};
 
 const MAX_KEYS: u64 = 4_096;

@@ -1,12 +1,11 @@
 //! A proptest state machine: random operations against a plain model of the semantics.
 
-#![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
-
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use oncedb::{Db, Lease, ManualClock, Options, Reservation, Scope};
 use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
 
 const BUCKET_MS: u64 = 1_000;
 const SPAN_BUCKETS: u64 = 4;
@@ -290,7 +289,16 @@ impl Harness {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    // Failures are kept beside this file, in `model.proptest-regressions`. The default
+    // (`SourceParallel`) would look in `tests/proptest-regressions/model.txt`, since this
+    // binary's directory holds a `main.rs`.
+    #![proptest_config(ProptestConfig {
+        cases: 256,
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource(
+            "proptest-regressions",
+        ))),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn engine_matches_the_model(ops in prop::collection::vec(op(), 1..200)) {

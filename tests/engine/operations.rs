@@ -1,14 +1,10 @@
 //! Operating a store: stuck records with notes, take-over with fencing (also across a
 //! reopen and a crash), the ordering guard, and the counters behind them.
 
-#![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
-
-use oncedb_testkit::fixtures as common;
-
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use common::{BUCKET, WINDOW, durable_options, manual_clock, memory_db};
+use crate::support::{BUCKET, WINDOW, durable_options, manual_clock, memory_db};
 use oncedb::io::MemStorage;
 use oncedb::{Advance, Db, Error, Lease, Options, RecordStatus, Reservation, Scope};
 

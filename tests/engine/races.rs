@@ -1,16 +1,9 @@
 //! Concurrent callers racing on the same keys: exactly one wins each key.
 
-#![expect(
-    clippy::cast_possible_truncation,
-    reason = "test code: values are small and chosen by the test"
-)]
-
-use oncedb_testkit::fixtures as common;
-
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Barrier, Mutex};
 
-use common::{manual_clock, memory_db};
+use crate::support::{manual_clock, memory_db};
 use oncedb::{Reservation, Scope};
 
 const THREADS: usize = 8;

@@ -1,12 +1,8 @@
 //! Idempotency records: scoping, request binding, lifecycle and replay.
 
-#![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
-
-use oncedb_testkit::fixtures as common;
-
 use std::time::Duration;
 
-use common::{manual_clock, memory_db};
+use crate::support::{manual_clock, memory_db};
 use oncedb::{Lease, RecordStatus, Reservation, Scope};
 
 fn acquire(db: &oncedb::Db, scope: &Scope, key: &[u8], request: &[u8]) -> Lease {

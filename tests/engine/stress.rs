@@ -5,16 +5,6 @@
 //! mismatches only for other requests, one admission per key and window incarnation.
 //! Operation counts are bounded and nothing sleeps or measures time.
 
-#![expect(
-    clippy::cast_possible_truncation,
-    reason = "test code: values are small and chosen by the test"
-)]
-#![expect(
-    clippy::indexing_slicing,
-    reason = "test code: a panic is the test failing"
-)]
-#![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
-
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Barrier, Mutex};

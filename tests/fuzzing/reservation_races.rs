@@ -5,7 +5,7 @@
 //! every step.
 //!
 //! Shared by the fuzz target `fuzz/fuzz_targets/reservation_races.rs` and the corpus replay
-//! test `tests/fuzz_corpus.rs`. `run` panics on any disagreement with the model.
+//! test `tests/durability/fuzz_corpus.rs`. `run` panics on any disagreement with the model.
 
 #![expect(
     clippy::cast_possible_truncation,

@@ -9,7 +9,7 @@
 //! contents reach the entry decoder and the replay logic.
 //!
 //! Shared by the fuzz target `fuzz/fuzz_targets/segment_decode.rs` and the corpus replay
-//! test `tests/fuzz_corpus.rs`.
+//! test `tests/durability/fuzz_corpus.rs`.
 
 #![expect(
     clippy::cast_possible_truncation,

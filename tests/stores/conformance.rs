@@ -1,21 +1,18 @@
-//! The `Store` conformance suite (`tests/shared/conformance.rs`) on every implementation:
+//! The `Store` conformance suite (`suite`) on every implementation:
 //! the embedded `Db` (in memory and durable with `Sync`), PostgreSQL, one Redis server
 //! and a three-primary Redis Cluster. The servers are real, started by the tests on free
 //! loopback ports and stopped when a test ends, passed or failed.
 
-#![cfg(feature = "async")]
-#![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
+pub mod suite;
 
-#[path = "shared/conformance.rs"]
-mod conformance;
 #[cfg(any(feature = "redis", feature = "postgres"))]
-use oncedb_testkit::servers;
+use crate::support::servers;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, SystemTime};
 
-use conformance::Harness;
 use oncedb::{Db, Durability, ManualClock, Options};
+use suite::Harness;
 
 /// The embedded engine on a manual clock: passing a window is advancing the clock.
 struct Embedded {
@@ -59,12 +56,12 @@ fn embedded(durable: bool) -> Embedded {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_in_memory() {
-    conformance::run(&embedded(false)).await;
+    suite::run(&embedded(false)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_durable() {
-    conformance::run(&embedded(true)).await;
+    suite::run(&embedded(true)).await;
 }
 
 /// Waits out a window on a server's own clock.
@@ -81,7 +78,7 @@ mod postgres {
     use oncedb::PostgresStore;
 
     use super::servers::postgres::PgServer;
-    use super::{Harness, conformance, wait_out};
+    use super::{Harness, suite, wait_out};
 
     struct Postgres {
         server: PgServer,
@@ -106,7 +103,7 @@ mod postgres {
         let harness = Postgres {
             server: PgServer::start(),
         };
-        conformance::run(&harness).await;
+        suite::run(&harness).await;
     }
 }
 
@@ -118,7 +115,7 @@ mod redis {
     use oncedb::RedisStore;
 
     use super::servers::redis::{RedisServer, start_cluster};
-    use super::{Harness, conformance, wait_out};
+    use super::{Harness, suite, wait_out};
 
     /// One server, or the primaries of a cluster; each store gets its own key prefix.
     struct Redis {
@@ -157,7 +154,7 @@ mod redis {
             cluster: false,
             stores: AtomicU32::new(0),
         };
-        conformance::run(&harness).await;
+        suite::run(&harness).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -167,6 +164,6 @@ mod redis {
             cluster: true,
             stores: AtomicU32::new(0),
         };
-        conformance::run(&harness).await;
+        suite::run(&harness).await;
     }
 }

@@ -1,9 +1,6 @@
 //! The `Idempotency-Key` layer (feature `http`) on an axum router over a durable embedded
 //! store: every answer of the table in `oncedb::http`, the response policy, replay after a
-//! restart. `tests/payments.rs` drives the payments example over HTTP.
-
-#![cfg(feature = "http")]
-#![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
+//! restart. `payments` drives the payments example over HTTP.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -5,9 +5,7 @@
 //! message must reach the output exactly once. A second variant also kills the broker
 //! once; a control run of the naive "remember then forward" consumer must lose messages.
 
-#![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
-
-use oncedb_testkit::servers;
+use crate::support::servers;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

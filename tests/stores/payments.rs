@@ -3,10 +3,7 @@
 //! 16 concurrent duplicates and a SIGKILL of the server; the refusals (`400`, `401`,
 //! `413`, `422`); a timeout settled by reconciliation.
 
-#![cfg(feature = "http")]
-#![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
-
-use oncedb_testkit::servers;
+use crate::support::servers;
 
 use std::net::TcpStream;
 use std::path::Path;

@@ -3,10 +3,7 @@
 //! workers, batched expiry, and crashes — of the server between a business update and
 //! its commit, and of a relay between publishing and marking published.
 
-#![cfg(feature = "postgres")]
-#![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
-
-use oncedb_testkit::servers;
+use crate::support::servers;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -448,7 +445,7 @@ async fn a_relay_killed_between_publish_and_mark_duplicates_only_same_ids() {
         .args([
             "--ignored",
             "--exact",
-            "relay_child",
+            "postgres::relay_child",
             "--nocapture",
             "--test-threads=1",
         ])
@@ -460,7 +457,7 @@ async fn a_relay_killed_between_publish_and_mark_duplicates_only_same_ids() {
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let published_by_child = loop {
         let line = lines.next().expect("the child published nothing").unwrap();
-        // The harness's "test relay_child ... " may share the line.
+        // The harness's "test postgres::relay_child ... " may share the line.
         if let Some((_, id)) = line.split_once("published ") {
             break id.to_owned();
         }

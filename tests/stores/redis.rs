@@ -2,9 +2,7 @@
 //! Redis's own limits, keys spread over a cluster's primaries, a restart with
 //! `appendfsync always`, and the outage policy when the server is gone.
 
-#![cfg(feature = "redis")]
-
-use oncedb_testkit::servers;
+use crate::support::servers;
 
 use std::time::Duration;
 

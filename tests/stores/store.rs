@@ -1,14 +1,12 @@
 //! The asynchronous `Store` interface over the embedded `Db` (feature `async`): the same
 //! semantics as the synchronous API, and no fsync on a runtime thread.
 
-#![cfg(feature = "async")]
-#![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
-
 use std::any::Any;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
 
+use crate::conformance::suite;
 use oncedb::io::{MemStorage, Storage, StorageFile};
 use oncedb::{Db, Options, Store};
 
@@ -77,10 +75,6 @@ impl Storage for SyncThreads {
     }
 }
 
-#[path = "shared/conformance.rs"]
-#[allow(dead_code, reason = "this file runs one check of the suite")]
-mod conformance;
-
 #[test]
 fn a_durable_db_never_fsyncs_on_the_runtime_thread() {
     let storage = SyncThreads::default();
@@ -90,7 +84,7 @@ fn a_durable_db_never_fsyncs_on_the_runtime_thread() {
         .build()
         .unwrap();
     runtime.block_on(async {
-        conformance::lifecycle(&db).await;
+        suite::lifecycle(&db).await;
         assert!(Store::insert_if_absent(&db, b"k").await.unwrap());
     });
     let runtime_thread = std::thread::current().id();

@@ -1,21 +1,17 @@
 //! `oncedb bench --backend` against every backend, on real servers the test starts: the
 //! run succeeds only when each workload admitted exactly the distinct keys of its stream,
-//! and the table says so.
+//! and the table says so. It runs alone, as every test of this binary does: the servers
+//! and `oncedb` it spawns are children (`support::serial`).
 
-#![cfg(all(feature = "postgres", feature = "redis"))]
-#![expect(clippy::unwrap_used, reason = "test code: a panic is the test failing")]
-
-use oncedb_testkit::servers;
-
-use std::process::Command;
+use crate::support::{oncedb, serial, servers};
 
 use servers::postgres::PgServer;
 use servers::redis::{RedisServer, start_cluster};
 
 /// Runs the backend suite and returns the (admitted, distinct) pair of each row.
 fn bench(backend: &str) -> Vec<(u64, u64)> {
-    let out = Command::new(env!("CARGO_BIN_EXE_oncedb"))
-        .args([
+    let out = oncedb(
+        &[
             "bench",
             "--backend",
             backend,
@@ -23,9 +19,9 @@ fn bench(backend: &str) -> Vec<(u64, u64)> {
             "3000",
             "--tasks",
             "4",
-        ])
-        .output()
-        .unwrap();
+        ],
+        b"",
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -48,6 +44,7 @@ fn bench(backend: &str) -> Vec<(u64, u64)> {
 
 #[test]
 fn every_backend_admits_exactly_the_distinct_keys() {
+    let _serial = serial();
     let postgres = PgServer::start();
     let redis = RedisServer::start(false);
     let cluster = start_cluster();

@@ -1,6 +1,7 @@
 //! The one conformance suite of the `Store` trait, run against every implementation by
-//! `tests/conformance.rs`: the embedded `Db`, PostgreSQL, one Redis server and a
-//! three-primary Redis Cluster. Each check uses keys of its own, so checks share a store.
+//! `conformance`: the embedded `Db`, PostgreSQL, one Redis server and a three-primary
+//! Redis Cluster; `store` runs its lifecycle check alone. Each check uses keys of its own,
+//! so checks share a store.
 
 use std::future::Future;
 use std::sync::Arc;
