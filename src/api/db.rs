@@ -222,6 +222,11 @@ impl Db {
         Duration::from_millis(self.engine.window().width_ms)
     }
 
+    /// The largest response a lease stores: [`Options::max_response_bytes`].
+    pub fn max_response_bytes(&self) -> usize {
+        self.engine.max_response_bytes()
+    }
+
     /// Whether the store keeps files (and so its writes may wait for an fsync).
     pub fn is_durable(&self) -> bool {
         self.engine.is_durable()

@@ -493,6 +493,10 @@ fn slot(key: &str) -> u16 {
 impl Store for RedisStore {
     type Lease = RedisLease;
 
+    fn max_response_bytes(&self) -> usize {
+        self.options.max_response_bytes
+    }
+
     async fn insert_if_absent(&self, key: &[u8]) -> Result<bool> {
         self.check_key(key)?;
         let token = self.tokens.next();

@@ -167,6 +167,11 @@ impl Engine {
         crate::base::check_key(key, self.max_key_bytes)
     }
 
+    /// The largest response a lease may store.
+    pub(crate) fn max_response_bytes(&self) -> usize {
+        self.max_response_bytes
+    }
+
     pub(crate) fn check_response(&self, response: &[u8]) -> Result<()> {
         if response.len() > self.max_response_bytes {
             return Err(Error::ResponseTooLarge {

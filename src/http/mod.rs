@@ -38,7 +38,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use axum::body::{Body, Bytes};
+use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::MatchedPath;
 use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
 use axum::http::request::Parts;
@@ -55,6 +55,9 @@ use crate::store::{Store, StoreLease};
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 /// The header marking a replayed response.
 pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
+/// The header marking a replay whose body was too large for the store: the status and
+/// headers are the first attempt's, the body is empty.
+pub const IDEMPOTENT_BODY_OMITTED: &str = "idempotent-body-omitted";
 
 /// What a handler tells the layer about a failed (`5xx`) response, in its extensions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,14 +72,21 @@ pub enum SideEffect {
 pub struct IdempotencyContext {
     /// The tenant the extractor returned.
     pub tenant: String,
+    /// The operation: the method and the matched route (`POST /v1/payments`).
+    pub operation: String,
     /// The `Idempotency-Key`, without the quotes of its structured-field form.
     pub key: String,
 }
 
 impl IdempotencyContext {
-    /// A stable operation id for downstream calls: `tenant:key`.
+    /// A stable operation id for downstream calls, one per record: tenant, operation and
+    /// key, each prefixed with its length (`3:org14:POST /v1/pay16:7ccf419e-...`), so no
+    /// two (tenant, operation, key) triples share an id whatever characters they hold.
     pub fn operation_id(&self) -> String {
-        format!("{}:{}", self.tenant, self.key)
+        [&self.tenant, &self.operation, &self.key]
+            .iter()
+            .map(|part| format!("{}:{part}", part.len()))
+            .collect()
     }
 }
 
@@ -266,9 +276,17 @@ impl Refusal {
 
 /// The key from the header: a structured-field string (quoted) or a bare token.
 fn read_key(parts: &Parts, config: &IdempotencyConfig) -> Result<Option<String>, Refusal> {
-    let Some(value) = parts.headers.get(IDEMPOTENCY_KEY) else {
+    let mut values = parts.headers.get_all(IDEMPOTENCY_KEY).iter();
+    let Some(value) = values.next() else {
         return Ok(None);
     };
+    if values.next().is_some() {
+        // The draft: a client must not send more than one key.
+        return Err(Refusal(
+            StatusCode::BAD_REQUEST,
+            "duplicate_idempotency_key",
+        ));
+    }
     let bad = || Refusal(StatusCode::BAD_REQUEST, "invalid_idempotency_key");
     let text = value.to_str().map_err(|_| bad())?;
     let key = text
@@ -334,7 +352,8 @@ where
         .extensions
         .get::<MatchedPath>()
         .map_or_else(|| parts.uri.path().to_owned(), |m| m.as_str().to_owned());
-    let scope = Scope::new(&tenant, format!("{} {route}", parts.method));
+    let operation = format!("{} {route}", parts.method);
+    let scope = Scope::new(&tenant, &operation);
     let fingerprint = (config.fingerprint)(&parts, &body);
     let reserved = match store.reserve(&scope, key.as_bytes(), &fingerprint).await {
         Ok(reserved) => reserved,
@@ -356,9 +375,13 @@ where
             return refuse(StatusCode::UNPROCESSABLE_ENTITY, "idempotency_key_reused");
         }
     };
-    parts.extensions.insert(IdempotencyContext { tenant, key });
+    parts.extensions.insert(IdempotencyContext {
+        tenant,
+        operation,
+        key,
+    });
     let response = pass(&mut inner, Request::from_parts(parts, Body::from(body))).await;
-    finish(lease, response, &config).await
+    finish(lease, response, &config, store.max_response_bytes()).await
 }
 
 async fn pass<I>(inner: &mut I, request: Request<Body>) -> Response<Body>
@@ -376,6 +399,11 @@ fn store_error(err: &Error, config: &IdempotencyConfig) -> Response<Body> {
         Error::Unavailable { .. } => retry_later(
             StatusCode::SERVICE_UNAVAILABLE,
             "idempotency_store_unavailable",
+            config.retry_after_secs,
+        ),
+        Error::Full => retry_later(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "idempotency_store_full",
             config.retry_after_secs,
         ),
         Error::KeyTooLong { .. } | Error::ScopeTooLong { .. } | Error::EmptyKey => {
@@ -407,6 +435,7 @@ async fn finish<L: StoreLease>(
     lease: L,
     response: Response<Body>,
     config: &IdempotencyConfig,
+    max_response: usize,
 ) -> Response<Body> {
     let status = response.status();
     if status.is_server_error() {
@@ -423,17 +452,45 @@ async fn finish<L: StoreLease>(
         return response;
     }
     let (parts, body) = response.into_parts();
-    let Ok(body) = axum::body::to_bytes(body, crate::base::MAX_RESPONSE_BYTES_LIMIT / 2).await
-    else {
-        // The response could not be read whole: nothing to replay, outcome unknown.
+    let limit = body_limit(&parts, &config.replay_headers, max_response);
+    let hint = body.size_hint();
+    let Some(upper) = hint.upper() else {
+        // A streaming body (server-sent events): never buffered, never stored. Nothing
+        // can be replayed, so the key is released and a retry runs the handler again;
+        // keep such routes out of the layer unless that is harmless.
+        if let Err(err) = lease.release().await {
+            log::warn!("idempotency: releasing after a streaming response: {err}");
+        }
+        return Response::from_parts(parts, body);
+    };
+    if usize::try_from(upper).map_or(true, |upper| upper > limit) {
+        // Too large for the store: the response goes out unbuffered, and the record keeps
+        // its status and headers with an empty body and `Idempotent-Body-Omitted`, so a
+        // retry learns the outcome without running the handler again.
+        let mut omitted = StoredResponse::capture(&parts, &[], &config.replay_headers);
+        omitted.headers.push((
+            HeaderName::from_static(IDEMPOTENT_BODY_OMITTED),
+            HeaderValue::from_static("true"),
+        ));
+        save(lease, status, &omitted.encode()).await;
+        return Response::from_parts(parts, body);
+    }
+    let Ok(body) = axum::body::to_bytes(body, limit).await else {
+        // The body ended early or grew past its size hint: nothing whole to replay, so
+        // the record stays in flight (outcome unknown) for reconciliation.
         return refuse(StatusCode::INTERNAL_SERVER_ERROR, "response_unreadable");
     };
     let stored = StoredResponse::capture(&parts, &body, &config.replay_headers);
-    let encoded = stored.encode();
+    save(lease, status, &stored.encode()).await;
+    Response::from_parts(parts, Body::from(body))
+}
+
+/// Stores an answer: a `4xx` as failed, anything else as completed.
+async fn save<L: StoreLease>(lease: L, status: StatusCode, encoded: &[u8]) {
     let saved = if status.is_client_error() {
-        lease.fail(&encoded).await
+        lease.fail(encoded).await
     } else {
-        lease.complete(&encoded).await
+        lease.complete(encoded).await
     };
     if let Err(err) = saved {
         // The side effect happened but its record was not stored (a lost or fenced
@@ -441,5 +498,15 @@ async fn finish<L: StoreLease>(
         // reconciliation or expiry.
         log::warn!("idempotency: storing the response: {err}");
     }
-    Response::from_parts(parts, Body::from(body))
+}
+
+/// The largest body that fits, with the response's stored headers, in a store that
+/// accepts responses of `max_response` bytes.
+fn body_limit(
+    parts: &axum::http::response::Parts,
+    allow: &[HeaderName],
+    max_response: usize,
+) -> usize {
+    let headers = StoredResponse::capture(parts, &[], allow).encode().len();
+    max_response.saturating_sub(headers)
 }

@@ -142,6 +142,11 @@ pub trait Store: Send + Sync + 'static {
         key: &[u8],
     ) -> impl Future<Output = Result<Option<Self::Lease>>> + Send;
 
+    /// The largest response a lease of this store accepts: a larger one is refused
+    /// with [`Error::ResponseTooLarge`] before anything is written. Callers that buffer
+    /// responses (the HTTP layer) read no more than this.
+    fn max_response_bytes(&self) -> usize;
+
     /// [`Db::advance`].
     fn advance(
         &self,
@@ -183,6 +188,10 @@ async fn run<T: Send + 'static>(
 
 impl Store for Db {
     type Lease = Lease;
+
+    fn max_response_bytes(&self) -> usize {
+        Db::max_response_bytes(self)
+    }
 
     async fn insert_if_absent(&self, key: &[u8]) -> Result<bool> {
         let key = key.to_vec();

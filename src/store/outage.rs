@@ -158,6 +158,10 @@ impl<L> HeldLease<L> {
 impl<S: Store> Store for Guarded<S> {
     type Lease = GuardedLease<S::Lease>;
 
+    fn max_response_bytes(&self) -> usize {
+        self.inner.max_response_bytes()
+    }
+
     async fn insert_if_absent(&self, key: &[u8]) -> Result<bool> {
         let answer = self.inner.insert_if_absent(key).await;
         self.decide(answer, || true)

@@ -339,6 +339,10 @@ fn first_occurrences(keys: &[Vec<u8>]) -> Vec<bool> {
 impl Store for PostgresStore {
     type Lease = PostgresLease;
 
+    fn max_response_bytes(&self) -> usize {
+        self.options.max_response_bytes
+    }
+
     async fn insert_if_absent(&self, key: &[u8]) -> Result<bool> {
         self.options.check_key(key)?;
         let client = self.client().await?;
