@@ -342,7 +342,7 @@ mod tests {
         let regex = KeySpec::parse("regex:id=(\\w+)").unwrap();
         assert_eq!(regex.extract(b"a id=77 b").as_deref(), Some(&b"77"[..]));
         assert_eq!(regex.extract(b"none"), None);
-        assert_eq!(KeySpec::Line.extract(b""), None);
+        assert_eq!(KeySpec::Line.extract(b"").as_deref(), Some(&b"\n"[..]));
         assert!(KeySpec::parse("json:").is_err());
         assert!(KeySpec::parse("regex:(").is_err());
         assert!(KeySpec::parse("column:3").is_err());

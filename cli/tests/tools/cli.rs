@@ -23,19 +23,25 @@ fn lines_are_deduplicated_in_order_and_remembered_across_runs() {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
-    let (code, out, err) = dedup(&store, &[], "a\nb\na\nc\nb\n\nlast");
+    // An empty line is a key like any other, as in `awk '!seen[$0]++'`: the first one
+    // passes, the second is a duplicate.
+    let (code, out, err) = dedup(&store, &[], "a\nb\na\nc\nb\n\nlast\n\n");
     assert_eq!(code, 0, "{err}");
-    assert_eq!(out, "a\nb\nc\n\nlast");
+    assert_eq!(out, "a\nb\nc\n\nlast\n");
     assert!(
-        err.contains("7 lines, 5 emitted, 2 duplicates, 1 without a key"),
+        err.contains("8 lines, 5 emitted, 3 duplicates, 0 without a key"),
         "{err}"
     );
-    // A second run remembers the first, in every durability mode.
-    for durability in ["sync", "buffered", "interval:5"] {
-        let (code, out, err) = dedup(&store, &["--durability", durability], "c\nd\na\n");
+    // Every durability mode remembers what it admitted: each run admits a key of its
+    // own, and the next run (in the next mode) must call it a duplicate.
+    let mut previous = "a".to_owned();
+    for durability in ["sync", "buffered", "interval:5", "sync"] {
+        let new = format!("new-in-{durability}-after-{previous}");
+        let input = format!("{previous}\n{new}\n");
+        let (code, out, err) = dedup(&store, &["--durability", durability], &input);
         assert_eq!(code, 0, "{err}");
-        let expected = if durability == "sync" { "d\n" } else { "" };
-        assert_eq!(out, expected, "{durability}");
+        assert_eq!(out, format!("{new}\n"), "{durability} forgot {previous}");
+        previous = new;
     }
 }
 

@@ -16,3 +16,4 @@ mod support;
 #[cfg(all(feature = "postgres", feature = "redis"))]
 mod bench_backends;
 mod cli;
+mod output;
