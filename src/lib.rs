@@ -26,11 +26,14 @@
 //!
 //! # Layering
 //!
-//! The modules form one-way rooms: `api` (the public types) → `engine` (ordering of
-//! index, log and durability; recovery) → `index` (shards, tables, records) and `log`
-//! (format, journal, scan) → `base` (errors, fingerprints, time, limits, configuration
-//! values) and `io` (the file-system trait). `tests/layering.rs` fails on any reference
-//! that points upwards or sideways.
+//! The modules form one-way rooms: `http` (the Idempotency-Key layer) and `backend`
+//! (PostgreSQL, Redis) → `store` (the asynchronous `Store` trait) → `api` (the public
+//! types) → `engine` (ordering of index, log and durability; the configuration;
+//! recovery) → `index` (shards, tables, records) and `wal` (the segment log: format,
+//! journal, scan) → `base` (errors, fingerprints, time, records, limits, configuration
+//! values) and `io` (the file-system trait). Each room shows a narrow front in its
+//! `mod.rs`. `tests/engine/layering.rs` fails on any reference that points upwards or
+//! sideways, or past a room's front.
 //!
 //! ```
 //! use std::time::{Duration, SystemTime};
