@@ -1,5 +1,7 @@
 //! What oncedb's tests, benches and tools share, so that none keeps a copy of its own:
 //! - [`fixtures`]: the test window, a manual clock at a fixed start, stores on it;
+//! - [`model`]: the reference model of the semantics that the proptest state machine and
+//!   the fuzz harness both check the engine against;
 //! - [`servers`]: real PostgreSQL, Redis (single and cluster) and NATS servers, started on
 //!   free loopback ports in temp dirs and stopped when dropped;
 //! - [`workload`]: the deterministic key streams of `oncedb bench` and the criterion
@@ -9,5 +11,6 @@
 //! loss uses it too.
 
 pub mod fixtures;
+pub mod model;
 pub mod servers;
 pub mod workload;

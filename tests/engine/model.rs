@@ -1,9 +1,9 @@
 //! A proptest state machine: random operations against a plain model of the semantics.
 
-use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use oncedb::{Db, Lease, ManualClock, Options, Reservation, Scope};
+use oncedb_testkit::model::{Ending, LeaseAnswer, Model, Reserve, State};
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 
@@ -42,50 +42,6 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-#[derive(Debug, Clone, PartialEq)]
-enum ModelState {
-    InFlight(u64),
-    Completed(Vec<u8>),
-    Failed(Vec<u8>),
-}
-
-#[derive(Debug, Clone)]
-struct ModelRecord {
-    request: u8,
-    bucket: u64,
-    state: ModelState,
-}
-
-/// The specification, written as plainly as possible.
-#[derive(Default)]
-struct Model {
-    /// Highest bucket seen: the clock never moves the window backwards.
-    bucket: u64,
-    keys: HashMap<u8, u64>,
-    records: HashMap<(bool, u8), ModelRecord>,
-    next_lease: u64,
-}
-
-impl Model {
-    fn live(&self, admitted: u64) -> bool {
-        self.bucket - admitted <= SPAN_BUCKETS
-    }
-
-    fn insert(&mut self, key: u8) -> bool {
-        match self.keys.get(&key) {
-            Some(&bucket) if self.live(bucket) => false,
-            _ => {
-                self.keys.insert(key, self.bucket);
-                true
-            }
-        }
-    }
-
-    fn record(&self, id: (bool, u8)) -> Option<&ModelRecord> {
-        self.records.get(&id).filter(|r| self.live(r.bucket))
-    }
-}
-
 struct Harness {
     clock: ManualClock,
     now_ms: u64,
@@ -118,10 +74,7 @@ impl Harness {
             clock,
             now_ms: start_ms,
             db,
-            model: Model {
-                bucket: start_ms / BUCKET_MS,
-                ..Model::default()
-            },
+            model: Model::new(start_ms / BUCKET_MS, SPAN_BUCKETS),
             leases: Vec::new(),
         }
     }
@@ -130,7 +83,7 @@ impl Harness {
         self.now_ms = ms;
         self.clock
             .set(SystemTime::UNIX_EPOCH + Duration::from_millis(ms));
-        self.model.bucket = self.model.bucket.max(ms / BUCKET_MS);
+        self.model.advance_to(ms / BUCKET_MS);
     }
 
     fn take_lease(&mut self, index: usize) -> Option<(Lease, (bool, u8), u64)> {
@@ -156,12 +109,7 @@ impl Harness {
                 assert_eq!(self.db.insert_many(&batch).unwrap(), expected);
             }
             Op::Contains(key) => {
-                let expected = self
-                    .model
-                    .keys
-                    .get(&key)
-                    .is_some_and(|&b| self.model.live(b));
-                assert_eq!(self.db.contains(&[key]).unwrap(), expected);
+                assert_eq!(self.db.contains(&[key]).unwrap(), self.model.key_live(key));
             }
             Op::Reserve {
                 key,
@@ -179,8 +127,8 @@ impl Harness {
                     (None, None) => {}
                     (Some(record), Some(model)) => {
                         let response = match &model.state {
-                            ModelState::InFlight(_) => None,
-                            ModelState::Completed(r) | ModelState::Failed(r) => Some(r.clone()),
+                            State::InFlight { .. } => None,
+                            State::Completed(r) | State::Failed(r) => Some(r.clone()),
                         };
                         assert_eq!(record.response().map(<[u8]>::to_vec), response);
                     }
@@ -195,39 +143,15 @@ impl Harness {
     fn reserve(&mut self, key: u8, request: u8, which: bool) {
         let id = (which, key);
         let got = self.db.reserve(&scope(which), &[key], &[request]).unwrap();
-        let expected = self.model.record(id).cloned();
-        match (got, expected) {
-            (Reservation::Acquired(lease), None) => {
-                self.model.next_lease += 1;
-                let lease_id = self.model.next_lease;
-                self.model.records.insert(
-                    id,
-                    ModelRecord {
-                        request,
-                        bucket: self.model.bucket,
-                        state: ModelState::InFlight(lease_id),
-                    },
-                );
+        match (got, self.model.reserve(id, request, self.now_ms)) {
+            (Reservation::Acquired(lease), Reserve::Acquired(lease_id)) => {
                 self.leases.push((lease, id, lease_id));
             }
-            (Reservation::Mismatch, Some(model)) => assert_ne!(model.request, request),
-            (Reservation::InFlight { .. }, Some(model)) => {
-                assert_eq!(model.request, request);
-                assert!(matches!(model.state, ModelState::InFlight(_)));
-            }
-            (Reservation::Completed(record), Some(model)) => {
-                assert_eq!(model.request, request);
-                assert_eq!(
-                    ModelState::Completed(record.response().unwrap().to_vec()),
-                    model.state
-                );
-            }
-            (Reservation::Failed(record), Some(model)) => {
-                assert_eq!(model.request, request);
-                assert_eq!(
-                    ModelState::Failed(record.response().unwrap().to_vec()),
-                    model.state
-                );
+            (Reservation::Mismatch, Reserve::Mismatch)
+            | (Reservation::InFlight { .. }, Reserve::InFlight { .. }) => {}
+            (Reservation::Completed(record), Reserve::Completed(response))
+            | (Reservation::Failed(record), Reserve::Failed(response)) => {
+                assert_eq!(record.response(), Some(&response[..]), "{id:?}");
             }
             (got, expected) => panic!("reserve {id:?}: {got:?} vs model {expected:?}"),
         }
@@ -237,54 +161,29 @@ impl Harness {
         let Some((lease, id, lease_id)) = self.take_lease(index) else {
             return;
         };
-        let owns = self
-            .model
-            .record(id)
-            .is_some_and(|r| r.state == ModelState::InFlight(lease_id));
-        let result = match outcome {
-            Some((true, response)) => lease.complete(&[response]),
-            Some((false, response)) => lease.fail(&[response]),
-            None => lease.release(),
-        }
-        .map_err(oncedb::Error::from);
-        if !owns {
-            assert!(
+        let (result, ending) = match outcome {
+            Some((true, response)) => (
+                lease.complete(&[response]),
+                Ending::Complete(vec![response]),
+            ),
+            Some((false, response)) => (lease.fail(&[response]), Ending::Fail(vec![response])),
+            None => (lease.release(), Ending::Release),
+        };
+        let result = result.map_err(oncedb::Error::from);
+        match self.model.end(id, lease_id, ending, self.now_ms) {
+            LeaseAnswer::Done => result.unwrap(),
+            // No take-overs here: a lease that does not own its record lost it.
+            LeaseAnswer::Lost | LeaseAnswer::Fenced => assert!(
                 matches!(result, Err(oncedb::Error::LeaseLost)),
                 "{result:?}"
-            );
-            return;
-        }
-        result.unwrap();
-        match outcome {
-            Some((true, response)) => {
-                self.model.records.get_mut(&id).unwrap().state =
-                    ModelState::Completed(vec![response]);
-            }
-            Some((false, response)) => {
-                self.model.records.get_mut(&id).unwrap().state = ModelState::Failed(vec![response]);
-            }
-            None => {
-                self.model.records.remove(&id);
-            }
+            ),
         }
     }
 
     fn check_stats(&self) {
         let stats = self.db.stats();
-        let live_keys = self
-            .model
-            .keys
-            .values()
-            .filter(|&&b| self.model.live(b))
-            .count();
-        let live_records = self
-            .model
-            .records
-            .values()
-            .filter(|r| self.model.live(r.bucket))
-            .count();
-        assert_eq!(stats.live_keys, live_keys as u64);
-        assert_eq!(stats.live_records, live_records as u64);
+        assert_eq!(stats.live_keys, self.model.live_keys());
+        assert_eq!(stats.live_records, self.model.live_records());
     }
 }
 

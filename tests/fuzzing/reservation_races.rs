@@ -27,6 +27,7 @@ use oncedb::io::MemStorage;
 use oncedb::{
     Db, Durability, Error, Lease, ManualClock, Options, RecordStatus, Reservation, Scope,
 };
+use oncedb_testkit::model::{self, LeaseAnswer, Model, RecordId, Reserve, State};
 
 const BUCKET_MS: u64 = 1_000;
 /// Buckets in the window: an entry admitted in bucket b is live through bucket b + SPAN.
@@ -219,60 +220,6 @@ impl Step {
     }
 }
 
-type RecordId = (bool, u8);
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum State {
-    InFlight { lease: u64 },
-    Completed(Vec<u8>),
-    Failed(Vec<u8>),
-}
-
-#[derive(Debug, Clone)]
-struct ModelRecord {
-    /// The lease the record was created under.
-    first_lease: u64,
-    /// The lease that holds it, or held it when it finished; take-overs raise it.
-    last_lease: u64,
-    request: u8,
-    bucket: u64,
-    created_ms: u64,
-    finished_ms: Option<u64>,
-    state: State,
-}
-
-/// The specification, as plainly as possible.
-#[derive(Debug, Default)]
-struct Model {
-    bucket: u64,
-    /// Admission bucket of each dedup key ever admitted.
-    keys: HashMap<u8, u64>,
-    records: HashMap<RecordId, ModelRecord>,
-    next_lease: u64,
-}
-
-impl Model {
-    fn live(&self, admitted: u64) -> bool {
-        self.bucket - admitted <= SPAN
-    }
-
-    fn key_live(&self, key: u8) -> bool {
-        self.keys.get(&key).is_some_and(|&b| self.live(b))
-    }
-
-    fn insert(&mut self, key: u8) -> bool {
-        if self.key_live(key) {
-            return false;
-        }
-        self.keys.insert(key, self.bucket);
-        true
-    }
-
-    fn record(&self, id: RecordId) -> Option<&ModelRecord> {
-        self.records.get(&id).filter(|r| self.live(r.bucket))
-    }
-}
-
 /// A lease held by a client, with the model's name for it.
 struct Held {
     lease: Lease,
@@ -310,10 +257,7 @@ impl Harness {
             clock,
             now_ms: START_MS,
             db: None,
-            model: Model {
-                bucket: START_MS / BUCKET_MS,
-                ..Model::default()
-            },
+            model: Model::new(START_MS / BUCKET_MS, SPAN),
             clients: (0..CLIENTS).map(|_| Vec::new()).collect(),
             dead: Vec::new(),
         };
@@ -381,7 +325,7 @@ impl Harness {
                 };
                 self.clock.forward(Duration::from_millis(by));
                 self.now_ms += by;
-                self.model.bucket = self.now_ms / BUCKET_MS;
+                self.model.advance_to(self.now_ms / BUCKET_MS);
             }
             Step::Flush => self.db().flush().unwrap(),
             Step::Crash { power } => self.crash(power),
@@ -417,38 +361,37 @@ impl Harness {
     }
 
     /// A take-over succeeds exactly when the model's record is live and in flight; the
-    /// new lease has the next id and fences every older lease of the record.
+    /// new lease fences every older lease of the record.
     fn take_over(&mut self, client: usize, id: RecordId) {
         let got = self.db().take_over(&scope(id.0), &[id.1]).unwrap();
-        let in_flight = self
-            .model
-            .record(id)
-            .is_some_and(|r| matches!(r.state, State::InFlight { .. }));
-        match (got, in_flight) {
-            (None, false) => {}
-            (Some(lease), true) => {
-                self.model.next_lease += 1;
-                let lease_id = self.model.next_lease;
-                // The model numbers leases its own way (the engine's ids restart above
-                // the highest one replayed); within one process both only grow.
-                let record = self.model.records.get_mut(&id).expect("in flight above");
-                record.state = State::InFlight { lease: lease_id };
-                record.last_lease = lease_id;
-                let request = record.request;
-                let holder = &mut self.clients[client];
-                holder.push(Held {
-                    lease,
-                    id,
-                    request,
-                    lease_id,
-                });
-                if holder.len() > MAX_HELD {
-                    drop(holder.remove(0));
-                }
+        // The model numbers leases its own way (the engine's ids restart above the
+        // highest one replayed); within one process both only grow.
+        match (got, self.model.take_over(id)) {
+            (None, None) => {}
+            (Some(lease), Some(lease_id)) => {
+                let request = self.model.record(id).expect("in flight above").request;
+                self.hold(
+                    client,
+                    Held {
+                        lease,
+                        id,
+                        request,
+                        lease_id,
+                    },
+                );
             }
             (got, expected) => {
-                panic!("take over {id:?}: engine {got:?}, model in flight {expected}")
+                panic!("take over {id:?}: engine {got:?}, model {expected:?}")
             }
+        }
+    }
+
+    /// A client takes a lease; one that holds too much gives up on its oldest.
+    fn hold(&mut self, client: usize, held: Held) {
+        let holder = &mut self.clients[client];
+        holder.push(held);
+        if holder.len() > MAX_HELD {
+            drop(holder.remove(0));
         }
     }
 
@@ -457,66 +400,33 @@ impl Harness {
             .db()
             .reserve(&scope(id.0), &[id.1], &[request])
             .unwrap();
-        let expected = self.model.record(id).cloned();
-        match (got, expected) {
-            (Reservation::Acquired(lease), None) => {
-                self.model.next_lease += 1;
-                let lease_id = self.model.next_lease;
-                self.model.records.insert(
-                    id,
-                    ModelRecord {
-                        first_lease: lease_id,
-                        last_lease: lease_id,
+        match (got, self.model.reserve(id, request, self.now_ms)) {
+            (Reservation::Acquired(lease), Reserve::Acquired(lease_id)) => {
+                self.hold(
+                    client,
+                    Held {
+                        lease,
+                        id,
                         request,
-                        bucket: self.model.bucket,
-                        created_ms: self.now_ms,
-                        finished_ms: None,
-                        state: State::InFlight { lease: lease_id },
+                        lease_id,
                     },
                 );
-                let held = Held {
-                    lease,
-                    id,
-                    request,
-                    lease_id,
-                };
-                let holder = &mut self.clients[client];
-                holder.push(held);
-                if holder.len() > MAX_HELD {
-                    // A client that holds too much gives up on its oldest lease.
-                    drop(holder.remove(0));
-                }
             }
-            (Reservation::Mismatch, Some(model)) => {
-                assert_ne!(
-                    model.request, request,
-                    "{id:?}: Mismatch for the same request"
-                );
-            }
-            (Reservation::InFlight { since }, Some(model)) => {
+            (Reservation::Mismatch, Reserve::Mismatch) => {}
+            (Reservation::InFlight { since }, Reserve::InFlight { created_ms }) => {
                 assert_eq!(
-                    model.request, request,
-                    "{id:?}: InFlight for another request"
+                    since,
+                    UNIX_EPOCH + Duration::from_millis(created_ms),
+                    "{id:?}"
                 );
-                assert!(
-                    matches!(model.state, State::InFlight { .. }),
-                    "{id:?}: {model:?}"
-                );
-                assert_eq!(since, UNIX_EPOCH + Duration::from_millis(model.created_ms));
             }
-            (Reservation::Completed(record), Some(model)) => {
-                assert_eq!(model.request, request, "{id:?}: replay to another request");
+            (Reservation::Completed(record), Reserve::Completed(response)) => {
                 assert_eq!(record.status(), RecordStatus::Completed);
-                let response = record
-                    .response()
-                    .expect("completed records have a response");
-                assert_eq!(State::Completed(response.to_vec()), model.state, "{id:?}");
+                assert_eq!(record.response(), Some(&response[..]), "{id:?}");
             }
-            (Reservation::Failed(record), Some(model)) => {
-                assert_eq!(model.request, request, "{id:?}: replay to another request");
+            (Reservation::Failed(record), Reserve::Failed(response)) => {
                 assert_eq!(record.status(), RecordStatus::Failed);
-                let response = record.response().expect("failed records have a response");
-                assert_eq!(State::Failed(response.to_vec()), model.state, "{id:?}");
+                assert_eq!(record.response(), Some(&response[..]), "{id:?}");
             }
             (got, expected) => panic!("reserve {id:?}: engine {got:?}, model {expected:?}"),
         }
@@ -533,52 +443,24 @@ impl Harness {
             lease_id,
             ..
         } = holder.remove(slot % holder.len());
-        let owns = self
-            .model
-            .record(id)
-            .is_some_and(|r| r.state == State::InFlight { lease: lease_id });
-        let result = match &ending {
-            Ending::Complete(response) => lease.complete(response),
-            Ending::Fail(response) => lease.fail(response),
-            Ending::Release => lease.release(),
+        let (result, ending) = match ending {
+            Ending::Complete(response) => {
+                (lease.complete(&response), model::Ending::Complete(response))
+            }
+            Ending::Fail(response) => (lease.fail(&response), model::Ending::Fail(response)),
+            Ending::Release => (lease.release(), model::Ending::Release),
             Ending::Abandon => {
                 drop(lease);
                 return;
             }
-        }
-        .map_err(Error::from);
-        if !owns {
-            // Fenced by a take-over of the same record, or lost with an earlier one.
-            let fenced = self
-                .model
-                .record(id)
-                .is_some_and(|r| r.first_lease <= lease_id && lease_id < r.last_lease);
-            let expected = if fenced { "Fenced" } else { "LeaseLost" };
-            assert!(
-                matches!(
-                    (&result, fenced),
-                    (Err(Error::Fenced), true) | (Err(Error::LeaseLost), false)
-                ),
-                "{id:?}: lease {lease_id} must be {expected}, got {result:?}"
-            );
-            return;
-        }
-        result.unwrap_or_else(|err| panic!("{id:?}: ending a live lease: {err}"));
-        let now_ms = self.now_ms;
-        let record = self.model.records.get_mut(&id).expect("owned above");
-        match ending {
-            Ending::Complete(response) => {
-                record.state = State::Completed(response);
-                record.finished_ms = Some(now_ms);
-            }
-            Ending::Fail(response) => {
-                record.state = State::Failed(response);
-                record.finished_ms = Some(now_ms);
-            }
-            Ending::Release => {
-                self.model.records.remove(&id);
-            }
-            Ending::Abandon => unreachable!("returned above"),
+        };
+        let result = result.map_err(Error::from);
+        let expected = self.model.end(id, lease_id, ending, self.now_ms);
+        match (expected, &result) {
+            (LeaseAnswer::Done, Ok(()))
+            | (LeaseAnswer::Fenced, Err(Error::Fenced))
+            | (LeaseAnswer::Lost, Err(Error::LeaseLost)) => {}
+            (expected, got) => panic!("{id:?}: lease {lease_id} must be {expected:?}, got {got:?}"),
         }
     }
 
@@ -632,31 +514,18 @@ impl Harness {
         // At most one client holds a lease that still owns its record.
         let mut owners: HashMap<RecordId, usize> = HashMap::new();
         for held in self.clients.iter().flatten() {
-            if self.model.record(held.id).is_some_and(|r| {
-                r.state
-                    == State::InFlight {
-                        lease: held.lease_id,
-                    }
-            }) {
+            if self.model.owns(held.id, held.lease_id) {
                 *owners.entry(held.id).or_default() += 1;
             }
         }
         assert!(owners.values().all(|&n| n <= 1), "{owners:?}");
         let stats = db.stats();
-        let live_keys = self
-            .model
-            .keys
-            .values()
-            .filter(|&&b| self.model.live(b))
-            .count();
-        let live_records = self
-            .model
-            .records
-            .values()
-            .filter(|r| self.model.live(r.bucket))
-            .count();
-        assert_eq!(stats.live_keys, live_keys as u64, "live keys");
-        assert_eq!(stats.live_records, live_records as u64, "live records");
+        assert_eq!(stats.live_keys, self.model.live_keys(), "live keys");
+        assert_eq!(
+            stats.live_records,
+            self.model.live_records(),
+            "live records"
+        );
     }
 
     /// A last clean reopen: everything acknowledged is still there.
