@@ -272,9 +272,13 @@ async fn reconcile<S: Store + Clone>(store: S, provider: Arc<Provider>) {
             continue;
         };
         for record in stuck {
-            let tenant = String::from_utf8_lossy(record.scope.tenant()).into_owned();
-            let key = String::from_utf8_lossy(&record.key).into_owned();
-            let operation_id = format!("{tenant}:{key}");
+            // The id the handler sent the provider: the same three parts.
+            let operation_id = IdempotencyContext {
+                tenant: String::from_utf8_lossy(record.scope.tenant()).into_owned(),
+                operation: String::from_utf8_lossy(record.scope.operation()).into_owned(),
+                key: String::from_utf8_lossy(&record.key).into_owned(),
+            }
+            .operation_id();
             let Ok(Some(lease)) = store.take_over(&record.scope, &record.key).await else {
                 continue;
             };

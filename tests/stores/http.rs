@@ -189,7 +189,13 @@ async fn a_completed_request_is_replayed_byte_for_byte_even_after_a_restart() {
         "not in the allow-list"
     );
     assert_eq!(handler.calls.load(Ordering::SeqCst), 1);
-    assert!(String::from_utf8_lossy(&first.2).contains("tenant_a:key-0123456789abcdef"));
+    // The handler saw the operation id: tenant, operation and key, length-prefixed.
+    assert!(
+        String::from_utf8_lossy(&first.2).contains("8:tenant_a")
+            && String::from_utf8_lossy(&first.2).contains("20:key-0123456789abcdef"),
+        "{}",
+        String::from_utf8_lossy(&first.2)
+    );
     // Another body under the same key is refused.
     let other = send(&app, request(Some(KEY), "", r#"{"a":2,"b":2}"#)).await;
     assert_eq!(other.0, StatusCode::UNPROCESSABLE_ENTITY);

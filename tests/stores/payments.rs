@@ -10,6 +10,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use oncedb::http::IdempotencyContext;
 use reqwest::StatusCode;
 
 /// The payments example as a child process, SIGKILLed on drop.
@@ -90,10 +91,28 @@ impl Payments {
         .await
     }
 
-    async fn provider_calls(&self, operation_id: &str) -> u64 {
+    /// Calls the provider saw for the payment of `key` by `tenant`.
+    async fn provider_calls(&self, tenant: &str, key: &str) -> u64 {
+        let operation_id = IdempotencyContext {
+            tenant: tenant.to_owned(),
+            operation: "POST /v1/payments".to_owned(),
+            key: key.to_owned(),
+        }
+        .operation_id();
+        // The id holds a space and slashes: percent-encode it for the path.
+        let encoded: String = operation_id
+            .bytes()
+            .map(|b| {
+                if b.is_ascii_alphanumeric() || b"-_.".contains(&b) {
+                    char::from(b).to_string()
+                } else {
+                    format!("%{b:02X}")
+                }
+            })
+            .collect();
         let value: serde_json::Value = self
             .http
-            .get(format!("{}/v1/provider/calls/{operation_id}", self.base))
+            .get(format!("{}/v1/provider/calls/{encoded}", self.base))
             .send()
             .await
             .unwrap()
@@ -138,13 +157,13 @@ async fn the_payments_example_charges_once_per_key() {
         (StatusCode::CREATED, &first.body)
     );
     assert!(retry.replayed());
-    assert_eq!(app.provider_calls(&format!("org_123:{key}")).await, 1);
+    assert_eq!(app.provider_calls("org_123", key).await, 1);
     // The same key from another tenant is another payment.
     assert_eq!(
         app.pay("tok_org_456", key, "pm_card_visa").await.status,
         StatusCode::CREATED
     );
-    assert_eq!(app.provider_calls(&format!("org_456:{key}")).await, 1);
+    assert_eq!(app.provider_calls("org_456", key).await, 1);
     // Unknown token, changed body.
     assert_eq!(
         app.pay("tok_nobody", key, "pm_card_visa").await.status,
@@ -152,7 +171,7 @@ async fn the_payments_example_charges_once_per_key() {
     );
     let changed = app.pay("tok_org_123", key, "pm_other").await;
     assert_eq!(changed.status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert_eq!(app.provider_calls(&format!("org_123:{key}")).await, 1);
+    assert_eq!(app.provider_calls("org_123", key).await, 1);
     // A decline is stored and replayed.
     let declined = app
         .pay("tok_org_123", "declined-key-000000001", "pm_card_declined")
@@ -168,7 +187,8 @@ async fn the_payments_example_charges_once_per_key() {
     );
     assert!(again.replayed());
     assert_eq!(
-        app.provider_calls("org_123:declined-key-000000001").await,
+        app.provider_calls("org_123", "declined-key-000000001")
+            .await,
         1
     );
 }
@@ -200,7 +220,8 @@ async fn bad_keys_and_bodies_are_refused_by_the_example() {
     );
     // None of them reached the provider or used the key.
     assert_eq!(
-        app.provider_calls("org_123:huge-body-key-00000001").await,
+        app.provider_calls("org_123", "huge-body-key-00000001")
+            .await,
         0
     );
     let fine = app
@@ -233,7 +254,7 @@ async fn sixteen_concurrent_duplicates_charge_once() {
     }
     // One request ran; the provider takes a second, so the others met it in flight
     // (or, arriving after it finished, got its replay).
-    assert_eq!(app.provider_calls(&format!("org_123:{key}")).await, 1);
+    assert_eq!(app.provider_calls("org_123", key).await, 1);
     assert_eq!(created.iter().filter(|a| !a.replayed()).count(), 1);
     assert!(created.iter().all(|a| a.body == created[0].body));
     assert!(
@@ -267,7 +288,7 @@ async fn a_replay_survives_a_sigkill_of_the_server() {
     );
     assert!(retry.replayed());
     // The restarted process never called its provider: the answer came from the store.
-    assert_eq!(app.provider_calls(&format!("org_123:{key}")).await, 0);
+    assert_eq!(app.provider_calls("org_123", key).await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -295,7 +316,7 @@ async fn a_timeout_is_settled_by_reconciliation() {
     };
     assert_eq!(settled.status, StatusCode::CREATED, "{}", settled.body);
     assert!(settled.replayed());
-    assert_eq!(app.provider_calls(&format!("org_123:{key}")).await, 1);
+    assert_eq!(app.provider_calls("org_123", key).await, 1);
 }
 
 /// Requests per second through the example with and without the layer (docs/http.md):
