@@ -192,6 +192,14 @@ impl MemStorage {
         Ok(disk)
     }
 
+    /// The bytes of `path` that a power loss would keep (its last fsync), for tests that
+    /// check what is durable.
+    pub fn synced(&self, path: &Path) -> Option<Vec<u8>> {
+        let disk = self.disk.lock();
+        let id = disk.names.get(path)?;
+        Some(disk.files.get(id)?.synced.clone())
+    }
+
     /// The current bytes of `path`, for tests that damage files.
     pub fn contents(&self, path: &Path) -> Option<Vec<u8>> {
         let disk = self.disk.lock();

@@ -557,3 +557,115 @@ fn a_roll_over_at_the_size_limit_takes_a_prepared_segment_too() {
     let db = Db::open(durable_options(dir.path(), &clock).segment_max_bytes(4096)).unwrap();
     assert!((0..400u32).all(|i| db.contains(&i.to_le_bytes()).unwrap()));
 }
+
+/// A `MemStorage` that reports every fsync the interval flusher thread makes.
+#[derive(Clone)]
+struct FlusherWatch {
+    disk: oncedb::io::MemStorage,
+    synced: std::sync::mpsc::SyncSender<()>,
+}
+
+struct WatchedFile {
+    inner: Box<dyn StorageFile>,
+    synced: std::sync::mpsc::SyncSender<()>,
+}
+
+impl StorageFile for WatchedFile {
+    fn append(&mut self, data: &[u8]) -> std::io::Result<()> {
+        self.inner.append(data)
+    }
+    fn sync(&mut self) -> std::io::Result<()> {
+        self.inner.sync()?;
+        if std::thread::current().name() == Some("oncedb-flusher") {
+            let _ = self.synced.try_send(());
+        }
+        Ok(())
+    }
+    fn len(&self) -> std::io::Result<u64> {
+        self.inner.len()
+    }
+    fn truncate(&mut self, len: u64) -> std::io::Result<()> {
+        self.inner.truncate(len)
+    }
+}
+
+impl Storage for FlusherWatch {
+    fn create_dir_all(&self, dir: &Path) -> std::io::Result<()> {
+        self.disk.create_dir_all(dir)
+    }
+    fn list(&self, dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+        self.disk.list(dir)
+    }
+    fn open_append(&self, path: &Path, create: bool) -> std::io::Result<Box<dyn StorageFile>> {
+        Ok(Box::new(WatchedFile {
+            inner: self.disk.open_append(path, create)?,
+            synced: self.synced.clone(),
+        }))
+    }
+    fn read(&self, path: &Path, max_bytes: u64) -> std::io::Result<Vec<u8>> {
+        self.disk.read(path, max_bytes)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
+        self.disk.rename(from, to)
+    }
+    fn remove(&self, path: &Path) -> std::io::Result<()> {
+        self.disk.remove(path)
+    }
+    fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
+        self.disk.sync_dir(dir)
+    }
+    fn lock(&self, path: &Path) -> std::io::Result<Box<dyn std::any::Any + Send + Sync>> {
+        self.disk.lock(path)
+    }
+}
+
+/// `Durability::Interval(d)`: the flusher makes writes durable by itself, without a later
+/// write or a flush, so a power loss after it ran keeps them (a flusher that never runs
+/// loses the key). The test waits for the flusher thread's fsync itself, then cuts the
+/// power.
+#[test]
+fn interval_durability_syncs_on_its_own() {
+    let disk = oncedb::io::MemStorage::new();
+    let clock = manual_clock();
+    let (synced, flushes) = std::sync::mpsc::sync_channel(1);
+    let watch = FlusherWatch {
+        disk: disk.clone(),
+        synced,
+    };
+    let options = |storage: std::sync::Arc<dyn Storage>| {
+        Options::new("/db")
+            .window(WINDOW)
+            .bucket_width(BUCKET)
+            .clock(clock.clone())
+            .durability(Durability::Interval(Duration::from_millis(20)))
+            .storage(storage)
+    };
+    let db = Db::open(options(std::sync::Arc::new(watch))).unwrap();
+    // Bytes of log entries (past each segment's 48-byte header) that a power loss would
+    // keep.
+    let durable = || -> usize {
+        let files = disk.list(Path::new("/db")).unwrap();
+        files
+            .iter()
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("seg-"))
+            })
+            .filter_map(|p| disk.synced(p))
+            .map(|bytes| bytes.len().saturating_sub(48))
+            .sum()
+    };
+    let durable_before = durable();
+    assert!(db.insert_if_absent(b"interval-key").unwrap());
+    // The write waits in the journal's buffer: wait for flusher syncs until the segment's
+    // durable bytes have grown (a sync that began before the insert may not cover it).
+    while durable() == durable_before {
+        flushes
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the interval flusher synced");
+    }
+    disk.power_loss();
+    let reopened = Db::open(options(std::sync::Arc::new(disk.clone()))).unwrap();
+    assert!(reopened.contains(b"interval-key").unwrap());
+    drop(db);
+}

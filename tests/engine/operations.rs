@@ -147,11 +147,18 @@ fn of_concurrent_take_overs_exactly_one_finishes() {
     epochs.sort_unstable();
     epochs.dedup();
     assert_eq!(epochs.len(), threads, "every take-over gets its own epoch");
-    let results: Vec<bool> = leases
+    // Exactly one finishes, and it is the last take-over: the one with the highest
+    // epoch ("first completer wins" would also give one). Try them lowest epoch first,
+    // so a store that let an older lease finish would be caught at once.
+    let highest = *epochs.last().unwrap();
+    let mut leases = leases;
+    leases.sort_by_key(Lease::epoch);
+    let results: Vec<(u64, bool)> = leases
         .into_iter()
-        .map(|l| l.complete(b"x").is_ok())
+        .map(|l| (l.epoch(), l.complete(b"x").is_ok()))
         .collect();
-    assert_eq!(results.iter().filter(|&&ok| ok).count(), 1, "{results:?}");
+    let winners: Vec<u64> = results.iter().filter(|r| r.1).map(|r| r.0).collect();
+    assert_eq!(winners, [highest], "{results:?}");
 }
 
 #[test]

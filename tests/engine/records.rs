@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::support::{manual_clock, memory_db};
+use crate::support::{BUCKET, WINDOW, manual_clock, memory_db};
 use oncedb::{Lease, RecordStatus, Reservation, Scope};
 
 fn acquire(db: &oncedb::Db, scope: &Scope, key: &[u8], request: &[u8]) -> Lease {
@@ -97,11 +97,27 @@ fn a_dropped_lease_leaves_the_record_in_flight() {
     let db = memory_db(&clock);
     let scope = Scope::new("org", "op");
     drop(acquire(&db, &scope, b"key", b"req"));
+    // In flight right after the drop, through the window, to the last millisecond of the
+    // record's bucket's life; only then does a retry acquire.
+    let last_ms = WINDOW + BUCKET - Duration::from_millis(1);
+    let mut at = Duration::ZERO;
+    for later in [Duration::ZERO, WINDOW / 2, WINDOW, last_ms] {
+        clock.forward(later - at);
+        at = later;
+        assert!(
+            matches!(
+                db.reserve(&scope, b"key", b"req").unwrap(),
+                Reservation::InFlight { .. }
+            ),
+            "{later:?} after the drop"
+        );
+        assert_eq!(db.stats().live_records, 1);
+    }
+    clock.forward(Duration::from_millis(1));
     assert!(matches!(
         db.reserve(&scope, b"key", b"req").unwrap(),
-        Reservation::InFlight { .. }
+        Reservation::Acquired(_)
     ));
-    assert_eq!(db.stats().live_records, 1);
 }
 
 #[test]
