@@ -18,10 +18,11 @@ fn options(storage: Arc<dyn Storage>, clock: &ManualClock) -> Options {
         .storage(storage)
 }
 
+/// What the workload had acknowledged, each with when it was written.
 #[derive(Default, Debug)]
 struct Acked {
-    keys: Vec<u32>,
-    records: Vec<u32>,
+    keys: Vec<(u32, std::time::SystemTime)>,
+    records: Vec<(u32, std::time::SystemTime)>,
 }
 
 /// The scripted workload: single inserts, batches, records, bucket rollovers, segment
@@ -32,18 +33,20 @@ fn workload(db: &Db, clock: &ManualClock, acked: &mut Acked) -> Result<(), Error
         for i in 0..40u32 {
             let n = round * 1_000 + i;
             db.insert_if_absent(&n.to_le_bytes())?;
-            acked.keys.push(n);
+            acked.keys.push((n, clock.now()));
         }
         let batch: Vec<[u8; 4]> = (500..520)
             .map(|i: u32| (round * 1_000 + i).to_le_bytes())
             .collect();
         db.insert_many(&batch)?;
-        acked.keys.extend((500..520).map(|i| round * 1_000 + i));
+        acked
+            .keys
+            .extend((500..520).map(|i| (round * 1_000 + i, clock.now())));
         let Reservation::Acquired(lease) = db.reserve(&scope, &round.to_le_bytes(), b"req")? else {
             panic!("fresh record must be acquired");
         };
         lease.complete(&round.to_le_bytes())?;
-        acked.records.push(round);
+        acked.records.push((round, clock.now()));
         // Move to the next bucket; the last rounds push early buckets out of the window.
         clock.forward(if round == 3 {
             WINDOW - 3 * BUCKET
@@ -57,17 +60,25 @@ fn workload(db: &Db, clock: &ManualClock, acked: &mut Acked) -> Result<(), Error
 fn verify(storage: Arc<dyn Storage>, clock: &ManualClock, acked: &Acked) {
     let db = Db::open(options(storage, clock)).expect("reopen after a fault must succeed");
     let scope = Scope::new("org", "op");
-    for &n in &acked.keys {
-        // Keys of rounds 0..=1 may have expired legitimately by the end of the workload.
-        if n / 1_000 >= 2 {
+    // Everything written less than a window before the verify time must be there; older
+    // entries may have expired legitimately (the workload's last rounds push the first
+    // ones out).
+    let inside = |written: std::time::SystemTime| {
+        clock
+            .now()
+            .duration_since(written)
+            .is_ok_and(|age| age < WINDOW)
+    };
+    for &(n, written) in &acked.keys {
+        if inside(written) {
             assert!(
                 db.contains(&n.to_le_bytes()).unwrap(),
                 "acknowledged key {n} lost"
             );
         }
     }
-    for &round in &acked.records {
-        if round >= 2 {
+    for &(round, written) in &acked.records {
+        if inside(written) {
             let record = db.get(&scope, &round.to_le_bytes()).unwrap();
             let record = record.unwrap_or_else(|| panic!("acknowledged record {round} lost"));
             assert_eq!(record.status(), RecordStatus::Completed);
