@@ -338,7 +338,14 @@ fn sweep(crash: bool, mode: RecoveryMode, damage: Damage) -> Counts {
         .map(|(path, _)| path.clone())
         .filter(|path| !path.ends_with("MANIFEST"))
         .max();
-    for (path, bytes) in &originals {
+    // A prepared segment (`prep-`) is not part of the log, and whether the segment
+    // worker has made one when the store stops depends on timing: left out, so the
+    // counts are exact.
+    let prepared = |path: &Path| {
+        path.file_name()
+            .is_some_and(|name| name.to_string_lossy().starts_with("prep-"))
+    };
+    for (path, bytes) in originals.iter().filter(|(path, _)| !prepared(path)) {
         for position in (0..bytes.len()).step_by(bytes.len().div_ceil(64).max(1)) {
             let mut damaged = bytes.clone();
             match damage {
@@ -351,6 +358,7 @@ fn sweep(crash: bool, mode: RecoveryMode, damage: Damage) -> Counts {
                 may_lose_unprovably: crash
                     && damage == Damage::Cut
                     && Some(path) == newest.as_ref(),
+                newest_of_crashed: crash && Some(path) == newest.as_ref(),
                 path,
                 position,
             };
@@ -366,6 +374,9 @@ struct Case<'a> {
     mode: RecoveryMode,
     /// Cut the newest segment of a crashed store: loss cannot be proven.
     may_lose_unprovably: bool,
+    /// Damage to the newest segment of a crashed store: the only damage that may be cut
+    /// as a torn tail (a tail the crash may have torn).
+    newest_of_crashed: bool,
     path: &'a Path,
     position: usize,
 }
@@ -394,6 +405,13 @@ fn check(disk: &MemStorage, clock: &ManualClock, case: &Case<'_>, counts: &mut C
                 assert!(lost <= 1, "{where_}: salvage lost {lost} entries");
                 counts.salvaged += 1;
             } else if !report.torn_tails.is_empty() {
+                // A torn tail is only ever the damaged newest segment of a crashed store:
+                // loss anywhere else, or in another file, must be `Corrupted`.
+                assert!(
+                    case.newest_of_crashed
+                        && report.torn_tails.iter().all(|tail| tail.path == path),
+                    "{where_}: {lost} entries lost as a torn tail: {report:?}"
+                );
                 counts.reported_loss += 1;
             } else {
                 assert!(
@@ -406,29 +424,83 @@ fn check(disk: &MemStorage, clock: &ManualClock, case: &Case<'_>, counts: &mut C
     }
 }
 
+/// The counts of `docs/guarantees.md`'s table, row by row: (copies, corrupted, intact,
+/// reported torn tail, salvaged, unprovable). A change in what recovery does with any
+/// damaged copy, or in the files' layout, shows here.
+const TABLE: [(bool, RecoveryMode, Damage, [u64; 6]); 6] = [
+    (
+        false,
+        RecoveryMode::Strict,
+        Damage::Flip,
+        [422, 374, 48, 0, 0, 0],
+    ),
+    (
+        false,
+        RecoveryMode::Salvage,
+        Damage::Flip,
+        [422, 56, 172, 0, 194, 0],
+    ),
+    (
+        false,
+        RecoveryMode::Strict,
+        Damage::Cut,
+        [422, 374, 48, 0, 0, 0],
+    ),
+    (
+        true,
+        RecoveryMode::Strict,
+        Damage::Flip,
+        [376, 372, 0, 4, 0, 0],
+    ),
+    (
+        true,
+        RecoveryMode::Salvage,
+        Damage::Flip,
+        [376, 56, 122, 4, 194, 0],
+    ),
+    (
+        true,
+        RecoveryMode::Strict,
+        Damage::Cut,
+        [376, 312, 0, 58, 0, 6],
+    ),
+];
+
+fn table_row(crash: bool, mode: RecoveryMode, damage: Damage) -> [u64; 6] {
+    let counts = sweep(crash, mode, damage);
+    eprintln!("{mode:?}, {damage:?}, crash {crash}: {counts:?}");
+    [
+        counts.copies,
+        counts.corrupted,
+        counts.intact,
+        counts.reported_loss,
+        counts.salvaged,
+        counts.unprovable,
+    ]
+}
+
 #[test]
 fn strict_never_loses_acknowledged_data_silently() {
-    for damage in [Damage::Flip, Damage::Cut] {
-        for crash in [false, true] {
-            let counts = sweep(crash, RecoveryMode::Strict, damage);
-            eprintln!("strict, {damage:?}, crash {crash}: {counts:?}");
-            assert_eq!(counts.salvaged, 0);
-            if !crash {
-                assert_eq!(counts.reported_loss + counts.unprovable, 0, "{counts:?}");
-            }
-            assert!(counts.corrupted > counts.copies / 2, "{counts:?}");
+    for (crash, mode, damage, expected) in TABLE {
+        if mode == RecoveryMode::Strict {
+            assert_eq!(
+                table_row(crash, mode, damage),
+                expected,
+                "{mode:?} {damage:?} crash {crash}"
+            );
         }
     }
 }
 
 #[test]
 fn salvage_opens_and_keeps_every_frame_that_verifies() {
-    for crash in [false, true] {
-        let counts = sweep(crash, RecoveryMode::Salvage, Damage::Flip);
-        eprintln!("salvage, crash {crash}: {counts:?}");
-        assert!(counts.salvaged > 0, "{counts:?}");
-        if !crash {
-            assert_eq!(counts.reported_loss + counts.unprovable, 0, "{counts:?}");
+    for (crash, mode, damage, expected) in TABLE {
+        if mode == RecoveryMode::Salvage {
+            assert_eq!(
+                table_row(crash, mode, damage),
+                expected,
+                "{mode:?} {damage:?} crash {crash}"
+            );
         }
     }
 }
