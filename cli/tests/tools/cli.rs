@@ -207,37 +207,87 @@ fn store(dir: &Path) {
     }
 }
 
+/// Every file of `dir`, name and bytes: what `verify` must leave as it found it.
+fn snapshot(dir: &Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .map(|p| {
+            let bytes = std::fs::read(&p).unwrap();
+            (p, bytes)
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+/// `verify`, checking that it changed no file of `dir`.
+fn verify_unchanged(dir: &Path) -> (i32, String, String) {
+    let before = snapshot(dir);
+    let answer = verify(dir);
+    assert_eq!(snapshot(dir), before, "verify changed the directory");
+    answer
+}
+
 #[test]
 fn clean_damaged_and_unreadable() {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     store(dir.path());
-    let (code, out, _) = verify(dir.path());
+    // A prepared segment left by the segment worker is part of a store, not a stray.
+    let prepared = dir.path().join("prep-00000000000099999999-0000000000.log");
+    std::fs::write(&prepared, b"a prepared header").unwrap();
+    let (code, out, _) = verify_unchanged(dir.path());
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("clean"), "{out}");
+    assert!(!out.contains("not an oncedb file"), "{out}");
 
     // The segment holding the keys (a clean close also leaves an empty newest one).
     let segment = std::fs::read_dir(dir.path())
         .unwrap()
         .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("seg-"))
+        })
         .max_by_key(|p| std::fs::metadata(p).unwrap().len())
         .unwrap();
-    let mut bytes = std::fs::read(&segment).unwrap();
-    let before = bytes.clone();
-    let at = 48 + 30;
-    if let Some(byte) = bytes.get_mut(at) {
-        *byte ^= 1;
-    }
+    let before = std::fs::read(&segment).unwrap();
+    // A flipped byte inside the first key frame (after the 48-byte header and the 28-byte
+    // mark that opens the commit group, so at byte 76): reported at that frame's first
+    // byte.
+    let mut bytes = before.clone();
+    bytes[48 + 30] ^= 1;
     std::fs::write(&segment, &bytes).unwrap();
-    let (code, out, _) = verify(dir.path());
+    let (code, out, _) = verify_unchanged(dir.path());
     assert_eq!(code, 1, "{out}");
     let last = out.lines().last().unwrap();
     assert!(last.starts_with("DAMAGED"), "{out}");
     assert!(last.contains(&segment.display().to_string()), "{out}");
-    // verify changed nothing.
-    assert_eq!(std::fs::read(&segment).unwrap(), bytes);
-    std::fs::write(&segment, before).unwrap();
+    assert!(last.contains(" at byte 76:"), "{out}");
+
+    // A torn tail on the newest segment (bytes a crash left unfinished) is reported with
+    // its offset, and is no damage: open cuts it.
+    std::fs::write(&segment, &before).unwrap();
+    let newest = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("seg-"))
+        })
+        .max()
+        .unwrap();
+    let clean_len = std::fs::metadata(&newest).unwrap().len();
+    let mut torn = std::fs::read(&newest).unwrap();
+    torn.extend_from_slice(&[0xAB; 13]);
+    std::fs::write(&newest, &torn).unwrap();
+    let (code, out, _) = verify_unchanged(dir.path());
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains(&format!("torn tail at byte {clean_len}")),
+        "{out}"
+    );
 
     let (code, _, err) = verify(&dir.path().join("missing"));
     assert_eq!(code, 2);
