@@ -79,7 +79,11 @@ fn crash_rollover_child() {
         return;
     }
     let first: u64 = env(CHILD_FIRST_KEY).parse().unwrap();
-    let db = Arc::new(Db::open(options(&dir, &clock, Arc::new(StdStorage))).unwrap());
+    let storage: Arc<dyn Storage> = match std::env::var(CHILD_PAUSE_AT) {
+        Ok(pause_at) => Arc::new(PausingStorage { pause_at }),
+        Err(_) => Arc::new(StdStorage),
+    };
+    let db = Arc::new(Db::open(options(&dir, &clock, storage)).unwrap());
     let threads: Vec<_> = (0..THREADS)
         .map(|thread| {
             let (db, clock) = (Arc::clone(&db), clock.clone());
@@ -121,10 +125,17 @@ fn write_one(db: &Db, clock: &ManualClock, n: u64) {
     }
 }
 
-/// The real file system, except that the chosen call (`truncate` or `remove`) is made
-/// and then never returns: the child says so and waits to be killed.
+/// The real file system, except that the chosen call on a segment (`seg-`) file
+/// (`truncate`, `remove`, or `rename` of a prepared file into the log) is made and then
+/// never returns: the child says so and waits to be killed. Calls on other files (the
+/// manifest, prepared files being cleaned up) never pause.
 struct PausingStorage {
     pause_at: String,
+}
+
+fn is_segment(path: &Path) -> bool {
+    path.file_name()
+        .is_some_and(|name| name.to_string_lossy().starts_with("seg-"))
 }
 
 fn pause() -> ! {
@@ -168,18 +179,22 @@ impl Storage for PausingStorage {
     fn open_append(&self, path: &Path, create: bool) -> std::io::Result<Box<dyn StorageFile>> {
         Ok(Box::new(PausingFile {
             inner: StdStorage.open_append(path, create)?,
-            pause: self.pause_at == "truncate",
+            pause: self.pause_at == "truncate" && is_segment(path),
         }))
     }
     fn read(&self, path: &Path, max_bytes: u64) -> std::io::Result<Vec<u8>> {
         StdStorage.read(path, max_bytes)
     }
     fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
-        StdStorage.rename(from, to)
+        StdStorage.rename(from, to)?;
+        if self.pause_at == "rename" && is_segment(to) {
+            pause();
+        }
+        Ok(())
     }
     fn remove(&self, path: &Path) -> std::io::Result<()> {
         StdStorage.remove(path)?;
-        if self.pause_at == "remove" {
+        if self.pause_at == "remove" && is_segment(path) {
             pause();
         }
         Ok(())
@@ -192,12 +207,14 @@ impl Storage for PausingStorage {
     }
 }
 
-/// An acknowledged key (`record` false) or record, with the bucket before its call.
+/// An acknowledged key (`record` false) or record, with the bucket before its call, and
+/// whether a reopen has checked it yet.
 #[derive(Debug, Clone, Copy)]
 struct Ack {
     n: u64,
     record: bool,
     bucket: u64,
+    checked: bool,
 }
 
 fn spawn(
@@ -225,16 +242,33 @@ fn spawn(
     (child, lines)
 }
 
-/// Runs a writer until it has acknowledged `kill_after` writes, then kills it.
-fn run_writer(dir: &Path, start_bucket: u64, first_key: u64, kill_after: usize) -> Vec<Ack> {
-    let (mut child, lines) = spawn(&[
-        (CHILD_ROLE, "write".into()),
+/// Runs a writer until it has acknowledged `kill_after` writes, then kills it; with
+/// `pause_at`, kills it instead where it pauses (a roll-over's rename into the log).
+/// Returns the acknowledgements and whether it paused.
+fn run_writer(
+    dir: &Path,
+    start_bucket: u64,
+    first_key: u64,
+    kill_after: usize,
+    pause_at: Option<&str>,
+) -> (Vec<Ack>, bool) {
+    let mut envs = vec![
+        (CHILD_ROLE, "write".to_owned()),
         (CHILD_DIR, dir.display().to_string()),
         (CHILD_START_BUCKET, start_bucket.to_string()),
         (CHILD_FIRST_KEY, first_key.to_string()),
-    ]);
-    let mut acks = Vec::new();
+    ];
+    if let Some(pause_at) = pause_at {
+        envs.push((CHILD_PAUSE_AT, pause_at.to_owned()));
+    }
+    let (mut child, lines) = spawn(&envs);
+    let (mut acks, mut paused) = (Vec::new(), false);
     for line in lines.map_while(Result::ok) {
+        if line == "paused" {
+            paused = true;
+            child.kill().unwrap();
+            continue;
+        }
         let parts: Vec<&str> = line.split(' ').collect();
         let [kind @ ("key" | "record"), n, bucket] = parts[..] else {
             continue;
@@ -243,17 +277,18 @@ fn run_writer(dir: &Path, start_bucket: u64, first_key: u64, kill_after: usize) 
             n: n.parse().unwrap(),
             record: kind == "record",
             bucket: bucket.parse().unwrap(),
+            checked: false,
         });
-        if acks.len() == kill_after {
+        if acks.len() == kill_after && pause_at.is_none() {
             child.kill().unwrap();
         }
     }
     child.wait().unwrap();
     assert!(
-        acks.len() >= kill_after,
+        paused || acks.len() >= kill_after,
         "the writer stopped before it was killed"
     );
-    acks
+    (acks, paused)
 }
 
 /// Runs an opener that stops at `pause_at`; kills it there. Returns whether it paused
@@ -265,11 +300,16 @@ fn run_opener(dir: &Path, bucket: u64, pause_at: &str) -> bool {
         (CHILD_START_BUCKET, bucket.to_string()),
         (CHILD_PAUSE_AT, pause_at.into()),
     ]);
-    let mut paused = false;
+    // A pause counts only inside `Db::open`: before the child says it opened.
+    let (mut paused, mut opened) = (false, false);
     for line in lines.map_while(Result::ok) {
-        if line == "paused" {
-            paused = true;
-            child.kill().unwrap();
+        match line.as_str() {
+            "paused" if !opened => {
+                paused = true;
+                child.kill().unwrap();
+            }
+            "opened" => opened = true,
+            _ => {}
         }
     }
     child.wait().unwrap();
@@ -290,13 +330,13 @@ fn newest_segment_bucket(dir: &Path) -> u64 {
 /// Reopens at `bucket` (or later, if segments are newer) and checks every
 /// acknowledgement whose window has not ended by then. Returns the bucket it opened at
 /// and how many acknowledgements it checked.
-fn check(dir: &Path, bucket: u64, acks: &[Ack]) -> (u64, u64) {
+fn check(dir: &Path, bucket: u64, acks: &mut [Ack]) -> (u64, u64) {
     let now = bucket.max(newest_segment_bucket(dir));
     let clock = clock_at(now);
     let db = Db::open(options(dir, &clock, Arc::new(StdStorage)))
         .expect("reopen after SIGKILL must succeed");
     let mut checked = 0;
-    for ack in acks.iter().filter(|ack| now - ack.bucket <= SPAN) {
+    for ack in acks.iter_mut().filter(|ack| now - ack.bucket <= SPAN) {
         let key = ack.n.to_le_bytes();
         if ack.record {
             let record = db.get(&scope(), &key).unwrap();
@@ -310,6 +350,7 @@ fn check(dir: &Path, bucket: u64, acks: &[Ack]) -> (u64, u64) {
                 ack.n
             );
         }
+        ack.checked = true;
         checked += 1;
     }
     (now, checked)
@@ -342,21 +383,22 @@ fn writes_survive_sigkill_across_roll_over_expiry_and_open() {
     let mut bucket = 1_800_000_000;
     let mut acks: Vec<Ack> = Vec::new();
     let mut seed = 0x5eed_u64;
-    let (mut paused_truncate, mut paused_remove, mut checked) = (0, 0, 0);
+    let (mut paused_truncate, mut paused_remove, mut paused_rename, mut checked) = (0, 0, 0, 0);
     let mut most_segments = 0;
     for round in 0..rounds {
         seed = seed
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
         let kill_after = 50 + (seed >> 33) as usize % 300;
-        acks.extend(run_writer(
-            dir.path(),
-            bucket,
-            (round + 1) << 32,
-            kill_after,
-        ));
+        // Every third writer is killed inside a roll-over instead: right after it
+        // renamed the prepared segment into the log, before the directory is synced.
+        let pause_at = (round % 3 == 2).then_some("rename");
+        let (written, paused) =
+            run_writer(dir.path(), bucket, (round + 1) << 32, kill_after, pause_at);
+        acks.extend(written);
+        paused_rename += u64::from(paused);
         most_segments = most_segments.max(oncedb::verify(dir.path()).unwrap().segments.len());
-        let (now, count) = check(dir.path(), bucket, &acks);
+        let (now, count) = check(dir.path(), bucket, &mut acks);
         (bucket, checked) = (now, checked + count);
         if round % 2 == 0 {
             tear_newest(dir.path());
@@ -366,18 +408,25 @@ fn writes_survive_sigkill_across_roll_over_expiry_and_open() {
             bucket += SPAN / 2;
             paused_remove += u64::from(run_opener(dir.path(), bucket, "remove"));
         }
-        let (now, count) = check(dir.path(), bucket, &acks);
+        let (now, count) = check(dir.path(), bucket, &mut acks);
         (bucket, checked) = (now, checked + count);
     }
     eprintln!(
-        "{} acknowledged, {checked} checked, up to {most_segments} segments, \
-         {paused_truncate} opens killed cutting a tail, {paused_remove} deleting segments",
+        "{} acknowledged, {checked} checks, up to {most_segments} segments, \
+         {paused_truncate} opens killed cutting a tail, {paused_remove} deleting segments, \
+         {paused_rename} writers killed inside a roll-over",
         acks.len()
     );
+    let unchecked: Vec<u64> = acks
+        .iter()
+        .filter(|ack| !ack.checked)
+        .map(|ack| ack.n)
+        .collect();
     assert!(
-        checked >= acks.len() as u64,
-        "each acknowledgement is checked at least once"
+        unchecked.is_empty(),
+        "never checked after a kill: {unchecked:?}"
     );
+    assert!(paused_rename > 0, "no writer was killed inside a roll-over");
     assert!(most_segments >= 4, "the writers must roll segments over");
     assert!(
         acks.first()
