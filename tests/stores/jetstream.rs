@@ -1,7 +1,8 @@
 //! The effectively-once forwarder (`examples/jetstream_dedup.rs`) against a real
-//! `nats-server -js` the test starts: input with publisher retries and late duplicates
-//! (older than the broker's duplicate window), the consumer run as a child process and
-//! killed with SIGKILL at random points until the input is drained. Every distinct
+//! `nats-server -js` the test starts: input with publisher retries, the consumer run as a
+//! child process and killed with SIGKILL at random points until the input is drained;
+//! then late duplicates, published once both streams' duplicate windows have passed (so
+//! no broker drops them: only the store can), drained under kills again. Every distinct
 //! message must reach the output exactly once. A second variant also kills the broker
 //! once; a control run of the naive "remember then forward" consumer must lose messages.
 
@@ -40,7 +41,12 @@ async fn create_stream(js: &jetstream::Context, name: &str, subject: &str, windo
     .unwrap();
 }
 
-/// JetStream's default duplicate window.
+/// The output stream's duplicate window: long enough to absorb a re-forward by a
+/// consumer restarted after a kill (the example re-sends an in-flight message with its
+/// id), shorter than the wait before the late duplicates, so the broker cannot be what
+/// drops those: only the store can.
+const OUTPUT_DUPLICATE_WINDOW: Duration = Duration::from_secs(8);
+/// JetStream's default duplicate window, for the streams of the other tests.
 const BROKER_DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 
 async fn jetstream(url: &str) -> jetstream::Context {
@@ -66,37 +72,45 @@ async fn jetstream(url: &str) -> jetstream::Context {
     }
 }
 
+/// Publishes message `i` of the input with its id; whether the broker called it a
+/// duplicate.
+async fn publish(js: &jetstream::Context, i: usize) -> bool {
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        async_nats::header::NATS_MESSAGE_ID,
+        format!("m-{i}").as_str(),
+    );
+    js.publish_with_headers("in", headers, format!("payload {i}").into())
+        .await
+        .unwrap()
+        .await
+        .unwrap()
+        .duplicate
+}
+
 /// Creates the streams and publishes the input: `MESSAGES` distinct ids, every tenth
-/// published twice at once (a publisher retry the broker drops), and every seventh again
-/// after the input's duplicate window (a late duplicate the broker accepts).
+/// published twice at once (a publisher retry the broker drops).
 async fn publish_input(js: &jetstream::Context) {
     create_stream(js, "IN", "in", INPUT_DUPLICATE_WINDOW).await;
-    create_stream(js, "OUT", "out", BROKER_DUPLICATE_WINDOW).await;
-    let publish = |i: usize| async move {
-        let mut headers = HeaderMap::new();
-        headers.insert(
-            async_nats::header::NATS_MESSAGE_ID,
-            format!("m-{i}").as_str(),
-        );
-        js.publish_with_headers("in", headers, format!("payload {i}").into())
-            .await
-            .unwrap()
-            .await
-            .unwrap()
-    };
+    create_stream(js, "OUT", "out", OUTPUT_DUPLICATE_WINDOW).await;
     for i in 0..MESSAGES {
-        assert!(!publish(i).await.duplicate);
+        assert!(!publish(js, i).await);
         if i % 10 == 0 {
-            assert!(publish(i).await.duplicate, "the broker drops a quick retry");
+            assert!(publish(js, i).await, "the broker drops a quick retry");
         }
     }
-    // Real time must pass the broker's window; nothing else marks it.
-    tokio::time::sleep(INPUT_DUPLICATE_WINDOW + Duration::from_millis(500)).await;
+}
+
+/// Every seventh message again, once the input has been forwarded and both streams'
+/// duplicate windows have passed: late duplicates that both brokers accept.
+async fn publish_late_duplicates(js: &jetstream::Context) {
+    // Real time must pass the brokers' windows; nothing else marks it.
+    tokio::time::sleep(
+        OUTPUT_DUPLICATE_WINDOW.max(INPUT_DUPLICATE_WINDOW) + Duration::from_secs(1),
+    )
+    .await;
     for i in (0..MESSAGES).step_by(7) {
-        assert!(
-            !publish(i).await.duplicate,
-            "a late duplicate passes the broker"
-        );
+        assert!(!publish(js, i).await, "a late duplicate passes the broker");
     }
 }
 
@@ -142,6 +156,8 @@ async fn output(js: &jetstream::Context) -> BTreeMap<String, usize> {
 #[derive(Default, Debug)]
 struct Runs {
     kills: usize,
+    /// Broker crashes under a running consumer.
+    broker_crashes: usize,
     /// Kills that landed before the run had drained the input.
     busy_kills: usize,
     replays: u64,
@@ -197,6 +213,7 @@ fn drain(
                     // later if it is still running.
                     server.crash_and_restart();
                     broker_crashed = true;
+                    runs.broker_crashes += 1;
                     kill_at = Instant::now() + Duration::from_millis(rng.below(2000));
                     continue;
                 }
@@ -250,9 +267,19 @@ async fn kill_run(
     let js = jetstream(&server.url()).await;
     publish_input(&js).await;
     let dir = tempfile::tempdir().unwrap();
-    let runs = tokio::task::block_in_place(|| {
+    let mut runs = tokio::task::block_in_place(|| {
         drain(&mut server, dir.path(), flags, seed, 3, crash_broker)
     });
+    // The late duplicates, under kills again: only the store can drop them now.
+    let js = jetstream(&server.url()).await;
+    publish_late_duplicates(&js).await;
+    let late = tokio::task::block_in_place(|| {
+        drain(&mut server, dir.path(), flags, seed ^ 0x1a7e, 1, false)
+    });
+    runs.kills += late.kills;
+    runs.busy_kills += late.busy_kills;
+    runs.replays += late.replays;
+    runs.completed_runs += late.completed_runs;
     let js = jetstream(&server.url()).await;
     (output(&js).await, runs, dir)
 }
@@ -278,6 +305,11 @@ async fn scenario(crash_broker: bool) {
     let seed = seed();
     let (out, runs, dir) = kill_run(&[], seed, crash_broker).await;
     assert_exactly_once(&out, &runs, seed);
+    assert_eq!(
+        runs.broker_crashes,
+        usize::from(crash_broker),
+        "the broker crashed as planned: {runs:?} (seed {seed})"
+    );
     assert!(runs.kills >= 3, "{runs:?}");
     assert!(
         runs.busy_kills >= 1,
