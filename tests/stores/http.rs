@@ -57,17 +57,27 @@ async fn handle(
             response.extensions_mut().insert(SideEffect::NotPerformed);
         }
         "panic" => panic!("handler failure"),
+        "large" => *response.body_mut() = Body::from(vec![b'x'; 4096]),
+        "stream" => {
+            let chunks =
+                futures_util::stream::iter([Ok::<_, std::io::Error>(Bytes::from("chunk"))]);
+            *response.body_mut() = Body::from_stream(chunks);
+        }
         _ => {}
     }
     response
 }
 
 fn app<S: Store + Clone>(store: S, handler: Arc<Handler>) -> Router {
+    app_with(store, handler, 1024)
+}
+
+fn app_with<S: Store + Clone>(store: S, handler: Arc<Handler>, max_body: usize) -> Router {
     let config = IdempotencyConfig::new(|parts| {
         let auth = parts.headers.get("authorization")?.to_str().ok()?;
         auth.strip_prefix("Bearer ").map(str::to_owned)
     })
-    .max_body_bytes(1024);
+    .max_body_bytes(max_body);
     Router::new()
         .route(
             "/things",
@@ -291,4 +301,107 @@ async fn the_response_policy_decides_what_a_retry_gets() {
     let again = send(&app, request(Some("abandoned-000000001"), "", "{}")).await;
     assert_eq!(again.0, StatusCode::CONFLICT);
     assert_eq!(db.in_flight(Duration::ZERO).len(), 3);
+}
+
+/// The answers of a bad day: a body that never arrives, two keys, a store that cannot be
+/// reached or is full, a response too large for the store, a streaming response.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_days_get_the_documented_answers() {
+    let deadline = Duration::from_secs(10);
+    let dir = tempfile::tempdir().unwrap();
+    let handler = Arc::new(Handler::default());
+    let app = app(durable(dir.path()), Arc::clone(&handler));
+    // A declared body over the limit whose bytes never come: refused from the header,
+    // without waiting for (or buffering) the body.
+    let never = futures_util::stream::pending::<Result<Bytes, std::io::Error>>();
+    let mut stalled = request(Some(KEY), "", "");
+    *stalled.body_mut() = Body::from_stream(never);
+    stalled
+        .headers_mut()
+        .insert("content-length", HeaderValue::from_static("2000"));
+    let answer = tokio::time::timeout(deadline, send(&app, stalled))
+        .await
+        .expect("413 without waiting for the body");
+    assert_eq!(answer.0, StatusCode::PAYLOAD_TOO_LARGE);
+    // Two Idempotency-Key header lines.
+    let mut twice = request(Some(KEY), "", "{}");
+    twice.headers_mut().append(
+        "idempotency-key",
+        HeaderValue::from_static("key-other-0123456789"),
+    );
+    let answer = send(&app, twice).await;
+    assert_eq!(answer.0, StatusCode::BAD_REQUEST);
+    assert!(String::from_utf8_lossy(&answer.2).contains("duplicate_idempotency_key"));
+    assert_eq!(handler.calls.load(Ordering::SeqCst), 0);
+
+    // A store that cannot be reached: 503 with Retry-After, the handler never runs.
+    let nowhere = oncedb::PostgresStore::connect_with(
+        "postgres://nobody@127.0.0.1:1/none",
+        oncedb::StoreOptions::new(Duration::from_secs(60))
+            .connect_timeout(Duration::from_secs(2))
+            .response_timeout(Duration::from_secs(2)),
+    )
+    .unwrap();
+    let unreachable = app_with(nowhere, Arc::clone(&handler), 1024);
+    let answer = send(&unreachable, request(Some(KEY), "", "{}")).await;
+    assert_eq!(answer.0, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(header(&answer.1, "retry-after").is_some());
+
+    // A full store: 503 with Retry-After.
+    let full = Db::open(Options::in_memory().shards(1).max_keys(1)).unwrap();
+    let full = app_with(full, Arc::clone(&handler), 1024);
+    assert_eq!(
+        send(&full, request(Some(KEY), "", "{}")).await.0,
+        StatusCode::CREATED
+    );
+    let answer = send(&full, request(Some("key-second-0123456789"), "", "{}")).await;
+    assert_eq!(answer.0, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(header(&answer.1, "retry-after").is_some());
+    assert_eq!(handler.calls.load(Ordering::SeqCst), 1);
+
+    // A response larger than the store accepts: answered whole, and the retry learns the
+    // outcome (status, headers, no body) without running the handler again.
+    let small = Db::open(Options::in_memory().max_response_bytes(512)).unwrap();
+    let small = app_with(small, Arc::clone(&handler), 1024);
+    let first = send(&small, request(Some(KEY), "large", "{}")).await;
+    assert_eq!((first.0, first.2.len()), (StatusCode::CREATED, 4096));
+    let retry = send(&small, request(Some(KEY), "large", "{}")).await;
+    assert_eq!(retry.0, StatusCode::CREATED);
+    assert!(retry.2.is_empty());
+    assert_eq!(header(&retry.1, "idempotent-body-omitted"), Some("true"));
+    assert_eq!(header(&retry.1, "location"), Some("/things/1"));
+    assert_eq!(handler.calls.load(Ordering::SeqCst), 2);
+
+    // A streaming response is not stored: the key is released and a retry runs again.
+    let streaming = app_with(
+        Db::open(Options::in_memory()).unwrap(),
+        Arc::clone(&handler),
+        1024,
+    );
+    let first = send(&streaming, request(Some(KEY), "stream", "{}")).await;
+    assert_eq!(&first.2[..], b"chunk");
+    let retry = send(&streaming, request(Some(KEY), "stream", "{}")).await;
+    assert_eq!(header(&retry.1, "idempotent-replayed"), None);
+    assert_eq!(handler.calls.load(Ordering::SeqCst), 4);
+}
+
+/// Operation ids are built from length-prefixed parts that include the operation, so
+/// parts holding the separator, or one key on two routes, never share an id.
+#[test]
+fn operation_ids_never_collide() {
+    let id = |tenant: &str, operation: &str, key: &str| {
+        IdempotencyContext {
+            tenant: tenant.into(),
+            operation: operation.into(),
+            key: key.into(),
+        }
+        .operation_id()
+    };
+    assert_ne!(id("a", "POST /p", "b:k"), id("a:b", "POST /p", "k"));
+    assert_ne!(
+        id("a", "POST /payments", "k"),
+        id("a", "POST /refunds", "k")
+    );
+    assert_ne!(id("a1", "1:b", "k"), id("a", "11:b", "k"));
+    assert_eq!(id("t", "POST /p", "k"), id("t", "POST /p", "k"));
 }
