@@ -369,6 +369,7 @@ async fn the_outbox_relay_publishes_to_jetstream_with_stable_ids() {
     use oncedb::postgres::jetstream::JetStreamPublisher;
     use oncedb::postgres::outbox::{self, NewMessage, Relay};
     use servers::postgres::PgServer;
+    use std::io::BufRead;
 
     let nats = NatsServer::start();
     let postgres = PgServer::start();
@@ -393,20 +394,132 @@ async fn the_outbox_relay_publishes_to_jetstream_with_stable_ids() {
         .unwrap();
     }
     tx.commit().await.unwrap();
+    drop(client);
+    // A relay process publishes to JetStream and is killed with SIGKILL before it marks
+    // anything published.
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            "jetstream::jetstream_relay_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(RELAY_CHILD_NATS, nats.url())
+        .env(RELAY_CHILD_POSTGRES, postgres.url())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let published_by_child = loop {
+        let line = lines.next().expect("the child published nothing").unwrap();
+        if let Some((_, count)) = line.split_once("published ") {
+            break count.trim().parse::<u64>().unwrap();
+        }
+    };
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(published_by_child > 0);
+    let mut events = js.get_stream("EVENTS").await.unwrap();
+    assert_eq!(
+        events.info().await.unwrap().state.messages,
+        published_by_child
+    );
+    // The killed relay's transaction holds its row locks until PostgreSQL ends it.
+    let client = store.pool().get().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let open: i64 = client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE state LIKE 'idle in transaction%' AND pid <> pg_backend_pid()",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if open == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the killed relay's transaction never ended"
+        );
+        // Polling the server's own view; nothing in this process can signal it.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(client);
+    // A new relay publishes everything again, with the same ids: the stream keeps one
+    // copy of each of the 20.
     let relay = Relay::new(&store, JetStreamPublisher::new(js.clone(), "events"));
     let mut published = 0;
     while let n @ 1.. = relay.run_once().await.unwrap() {
         published += n;
     }
-    assert_eq!(published, 20);
-    // As if a relay had died after publishing: every row is unpublished again.
-    client
-        .execute("UPDATE outbox_messages SET published_at = NULL", &[])
-        .await
-        .unwrap();
-    while relay.run_once().await.unwrap() > 0 {}
-    let mut events = js.get_stream("EVENTS").await.unwrap();
+    assert_eq!(
+        published, 20,
+        "nothing was marked published by the killed relay"
+    );
     assert_eq!(events.info().await.unwrap().state.messages, 20);
+}
+
+#[cfg(feature = "nats")]
+const RELAY_CHILD_NATS: &str = "ONCEDB_JS_RELAY_NATS";
+#[cfg(feature = "nats")]
+const RELAY_CHILD_POSTGRES: &str = "ONCEDB_JS_RELAY_POSTGRES";
+
+/// Publishes through JetStream, says how many so far, and hangs after the fifth, before
+/// the relay can mark anything published: the relay of the test above, killed there.
+#[cfg(feature = "nats")]
+struct PublishThenHang {
+    inner: oncedb::postgres::jetstream::JetStreamPublisher,
+    count: std::sync::atomic::AtomicU64,
+}
+
+#[cfg(feature = "nats")]
+impl oncedb::postgres::outbox::Publisher for PublishThenHang {
+    async fn publish(
+        &self,
+        message: &oncedb::postgres::outbox::OutboxMessage,
+    ) -> oncedb::Result<()> {
+        use std::io::Write;
+        self.inner.publish(message).await?;
+        let n = self.count.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        if n == 5 {
+            // Straight to the pipe, past the test harness's output capture.
+            {
+                let mut out = std::io::stdout().lock();
+                writeln!(out, "published {n}").unwrap();
+                out.flush().unwrap();
+            }
+            std::future::pending::<()>().await;
+        }
+        Ok(())
+    }
+}
+
+/// The relay child of the JetStream relay test.
+#[cfg(feature = "nats")]
+#[test]
+#[ignore = "child process of the JetStream relay test"]
+fn jetstream_relay_child() {
+    let (Ok(nats), Ok(postgres)) = (
+        std::env::var(RELAY_CHILD_NATS),
+        std::env::var(RELAY_CHILD_POSTGRES),
+    ) else {
+        return;
+    };
+    servers::runtime().block_on(async {
+        let js = jetstream(&nats).await;
+        let store = oncedb::PostgresStore::connect(&postgres, Duration::from_secs(60)).unwrap();
+        let publisher = PublishThenHang {
+            inner: oncedb::postgres::jetstream::JetStreamPublisher::new(js, "events"),
+            count: std::sync::atomic::AtomicU64::new(0),
+        };
+        let relay = oncedb::postgres::outbox::Relay::new(&store, publisher);
+        relay.run_once().await.unwrap();
+    });
 }
 
 /// Messages per second through the consumer with oncedb in the path and without
