@@ -124,3 +124,61 @@ fn another_write_failure_is_one_error_line_and_a_failure() {
         );
     }
 }
+
+/// Under libfiu (Debian's `fiu-utils`), reads and writes of the tool fail at random: a
+/// run ends with its output or with one error line, never with a panic.
+#[test]
+fn random_io_failures_never_make_a_tool_panic() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let input: Vec<u8> = (0..3000)
+        .flat_map(|i| format!("{i}\n").into_bytes())
+        .collect();
+    for run in 0..24 {
+        let store = dir.path().join(format!("store-{run}"));
+        let store = store.to_str().unwrap().to_owned();
+        let tool: Vec<&str> = if run % 2 == 0 {
+            vec!["dedup", "--dir", &store, "--window", "1h"]
+        } else {
+            vec![
+                "bench",
+                "--keys",
+                "2000",
+                "--threads",
+                "1",
+                "--batch",
+                "100",
+            ]
+        };
+        let mut child = Command::new("fiu-run")
+            .args([
+                "-x",
+                "-c",
+                "enable_random name=posix/io/rw/*,probability=0.05",
+            ])
+            .arg(env!("CARGO_BIN_EXE_oncedb"))
+            .args(&tool)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("fiu-run must be installed (Debian's fiu-utils; .ci/run installs it)");
+        let mut stdin = child.stdin.take().unwrap();
+        let feed = input.clone();
+        let feeder = std::thread::spawn(move || {
+            let _ = stdin.write_all(&feed);
+        });
+        let output = child.wait_with_output().unwrap();
+        feeder.join().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            !stderr.contains("panicked"),
+            "run {run} ({tool:?}) panicked: {stderr}"
+        );
+        assert!(
+            matches!(output.status.code(), Some(0 | 1)),
+            "run {run} ({tool:?}): {:?} {stderr}",
+            output.status
+        );
+    }
+}
