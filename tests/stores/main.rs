@@ -23,6 +23,8 @@ mod conformance;
 #[cfg(feature = "http")]
 mod http;
 mod jetstream;
+#[cfg(feature = "postgres")]
+mod outbox;
 #[cfg(feature = "http")]
 mod payments;
 #[cfg(feature = "postgres")]

@@ -18,6 +18,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "the epochs take-overs replaced",
         include_str!("migrations/0002_taken_epochs.sql"),
     ),
+    (
+        3,
+        "outbox: commit-ordered aggregates, retries, dead letters",
+        include_str!("migrations/0003_outbox_bad_days.sql"),
+    ),
 ];
 
 /// Advisory lock key under which migrations run ("oncedb" in ASCII).
