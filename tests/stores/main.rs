@@ -33,3 +33,5 @@ mod postgres;
 mod redis;
 #[cfg(feature = "async")]
 mod store;
+#[cfg(feature = "postgres")]
+mod transactions;

@@ -84,6 +84,53 @@ fn is_outage(code: &tokio_postgres::error::SqlState) -> bool {
         .contains(code)
 }
 
+/// Where a statement runs: a pooled connection (statements cached per connection), or
+/// the caller's transaction, for reservations that commit with the business update.
+trait Runner: Sync {
+    /// Runs `sql`; at most one row.
+    fn opt(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> impl std::future::Future<Output = Result<Option<tokio_postgres::Row>>> + Send;
+
+    /// Runs `sql`; the rows it changed.
+    fn exec(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> impl std::future::Future<Output = Result<u64>> + Send;
+}
+
+impl Runner for Object {
+    async fn opt(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<tokio_postgres::Row>> {
+        query_opt(self, sql, params).await
+    }
+
+    async fn exec(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
+        let statement = prepare(self, sql).await?;
+        self.execute(&statement, params).await.map_err(pg_error)
+    }
+}
+
+impl Runner for tokio_postgres::Transaction<'_> {
+    async fn opt(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<tokio_postgres::Row>> {
+        self.query_opt(sql, params).await.map_err(pg_error)
+    }
+
+    async fn exec(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
+        self.execute(sql, params).await.map_err(pg_error)
+    }
+}
+
 /// The cached statement for `sql` on `client`: every call prepares once per connection.
 async fn prepare(client: &Object, sql: &str) -> Result<tokio_postgres::Statement> {
     client.prepare_cached(sql).await.map_err(pg_error)
@@ -260,14 +307,63 @@ impl PostgresStore {
     }
 
     /// Reads the live record, or `None` when it is absent or expired.
-    async fn live(&self, client: &Object, scope: &Scope, key: &[u8]) -> Result<Option<Row>> {
-        let row = query_opt(
-            client,
-            sql::GET,
-            &[&scope.tenant(), &scope.operation(), &key],
-        )
-        .await?;
+    async fn live(&self, client: &impl Runner, scope: &Scope, key: &[u8]) -> Result<Option<Row>> {
+        let row = client
+            .opt(sql::GET, &[&scope.tenant(), &scope.operation(), &key])
+            .await?;
         row.map(|row| Row::read(&row)).transpose()
+    }
+
+    /// The reservation of [`Store::reserve`], run on `client`.
+    async fn reserve_on(
+        &self,
+        client: &impl Runner,
+        scope: &Scope,
+        key: &[u8],
+        request: &[u8],
+    ) -> Result<Reservation<PostgresLease>> {
+        self.record_params(scope, key)?;
+        let hash = request_hash(request);
+        // A row seen conflicting may be released or expire before it is read: try again.
+        loop {
+            let params: [&(dyn ToSql + Sync); 5] = [
+                &scope.tenant(),
+                &scope.operation(),
+                &key,
+                &hash,
+                &self.window_ms,
+            ];
+            if let Some(row) = client.opt(sql::RESERVE, &params).await? {
+                return Ok(Reservation::Acquired(self.lease(scope, key, &row)?));
+            }
+            let Some(row) = self.live(client, scope, key).await? else {
+                continue;
+            };
+            if row.request_hash != hash {
+                return Ok(Reservation::Mismatch);
+            }
+            return Ok(match row.status {
+                RecordStatus::InFlight => Reservation::InFlight { since: row.created },
+                RecordStatus::Completed => Reservation::Completed(row.record()),
+                RecordStatus::Failed => Reservation::Failed(row.record()),
+            });
+        }
+    }
+
+    /// [`Store::reserve`] inside the caller's transaction `tx`, so that the record
+    /// commits (or rolls back) with the business update, as the inbox does: a crash or a
+    /// rollback before the commit leaves neither. The new row stays locked until `tx`
+    /// ends, so a racing reservation of the same key waits for it, then sees the record
+    /// (after a commit) or acquires (after a rollback). Finish the lease in the same
+    /// transaction with [`PostgresLease::complete_in`] (or `fail_in`, `release_in`).
+    pub async fn reserve_in(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        scope: &Scope,
+        key: &[u8],
+        request: &[u8],
+    ) -> Result<Reservation<PostgresLease>> {
+        self.reserve_on(tx, scope, key, request).await
     }
 }
 
@@ -394,40 +490,8 @@ impl Store for PostgresStore {
         key: &[u8],
         request: &[u8],
     ) -> Result<Reservation<PostgresLease>> {
-        self.record_params(scope, key)?;
-        let hash = request_hash(request);
         let client = self.client().await?;
-        let insert = prepare(&client, sql::RESERVE).await?;
-        // A row seen conflicting may be released or expire before it is read: try again.
-        loop {
-            let acquired = client
-                .query_opt(
-                    &insert,
-                    &[
-                        &scope.tenant(),
-                        &scope.operation(),
-                        &key,
-                        &hash,
-                        &self.window_ms,
-                    ],
-                )
-                .await
-                .map_err(pg_error)?;
-            if let Some(row) = acquired {
-                return Ok(Reservation::Acquired(self.lease(scope, key, &row)?));
-            }
-            let Some(row) = self.live(&client, scope, key).await? else {
-                continue;
-            };
-            if row.request_hash != hash {
-                return Ok(Reservation::Mismatch);
-            }
-            return Ok(match row.status {
-                RecordStatus::InFlight => Reservation::InFlight { since: row.created },
-                RecordStatus::Completed => Reservation::Completed(row.record()),
-                RecordStatus::Failed => Reservation::Failed(row.record()),
-            });
-        }
+        self.reserve_on(&client, scope, key, request).await
     }
 
     async fn get(&self, scope: &Scope, key: &[u8]) -> Result<Option<Record>> {
@@ -589,32 +653,65 @@ impl PostgresLease {
     }
 
     /// Runs `statement` (which changes the record only while this lease owns it) with
-    /// the record's key, this lease's epoch and `extra`; explains a refusal.
-    async fn call(&self, statement: &str, extra: &[&(dyn ToSql + Sync)]) -> Result<()> {
+    /// the record's key, this lease's epoch and `extra`, on a pooled connection or in
+    /// the caller's transaction; explains a refusal.
+    async fn call_on(
+        &self,
+        client: &impl Runner,
+        statement: &str,
+        extra: &[&(dyn ToSql + Sync)],
+    ) -> Result<()> {
         let epoch = signed(self.epoch, "epoch")?;
-        let client = self.store.client().await?;
-        let prepared = prepare(&client, statement).await?;
         let (tenant, operation) = (self.scope.tenant(), self.scope.operation());
         let mut params: Vec<&(dyn ToSql + Sync)> = vec![&tenant, &operation, &self.key, &epoch];
         params.extend_from_slice(extra);
-        if client.execute(&prepared, &params).await.map_err(pg_error)? == 1 {
+        if client.exec(statement, &params).await? == 1 {
             return Ok(());
         }
-        let row = query_opt(
-            &client,
-            sql::LEASE_STATE,
-            &[&self.scope.tenant(), &self.scope.operation(), &self.key],
-        )
-        .await?;
+        let row = client
+            .opt(sql::LEASE_STATE, &[&tenant, &operation, &self.key])
+            .await?;
         match row.map(|row| ownership(&row, self.epoch)).transpose()? {
             Some(Ownership::Fenced) => Err(Error::Fenced),
             _ => Err(Error::LeaseLost),
         }
     }
 
+    async fn call(&self, statement: &str, extra: &[&(dyn ToSql + Sync)]) -> Result<()> {
+        let client = self.store.client().await?;
+        self.call_on(&client, statement, extra).await
+    }
+
     async fn finish(self, status: &str, response: &[u8]) -> Result<()> {
         self.store.options.check_response(response)?;
         self.call(sql::FINISH, &[&status, &response]).await
+    }
+
+    /// [`StoreLease::complete`] inside the caller's transaction `tx`: the response
+    /// commits with the business update, or neither does.
+    pub async fn complete_in(
+        self,
+        tx: &tokio_postgres::Transaction<'_>,
+        response: &[u8],
+    ) -> Result<()> {
+        self.store.options.check_response(response)?;
+        self.call_on(tx, sql::FINISH, &[&"completed", &response])
+            .await
+    }
+
+    /// [`StoreLease::fail`] inside the caller's transaction `tx`.
+    pub async fn fail_in(
+        self,
+        tx: &tokio_postgres::Transaction<'_>,
+        response: &[u8],
+    ) -> Result<()> {
+        self.store.options.check_response(response)?;
+        self.call_on(tx, sql::FINISH, &[&"failed", &response]).await
+    }
+
+    /// [`StoreLease::release`] inside the caller's transaction `tx`.
+    pub async fn release_in(self, tx: &tokio_postgres::Transaction<'_>) -> Result<()> {
+        self.call_on(tx, sql::RELEASE, &[]).await
     }
 }
 
