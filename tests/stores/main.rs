@@ -23,6 +23,8 @@ mod conformance;
 #[cfg(feature = "http")]
 mod http;
 mod jetstream;
+#[cfg(all(feature = "postgres", feature = "redis"))]
+mod lease_timeout;
 #[cfg(feature = "postgres")]
 mod outbox;
 #[cfg(feature = "http")]

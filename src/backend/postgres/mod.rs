@@ -342,12 +342,41 @@ impl PostgresStore {
             if row.request_hash != hash {
                 return Ok(Reservation::Mismatch);
             }
+            if row.status == RecordStatus::InFlight
+                && let Some(lease) = self.take_over_stuck(client, scope, key, &hash).await?
+            {
+                return Ok(Reservation::Acquired(lease));
+            }
             return Ok(match row.status {
                 RecordStatus::InFlight => Reservation::InFlight { since: row.created },
                 RecordStatus::Completed => Reservation::Completed(row.record()),
                 RecordStatus::Failed => Reservation::Failed(row.record()),
             });
         }
+    }
+
+    /// With a lease timeout: takes over the record of `key` if it has been in flight
+    /// under one lease (without a note) for that long.
+    async fn take_over_stuck(
+        &self,
+        client: &impl Runner,
+        scope: &Scope,
+        key: &[u8],
+        hash: &str,
+    ) -> Result<Option<PostgresLease>> {
+        let Some(timeout) = self.options.lease_timeout else {
+            return Ok(None);
+        };
+        let timeout_ms = i64::try_from(duration_to_ms(timeout).max(1)).unwrap_or(i64::MAX);
+        let params: [&(dyn ToSql + Sync); 5] = [
+            &scope.tenant(),
+            &scope.operation(),
+            &key,
+            &hash,
+            &timeout_ms,
+        ];
+        let row = client.opt(sql::TAKE_OVER_STUCK, &params).await?;
+        row.map(|row| self.lease(scope, key, &row)).transpose()
     }
 
     /// [`Store::reserve`] inside the caller's transaction `tx`, so that the record

@@ -69,6 +69,16 @@ pub(super) const NOTE: &str = concat!(
     owned_by_lease!()
 );
 
+/// The lease timeout's take-over: a new epoch for the live record of `$1..$3` in flight
+/// for the request `$4` whose lease was granted (or last noted) `$5` ms ago or more.
+pub(super) const TAKE_OVER_STUCK: &str = "
+UPDATE idempotency_records SET taken_epochs = taken_epochs || epoch,
+    epoch = nextval('oncedb_lease_epoch'), updated_at = now()
+WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND request_hash = $4
+  AND status = 'processing' AND expires_at > now()
+  AND updated_at <= now() - $5::bigint * interval '1 millisecond'
+RETURNING epoch, created_at";
+
 /// A new epoch for a live record in flight; the replaced one joins `taken_epochs`.
 pub(super) const TAKE_OVER: &str = "
 UPDATE idempotency_records SET taken_epochs = taken_epochs || epoch,
