@@ -56,7 +56,7 @@ impl Scope {
             let len = u16::try_from(part.len())
                 .ok()
                 .filter(|&len| usize::from(len) <= MAX_SCOPE_PART_BYTES)
-                .ok_or(crate::Error::ScopeTooLong { len: part.len() })?;
+                .ok_or(crate::base::Error::ScopeTooLong { len: part.len() })?;
             out.extend_from_slice(&len.to_le_bytes());
             out.extend_from_slice(part);
         }
@@ -142,19 +142,19 @@ pub struct Lease {
 }
 
 /// A lease ending that was refused, with the lease handed back: an input error such as
-/// [`Error::ResponseTooLarge`](crate::Error::ResponseTooLarge) changed nothing, so the
+/// [`Error::ResponseTooLarge`](crate::base::Error::ResponseTooLarge) changed nothing, so the
 /// caller can complete with a smaller response, fail or release. Converts into
 /// [`Error`](crate::Error) for `?`.
 #[derive(Debug)]
 pub struct LeaseError {
-    error: crate::Error,
+    error: crate::base::Error,
     /// Boxed: the error path pays for the allocation, not every `Ok`.
     lease: Box<Lease>,
 }
 
 impl LeaseError {
     /// Why the call was refused.
-    pub fn error(&self) -> &crate::Error {
+    pub fn error(&self) -> &crate::base::Error {
         &self.error
     }
 
@@ -177,7 +177,7 @@ impl std::error::Error for LeaseError {
     }
 }
 
-impl From<LeaseError> for crate::Error {
+impl From<LeaseError> for crate::base::Error {
     fn from(err: LeaseError) -> Self {
         err.error
     }
@@ -219,7 +219,7 @@ impl Lease {
     /// record while it is in flight, durably: for example
     /// `provider_outcome_unknown` after a provider timeout, for the reconciliation worker
     /// that [`Db::in_flight`](crate::Db::in_flight) shows it to. A later note replaces
-    /// an earlier one. After a take-over, [`Error::Fenced`](crate::Error::Fenced).
+    /// an earlier one. After a take-over, [`Error::Fenced`](crate::base::Error::Fenced).
     pub fn note(&self, note: &[u8]) -> Result<()> {
         let result = self.engine.note(self.fingerprint, self.lease_id, note);
         self.observe(&result, "noted");
@@ -248,8 +248,8 @@ impl Lease {
     fn observe(&self, result: &Result<()>, ending: &'static str) {
         let ending = match result {
             Ok(()) => ending,
-            Err(crate::Error::Fenced) => "fenced",
-            Err(crate::Error::LeaseLost) => "lost",
+            Err(crate::base::Error::Fenced) => "fenced",
+            Err(crate::base::Error::LeaseLost) => "lost",
             Err(_) => return,
         };
         super::observe::lease_ending(&self.scope, self.key_hash, ending);

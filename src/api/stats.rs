@@ -123,7 +123,7 @@ pub(crate) fn quantile_us(buckets: &[u64], per_mille: u64) -> u64 {
 impl Stats {
     pub(crate) fn from_engine(
         engine: &EngineStats,
-        recovery: Option<&crate::RecoveryReport>,
+        recovery: Option<&crate::engine::RecoveryReport>,
     ) -> Stats {
         let index = &engine.index;
         let counters = &index.counters;

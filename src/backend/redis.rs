@@ -511,10 +511,10 @@ impl Store for RedisStore {
         for key in &keys {
             self.check_key(key)?;
         }
-        if keys.len() > crate::MAX_BATCH_KEYS {
+        if keys.len() > crate::base::MAX_BATCH_KEYS {
             return Err(Error::BatchTooLarge {
                 len: keys.len(),
-                max: crate::MAX_BATCH_KEYS,
+                max: crate::base::MAX_BATCH_KEYS,
             });
         }
         // One pipeline per slot on a cluster (one in all on a single server), sent
