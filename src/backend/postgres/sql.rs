@@ -38,7 +38,7 @@ RETURNING epoch, created_at";
 pub(super) const GET: &str = "
 SELECT request_hash, status, response_body, created_at, finished_at
 FROM idempotency_records
-WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND expires_at > now() + interval '1 second'";
+WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND expires_at > now()";
 
 /// What decides whether a lease owns the live record.
 pub(super) const LEASE_STATE: &str = "
