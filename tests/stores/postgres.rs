@@ -14,8 +14,8 @@ use std::time::Duration;
 use oncedb::postgres::inbox::{self, Received};
 use oncedb::postgres::outbox::{self, NewMessage, OutboxMessage, Publisher, Relay};
 use oncedb::{
-    Error, Guarded, MAX_POSTGRES_VERSION, OutagePolicy, PostgresStore, Reservation, Scope, Store,
-    StoreLease,
+    Error, Guarded, GuardedLease, MAX_POSTGRES_VERSION, OutagePolicy, PostgresStore, RecordStatus,
+    Reservation, Scope, Store, StoreLease,
 };
 use servers::postgres::PgServer;
 
@@ -35,6 +35,13 @@ async fn business_schema(store: &PostgresStore) {
         )
         .await
         .unwrap();
+}
+
+fn acquired<L>(answer: Reservation<L>) -> L {
+    match answer {
+        Reservation::Acquired(lease) => lease,
+        _ => panic!("expected Acquired"),
+    }
 }
 
 async fn count(store: &PostgresStore, sql: &str) -> i64 {
@@ -111,47 +118,239 @@ async fn versions_and_resume() {
     ));
 }
 
+/// Logs every `DELETE` statement on the store's tables with the number of rows it
+/// deleted, through statement-level triggers.
+async fn log_deletes(store: &PostgresStore) {
+    let client = store.pool().get().await.unwrap();
+    client
+        .batch_execute(
+            "CREATE TABLE delete_log (id bigserial PRIMARY KEY, tbl text NOT NULL, n bigint NOT NULL);
+             CREATE FUNCTION log_delete() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+                 INSERT INTO delete_log (tbl, n) SELECT TG_TABLE_NAME, count(*) FROM gone;
+                 RETURN NULL;
+             END $$;",
+        )
+        .await
+        .unwrap();
+    for table in [
+        "idempotency_records",
+        "dedup_keys",
+        "ordering_marks",
+        "inbox_messages",
+        "outbox_messages",
+    ] {
+        client
+            .batch_execute(&format!(
+                "CREATE TRIGGER {table}_deletes AFTER DELETE ON {table}
+                 REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION log_delete()"
+            ))
+            .await
+            .unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expired_rows_are_deleted_in_batches() {
+    const BATCH: i64 = 7;
     let server = PgServer::start();
-    let store = store(&server, Duration::from_millis(300)).await;
+    let short = store(&server, Duration::from_millis(300)).await;
+    let long = store(&server, Duration::from_secs(3600)).await;
+    log_deletes(&short).await;
     let scope = Scope::new("t", "purge");
+    // Expiring: 50 keys, 20 records (half completed, half in flight), one mark.
     let keys: Vec<Vec<u8>> = (0..50u32).map(|i| i.to_le_bytes().to_vec()).collect();
-    store.insert_many(keys).await.unwrap();
+    short.insert_many(keys).await.unwrap();
     for i in 0..20u32 {
-        let Reservation::Acquired(lease) =
-            store.reserve(&scope, &i.to_le_bytes(), b"r").await.unwrap()
-        else {
-            panic!("acquire");
-        };
+        let lease = acquired(short.reserve(&scope, &i.to_le_bytes(), b"r").await.unwrap());
         if i % 2 == 0 {
             lease.complete(b"done").await.unwrap();
         }
     }
     assert_eq!(
-        store.advance(&scope, b"agg", 1).await.unwrap(),
+        short.advance(&scope, b"agg", 1).await.unwrap(),
         oncedb::Advance::Applied
     );
-    // Nothing has expired yet.
+    // Live: 30 keys, 10 records (a completed one among them), two marks.
+    let live_keys: Vec<Vec<u8>> = (100..130u32).map(|i| i.to_le_bytes().to_vec()).collect();
+    long.insert_many(live_keys.clone()).await.unwrap();
+    for i in 100..110u32 {
+        let lease = acquired(long.reserve(&scope, &i.to_le_bytes(), b"r").await.unwrap());
+        if i == 100 {
+            lease.complete(b"kept").await.unwrap();
+        }
+    }
+    for aggregate in [&b"live1"[..], b"live2"] {
+        assert_eq!(
+            long.advance(&scope, aggregate, 1).await.unwrap(),
+            oncedb::Advance::Applied
+        );
+    }
+    // Inbox and outbox: 12 inbox rows and 9 published outbox rows past the retention,
+    // 5 recent inbox rows, 4 recently published and 3 unpublished outbox rows.
+    {
+        let client = short.pool().get().await.unwrap();
+        client
+            .batch_execute(
+                "INSERT INTO inbox_messages (consumer_name, message_id, processed_at)
+                 SELECT 'c', 'old' || i, now() - interval '2 hours' FROM generate_series(1, 12) i;
+                 INSERT INTO inbox_messages (consumer_name, message_id)
+                 SELECT 'c', 'new' || i FROM generate_series(1, 5) i;",
+            )
+            .await
+            .unwrap();
+    }
+    {
+        let mut client = short.pool().get().await.unwrap();
+        let tx = client.transaction().await.unwrap();
+        for (prefix, n) in [("old", 9), ("new", 4), ("unpublished", 3)] {
+            for i in 0..n {
+                let id = format!("{prefix}{i}");
+                outbox::enqueue(
+                    &tx,
+                    &NewMessage {
+                        id: Some(&id),
+                        aggregate_type: "a",
+                        aggregate_id: &id,
+                        message_type: "m",
+                        payload: b"",
+                    },
+                )
+                .await
+                .unwrap();
+            }
+        }
+        tx.batch_execute(
+            "UPDATE outbox_messages SET published_at = now() - interval '2 hours'
+             WHERE id LIKE 'old%';
+             UPDATE outbox_messages SET published_at = now() WHERE id LIKE 'new%';",
+        )
+        .await
+        .unwrap();
+        tx.commit().await.unwrap();
+    }
+    let retention = Duration::from_secs(3600);
+    // Nothing has expired yet but the old inbox and outbox rows.
     assert_eq!(
-        store
-            .purge_expired(7, Duration::from_secs(3600))
+        short
+            .purge_expired(BATCH as usize, retention)
+            .await
+            .unwrap(),
+        12 + 9
+    );
+    // Poll the server's clock until the short window's rows have expired.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while count(
+        &short,
+        "SELECT (SELECT count(*) FROM idempotency_records WHERE expires_at <= now())
+              + (SELECT count(*) FROM dedup_keys WHERE expires_at <= now())
+              + (SELECT count(*) FROM ordering_marks WHERE expires_at <= now())",
+    )
+    .await
+        < 50 + 20 + 1
+    {
+        assert!(std::time::Instant::now() < deadline, "nothing expired");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let deleted = short
+        .purge_expired(BATCH as usize, retention)
+        .await
+        .unwrap();
+    assert_eq!(deleted, 50 + 20 + 1);
+
+    // Each statement deleted at most a batch, and took as many statements as that needs.
+    let client = short.pool().get().await.unwrap();
+    let log: Vec<(String, i64)> = client
+        .query("SELECT tbl, n FROM delete_log ORDER BY id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    assert!(
+        log.iter().all(|(_, n)| *n <= BATCH),
+        "a statement deleted more than {BATCH} rows: {log:?}"
+    );
+    let per_table = |table: &str| -> (i64, usize) {
+        let mine: Vec<i64> = log
+            .iter()
+            .filter(|(t, _)| t == table)
+            .map(|(_, n)| *n)
+            .collect();
+        (mine.iter().sum(), mine.iter().filter(|&&n| n > 0).count())
+    };
+    // Rows, and statements that deleted any: ceil(rows / 7) per purge statement.
+    assert_eq!(per_table("dedup_keys"), (50, 8));
+    assert_eq!(per_table("idempotency_records"), (20, 4));
+    assert_eq!(per_table("ordering_marks"), (1, 1));
+    assert_eq!(per_table("inbox_messages"), (12, 2));
+    assert_eq!(per_table("outbox_messages"), (9, 2));
+
+    // Nothing live was deleted, and the store still answers for it.
+    assert_eq!(count(&short, "SELECT count(*) FROM dedup_keys").await, 30);
+    assert_eq!(
+        count(&short, "SELECT count(*) FROM idempotency_records").await,
+        10
+    );
+    assert_eq!(
+        count(&short, "SELECT count(*) FROM ordering_marks").await,
+        2
+    );
+    assert_eq!(
+        count(
+            &short,
+            "SELECT count(*) FROM inbox_messages WHERE message_id LIKE 'new%'"
+        )
+        .await,
+        5
+    );
+    assert_eq!(
+        count(&short, "SELECT count(*) FROM inbox_messages").await,
+        5
+    );
+    assert_eq!(
+        count(&short, "SELECT count(*) FROM outbox_messages").await,
+        4 + 3
+    );
+    assert_eq!(
+        count(
+            &short,
+            "SELECT count(*) FROM outbox_messages WHERE id LIKE 'old%'"
+        )
+        .await,
+        0
+    );
+    assert!(
+        long.insert_many(live_keys)
+            .await
+            .unwrap()
+            .iter()
+            .all(|&new| !new)
+    );
+    let kept = long
+        .get(&scope, &100u32.to_le_bytes())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(kept.response(), Some(&b"kept"[..]));
+    assert!(matches!(
+        long.reserve(&scope, &101u32.to_le_bytes(), b"r")
+            .await
+            .unwrap(),
+        Reservation::InFlight { .. }
+    ));
+    assert_eq!(
+        long.advance(&scope, b"live1", 1).await.unwrap(),
+        oncedb::Advance::Duplicate
+    );
+    // Another pass finds nothing more.
+    assert_eq!(
+        short
+            .purge_expired(BATCH as usize, retention)
             .await
             .unwrap(),
         0
     );
-    // Real time passing is what is under test; no event marks it.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let deleted = store
-        .purge_expired(7, Duration::from_secs(3600))
-        .await
-        .unwrap();
-    assert_eq!(deleted, 50 + 20 + 1);
-    assert_eq!(
-        count(&store, "SELECT count(*) FROM idempotency_records").await,
-        0
-    );
-    assert_eq!(count(&store, "SELECT count(*) FROM dedup_keys").await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -197,24 +396,66 @@ async fn the_inbox_commits_and_rolls_back_with_the_business_update() {
     tx.commit().await.unwrap();
     assert_eq!(count(&store, "SELECT count(*) FROM payments").await, 1);
 
-    // A concurrent delivery waits for the first transaction and then sees its outcome.
-    let tx = client.transaction().await.unwrap();
-    assert_eq!(
-        inbox::receive(&tx, "payments", "m2", None).await.unwrap(),
-        Received::New
-    );
-    let racer = {
-        let store = store.clone();
-        tokio::spawn(async move {
-            let mut client = store.pool().get().await.unwrap();
-            let tx = client.transaction().await.unwrap();
-            let received = inbox::receive(&tx, "payments", "m2", None).await.unwrap();
+    // A concurrent delivery waits for the first transaction and then sees its outcome:
+    // a duplicate after its commit, new after its rollback.
+    for (message, commit, expected) in [
+        ("m2", true, Received::Duplicate),
+        ("m3", false, Received::New),
+    ] {
+        let tx = client.transaction().await.unwrap();
+        assert_eq!(
+            inbox::receive(&tx, "payments", message, None)
+                .await
+                .unwrap(),
+            Received::New
+        );
+        let racer = deliver(&store, message);
+        // The racer is provably concurrent: blocked on the first transaction's row.
+        wait_for_lock_waiters(&store, 1).await;
+        assert!(!racer.is_finished(), "the racer did not wait");
+        if commit {
             tx.commit().await.unwrap();
-            received
-        })
-    };
-    tx.commit().await.unwrap();
-    assert_eq!(racer.await.unwrap(), Received::Duplicate);
+        } else {
+            tx.rollback().await.unwrap();
+        }
+        assert_eq!(racer.await.unwrap(), expected, "{message}");
+        assert_eq!(
+            count(
+                &store,
+                &format!("SELECT count(*) FROM inbox_messages WHERE message_id = '{message}'")
+            )
+            .await,
+            1
+        );
+    }
+}
+
+/// A second delivery of `message` to the `payments` inbox in a transaction of its own,
+/// committed.
+fn deliver(store: &PostgresStore, message: &'static str) -> tokio::task::JoinHandle<Received> {
+    let store = store.clone();
+    tokio::spawn(async move {
+        let mut client = store.pool().get().await.unwrap();
+        let tx = client.transaction().await.unwrap();
+        let received = inbox::receive(&tx, "payments", message, None)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        received
+    })
+}
+
+/// Polls `pg_locks` until `waiters` lock requests wait, for at most 30 s: only the server
+/// knows when a backend blocks.
+async fn wait_for_lock_waiters(store: &PostgresStore, waiters: i64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while count(store, "SELECT count(*) FROM pg_locks WHERE NOT granted").await < waiters {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no transaction waited within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -513,8 +754,12 @@ async fn an_unreachable_server_follows_the_outage_policy() {
     let closed = Guarded::new(store.clone(), OutagePolicy::FailClosed);
     assert!(open.insert_if_absent(b"before").await.unwrap());
     assert!(!closed.insert_if_absent(b"before").await.unwrap());
-    assert_eq!(open.outages() + closed.outages(), 0);
     let scope = Scope::new("t", "op");
+    // Leases taken while the server is up, finished after it is gone.
+    let open_lease = acquired(open.reserve(&scope, b"open", b"r").await.unwrap());
+    let closed_lease = acquired(closed.reserve(&scope, b"closed", b"r").await.unwrap());
+    assert!(matches!(open_lease, GuardedLease::Held(_)));
+    assert_eq!(open.outages() + closed.outages(), 0);
     drop(server);
 
     // Fail open: admitted, unprotected, counted.
@@ -528,12 +773,20 @@ async fn an_unreachable_server_follows_the_outage_policy() {
     let Reservation::Acquired(lease) = open.reserve(&scope, b"k", b"r").await.unwrap() else {
         panic!("fail-open reservations proceed");
     };
+    assert!(matches!(lease, GuardedLease::Unprotected));
     lease.complete(b"nothing stored").await.unwrap();
     assert!(matches!(
         open.get(&scope, b"k").await,
         Err(Error::Unavailable { .. })
     ));
-    assert_eq!(open.outages(), 4);
+    assert_eq!(
+        open.advance(&scope, b"agg", 3).await.unwrap(),
+        oncedb::Advance::Applied
+    );
+    assert_eq!(open.lease_outages(), 0);
+    open_lease.complete(b"outcome unknown").await.unwrap();
+    assert_eq!(open.lease_outages(), 1);
+    assert_eq!(open.outages(), 6);
 
     // Fail closed: refused, counted.
     assert!(matches!(
@@ -544,11 +797,154 @@ async fn an_unreachable_server_follows_the_outage_policy() {
         closed.reserve(&scope, b"k", b"r").await,
         Err(Error::Unavailable { .. })
     ));
-    assert_eq!(closed.outages(), 2);
+    assert!(matches!(
+        closed.advance(&scope, b"agg", 3).await,
+        Err(Error::Unavailable { .. })
+    ));
+    assert!(matches!(
+        closed_lease.complete(b"outcome unknown").await,
+        Err(Error::Unavailable { .. })
+    ));
+    assert_eq!((closed.outages(), closed.lease_outages()), (4, 1));
     // Input errors are not outages.
     assert!(matches!(
         closed.insert_if_absent(b"").await,
         Err(Error::EmptyKey)
     ));
-    assert_eq!(closed.outages(), 2);
+    assert_eq!(closed.outages(), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_failing_part_way_admits_nothing() {
+    let server = PgServer::start();
+    let store = store(&server, Duration::from_secs(60)).await;
+    // The server refuses the batch's last key (sorted last, so in its second statement of
+    // 4096 keys) after the first statement has written its rows.
+    let client = store.pool().get().await.unwrap();
+    client
+        .batch_execute(
+            "CREATE FUNCTION refuse_key() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN RAISE EXCEPTION 'refused key'; END $$;
+             CREATE TRIGGER refuse_poison BEFORE INSERT ON dedup_keys FOR EACH ROW
+             WHEN (NEW.key = '\\xffffffff'::bytea) EXECUTE FUNCTION refuse_key();",
+        )
+        .await
+        .unwrap();
+    let mut keys: Vec<Vec<u8>> = (0..5000u32).map(|i| i.to_be_bytes().to_vec()).collect();
+    keys.push(vec![0xff; 4]);
+    assert!(matches!(
+        store.insert_many(keys.clone()).await,
+        Err(Error::Backend { .. })
+    ));
+    assert_eq!(count(&store, "SELECT count(*) FROM dedup_keys").await, 0);
+    client
+        .batch_execute("DROP TRIGGER refuse_poison ON dedup_keys")
+        .await
+        .unwrap();
+    let answers = store.insert_many(keys).await.unwrap();
+    assert_eq!(answers.len(), 5001);
+    assert!(
+        answers.iter().all(|&new| new),
+        "a key of the failed batch stayed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_epochs_a_take_over_replaced_are_fenced() {
+    let server = PgServer::start();
+    let store = store(&server, Duration::from_secs(60)).await;
+    let scope = Scope::new("t", "fence");
+    let first = acquired(store.reserve(&scope, b"k2", b"req").await.unwrap()).epoch();
+    let other = acquired(store.reserve(&scope, b"k1", b"req").await.unwrap()).epoch();
+    let taken = store
+        .take_over(&scope, b"k2")
+        .await
+        .unwrap()
+        .unwrap()
+        .epoch();
+    assert!(
+        first < other && other < taken,
+        "{first} < {other} < {taken}"
+    );
+    // k1's epoch lies between k2's first and current one, yet was never k2's.
+    assert!(matches!(
+        store.resume(&scope, b"k2", other).await,
+        Err(Error::LeaseLost)
+    ));
+    assert!(matches!(
+        store.resume(&scope, b"k2", first).await,
+        Err(Error::Fenced)
+    ));
+    store
+        .resume(&scope, b"k2", taken)
+        .await
+        .unwrap()
+        .complete(b"ok")
+        .await
+        .unwrap();
+    store
+        .resume(&scope, b"k1", other)
+        .await
+        .unwrap()
+        .complete(b"ok")
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_row_expires_within_the_window_on_the_server_clock() {
+    let server = PgServer::start();
+    let store = store(&server, Duration::from_secs(60)).await;
+    let scope = Scope::new("t", "ttl");
+    assert!(store.insert_if_absent(b"key").await.unwrap());
+    store.insert_many(vec![b"batch".to_vec()]).await.unwrap();
+    acquired(store.reserve(&scope, b"done", b"req").await.unwrap())
+        .complete(b"ok")
+        .await
+        .unwrap();
+    acquired(store.reserve(&scope, b"stuck", b"req").await.unwrap());
+    store.take_over(&scope, b"stuck").await.unwrap().unwrap();
+    assert_eq!(
+        store.advance(&scope, b"agg", 1).await.unwrap(),
+        oncedb::Advance::Applied
+    );
+    assert_eq!(
+        store.advance(&scope, b"agg", 2).await.unwrap(),
+        oncedb::Advance::Applied
+    );
+    for (table, rows) in [
+        ("dedup_keys", 2),
+        ("idempotency_records", 2),
+        ("ordering_marks", 1),
+    ] {
+        let sql = format!(
+            "SELECT count(*) FROM {table}
+             WHERE expires_at > now() AND expires_at <= now() + interval '60 seconds'"
+        );
+        assert_eq!(count(&store, &sql).await, rows, "{table}");
+        let all = format!("SELECT count(*) FROM {table}");
+        assert_eq!(count(&store, &all).await, rows, "{table}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_over_the_limit_is_refused_and_the_lease_lives_on() {
+    let server = PgServer::start();
+    let store = store(&server, Duration::from_secs(60)).await;
+    assert_eq!(store.max_response_bytes(), 1024 * 1024);
+    let scope = Scope::new("t", "large");
+    let lease = acquired(store.reserve(&scope, b"k", b"req").await.unwrap());
+    let large = vec![7u8; 2 * 1024 * 1024];
+    assert!(matches!(
+        lease.clone().complete(&large).await,
+        Err(Error::ResponseTooLarge { len, max }) if len == large.len() && max == 1024 * 1024
+    ));
+    let record = store.get(&scope, b"k").await.unwrap().unwrap();
+    assert_eq!(record.status(), RecordStatus::InFlight);
+    let resumed = store.resume(&scope, b"k", lease.epoch()).await.unwrap();
+    resumed.complete(b"small").await.unwrap();
+    assert_eq!(
+        store.get(&scope, b"k").await.unwrap().unwrap().response(),
+        Some(&b"small"[..])
+    );
 }

@@ -1,16 +1,37 @@
 //! Redis beyond the conformance suite (feature `redis`), on real servers the tests start:
-//! Redis's own limits, keys spread over a cluster's primaries, a restart with
-//! `appendfsync always`, and the outage policy when the server is gone.
+//! Redis's own limits, keys spread over a cluster's primaries, records in flight on every
+//! primary, server-side TTLs, a kill under load with `appendfsync always`, a restart
+//! under a live store, epochs across expiry, forged records, oversized responses, and
+//! the outage policy when the server is gone.
 
 use crate::support::servers;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use oncedb::{
-    Error, Guarded, OutagePolicy, RecordStatus, RedisStore, Reservation, Scope, Store, StoreLease,
+    Advance, Error, Guarded, GuardedLease, MAX_REDIS_VERSION, OutagePolicy, RecordStatus,
+    RedisStore, Reservation, Scope, Store, StoreLease, StoreOptions,
 };
 use servers::redis::{Persistence, RedisServer, start_cluster};
 use servers::runtime;
+
+/// The names of the keys of kind `kind` (`r` record, `k` dedup key, `m` ordering mark,
+/// `x` release marker) under `prefix` that `node` holds.
+fn names(node: &RedisServer, prefix: &str, kind: &str) -> Vec<String> {
+    let pattern = format!("{prefix}:*:{kind}");
+    node.cli(&["--scan", "--pattern", &pattern])
+        .lines()
+        .map(str::to_owned)
+        .filter(|line| !line.is_empty())
+        .collect()
+}
+
+fn acquired<L>(answer: Reservation<L>) -> L {
+    match answer {
+        Reservation::Acquired(lease) => lease,
+        _ => panic!("expected Acquired"),
+    }
+}
 
 #[test]
 fn versions_beyond_lua_numbers_are_refused_and_leases_resume() {
@@ -62,49 +83,110 @@ fn a_cluster_spreads_keys_over_every_primary() {
     }
 }
 
+/// What a writer task was told by the store.
+#[derive(Debug)]
+enum Ack {
+    Key(String),
+    Reserved(String),
+    Completed(String),
+}
+
+/// A writer: dedup key, reservation, and every other time a completion, until a call
+/// fails; returns that error.
+async fn write_until_refused(
+    store: RedisStore,
+    writer: u32,
+    acks: tokio::sync::mpsc::UnboundedSender<Ack>,
+) -> Error {
+    let scope = Scope::new("t", "op");
+    for i in 0u32.. {
+        let key = format!("{writer}/{i}");
+        match store.insert_if_absent(key.as_bytes()).await {
+            Ok(new) => assert!(new, "{key} admitted twice"),
+            Err(err) => return err,
+        }
+        acks.send(Ack::Key(key.clone())).unwrap();
+        let lease = match store.reserve(&scope, key.as_bytes(), b"req").await {
+            Ok(answer) => acquired(answer),
+            Err(err) => return err,
+        };
+        acks.send(Ack::Reserved(key.clone())).unwrap();
+        if i % 2 == 0 {
+            if let Err(err) = lease.complete(key.as_bytes()).await {
+                return err;
+            }
+            acks.send(Ack::Completed(key)).unwrap();
+        }
+    }
+    unreachable!("a writer ends with the server's death")
+}
+
+/// SIGKILL while four writers are mid-flight: every write the store acknowledged is there
+/// after the restart.
+///
+/// What it proves: Redis answers a write only after handing it to the AOF with write(),
+/// and the store reports success only on that answer. A SIGKILL leaves the kernel's page
+/// cache intact, so this does not exercise the fsync of `appendfsync always`; a power
+/// loss is not simulated (and a kill cannot tell `always` from `everysec`).
 #[test]
 fn aof_always_keeps_every_acknowledged_reservation_across_a_kill() {
     let mut server = RedisServer::start_with(false, Persistence::AofAlways);
     let scope = Scope::new("t", "op");
     let rt = runtime();
-    rt.block_on(async {
-        let store = RedisStore::connect(&server.url(), "oncedb", Duration::from_secs(600))
+    let acks = rt.block_on(async {
+        let options = StoreOptions::new(Duration::from_secs(600))
+            .response_timeout(Duration::from_secs(2))
+            .connect_timeout(Duration::from_secs(2));
+        let store = RedisStore::connect_with(&server.url(), "oncedb", options)
             .await
             .unwrap();
-        for i in 0..200u32 {
-            assert!(store.insert_if_absent(&i.to_le_bytes()).await.unwrap());
-            let Reservation::Acquired(lease) = store
-                .reserve(&scope, &i.to_le_bytes(), b"req")
-                .await
-                .unwrap()
-            else {
-                panic!("acquire");
-            };
-            if i % 2 == 0 {
-                lease.complete(&i.to_le_bytes()).await.unwrap();
-            }
+        let (sender, mut received) = tokio::sync::mpsc::unbounded_channel();
+        let writers: Vec<_> = (0..4)
+            .map(|writer| tokio::spawn(write_until_refused(store.clone(), writer, sender.clone())))
+            .collect();
+        drop(sender);
+        let mut acks = Vec::new();
+        // The writers loop until a call fails, so they are all running when this kill
+        // lands: after 400 acknowledgements, not after the last.
+        while acks.len() < 400 {
+            acks.push(received.recv().await.unwrap());
         }
+        server.kill();
+        for writer in writers {
+            let err = writer.await.unwrap();
+            assert!(matches!(err, Error::Unavailable { .. }), "{err}");
+        }
+        while let Some(ack) = received.recv().await {
+            acks.push(ack);
+        }
+        acks
     });
-    server.kill();
     server.restart();
     rt.block_on(async {
         let store = RedisStore::connect(&server.url(), "oncedb", Duration::from_secs(600))
             .await
             .unwrap();
-        for i in 0..200u32 {
-            assert!(
-                !store.insert_if_absent(&i.to_le_bytes()).await.unwrap(),
-                "key {i} lost"
-            );
-            let record = store.get(&scope, &i.to_le_bytes()).await.unwrap().unwrap();
-            if i % 2 == 0 {
-                assert_eq!(record.status(), RecordStatus::Completed);
-                assert_eq!(record.response(), Some(&i.to_le_bytes()[..]));
-            } else {
-                assert_eq!(record.status(), RecordStatus::InFlight);
+        for ack in &acks {
+            match ack {
+                Ack::Key(key) => assert!(
+                    !store.insert_if_absent(key.as_bytes()).await.unwrap(),
+                    "dedup key {key} lost"
+                ),
+                Ack::Reserved(key) => {
+                    let record = store.get(&scope, key.as_bytes()).await.unwrap();
+                    let record = record.unwrap_or_else(|| panic!("reservation {key} lost"));
+                    // Its completion may have run without being acknowledged.
+                    assert_ne!(record.status(), RecordStatus::Failed);
+                }
+                Ack::Completed(key) => {
+                    let record = store.get(&scope, key.as_bytes()).await.unwrap().unwrap();
+                    assert_eq!(record.status(), RecordStatus::Completed, "{key}");
+                    assert_eq!(record.response(), Some(key.as_bytes()));
+                }
             }
         }
     });
+    assert!(acks.len() >= 400);
 }
 
 #[test]
@@ -116,19 +198,411 @@ fn an_unreachable_server_follows_the_outage_policy() {
             .unwrap();
         let open = Guarded::new(store.clone(), OutagePolicy::FailOpen);
         let closed = Guarded::new(store, OutagePolicy::FailClosed);
+        let scope = Scope::new("t", "op");
         assert!(open.insert_if_absent(b"k").await.unwrap());
         assert!(!closed.insert_if_absent(b"k").await.unwrap());
+        // Leases taken while the server is up, finished after it is gone.
+        let open_lease = acquired(open.reserve(&scope, b"open", b"req").await.unwrap());
+        let closed_lease = acquired(closed.reserve(&scope, b"closed", b"req").await.unwrap());
+        assert!(matches!(open_lease, GuardedLease::Held(_)));
+        assert_eq!(open.outages() + closed.outages(), 0);
         server.kill();
+
+        // Fail open: admitted, unprotected, counted.
         assert!(open.insert_if_absent(b"k").await.unwrap());
+        assert_eq!(
+            open.advance(&scope, b"agg", 7).await.unwrap(),
+            Advance::Applied
+        );
+        let unprotected = acquired(open.reserve(&scope, b"r", b"req").await.unwrap());
+        assert!(matches!(unprotected, GuardedLease::Unprotected));
+        unprotected.complete(b"nothing stored").await.unwrap();
+        assert_eq!(open.lease_outages(), 0);
+        open_lease.complete(b"outcome unknown").await.unwrap();
+        assert_eq!(open.lease_outages(), 1);
+        assert_eq!(open.outages(), 4);
+
+        // Fail closed: refused, counted.
         assert!(matches!(
             closed.insert_if_absent(b"k").await,
             Err(Error::Unavailable { .. })
         ));
-        let scope = Scope::new("t", "op");
         assert!(matches!(
             closed.reserve(&scope, b"r", b"req").await,
             Err(Error::Unavailable { .. })
         ));
-        assert_eq!((open.outages(), closed.outages()), (1, 2));
+        assert!(matches!(
+            closed.advance(&scope, b"agg", 7).await,
+            Err(Error::Unavailable { .. })
+        ));
+        assert!(matches!(
+            closed_lease.complete(b"outcome unknown").await,
+            Err(Error::Unavailable { .. })
+        ));
+        assert_eq!((closed.outages(), closed.lease_outages()), (4, 1));
+    });
+}
+
+#[test]
+fn versions_up_to_two_to_the_53_answer_exactly() {
+    let server = RedisServer::start(false);
+    runtime().block_on(async {
+        let store = RedisStore::connect(&server.url(), "oncedb", Duration::from_secs(60))
+            .await
+            .unwrap();
+        let scope = Scope::new("t", "versions");
+        assert_eq!(MAX_REDIS_VERSION, (1 << 53) - 1);
+        assert_eq!(
+            store
+                .advance(&scope, b"max", MAX_REDIS_VERSION)
+                .await
+                .unwrap(),
+            Advance::Applied
+        );
+        assert_eq!(
+            store
+                .advance(&scope, b"max", MAX_REDIS_VERSION)
+                .await
+                .unwrap(),
+            Advance::Duplicate
+        );
+        assert!(matches!(
+            store.advance(&scope, b"max", 1 << 53).await,
+            Err(Error::InvalidOptions(_))
+        ));
+        assert!(matches!(
+            store.advance(&scope, b"fresh", 1 << 53).await,
+            Err(Error::InvalidOptions(_))
+        ));
+        // Beyond 14 significant digits, where Lua's `tostring` would round.
+        let big = 100_000_000_000_000u64;
+        let answers = [
+            (big, Advance::Applied),
+            (big, Advance::Duplicate),
+            (big + 2, Advance::Gap { expected: big + 1 }),
+            (big - 1, Advance::Stale { current: big }),
+            (big + 1, Advance::Applied),
+            (big, Advance::Stale { current: big + 1 }),
+            (big + 3, Advance::Gap { expected: big + 2 }),
+        ];
+        for (version, expected) in answers {
+            assert_eq!(
+                store.advance(&scope, b"big", version).await.unwrap(),
+                expected,
+                "version {version}"
+            );
+        }
+        let top = MAX_REDIS_VERSION;
+        let answers = [
+            (top - 2, Advance::Applied),
+            (top, Advance::Gap { expected: top - 1 }),
+            (top - 1, Advance::Applied),
+            (top - 3, Advance::Stale { current: top - 1 }),
+            (top, Advance::Applied),
+            (top - 1, Advance::Stale { current: top }),
+        ];
+        for (version, expected) in answers {
+            assert_eq!(
+                store.advance(&scope, b"top", version).await.unwrap(),
+                expected,
+                "version {version}"
+            );
+        }
+    });
+}
+
+#[test]
+fn every_key_carries_the_window_as_its_server_ttl() {
+    let server = RedisServer::start(false);
+    let window = Duration::from_secs(60);
+    runtime().block_on(async {
+        let store = RedisStore::connect(&server.url(), "ttl", window)
+            .await
+            .unwrap();
+        let scope = Scope::new("t", "ttl");
+        assert!(store.insert_if_absent(b"key").await.unwrap());
+        acquired(store.reserve(&scope, b"done", b"req").await.unwrap())
+            .complete(b"ok")
+            .await
+            .unwrap();
+        let stuck = acquired(store.reserve(&scope, b"stuck", b"req").await.unwrap());
+        stuck.note(b"unknown").await.unwrap();
+        store.take_over(&scope, b"stuck").await.unwrap().unwrap();
+        acquired(store.reserve(&scope, b"gone", b"req").await.unwrap())
+            .release()
+            .await
+            .unwrap();
+        assert_eq!(
+            store.advance(&scope, b"agg", 1).await.unwrap(),
+            Advance::Applied
+        );
+        assert_eq!(
+            store.advance(&scope, b"agg", 2).await.unwrap(),
+            Advance::Applied
+        );
+    });
+    let expected = [("k", 1), ("r", 2), ("x", 1), ("m", 1)];
+    for (kind, count) in expected {
+        let names = names(&server, "ttl", kind);
+        assert_eq!(names.len(), count, "keys of kind {kind}: {names:?}");
+        for name in names {
+            let ttl: i64 = server.cli(&["PTTL", &name]).trim().parse().unwrap();
+            assert!(
+                ttl > 0 && ttl <= 60_000,
+                "{name} expires in {ttl} ms, not within the window"
+            );
+        }
+    }
+}
+
+#[test]
+fn in_flight_lists_the_records_of_every_primary() {
+    let nodes = start_cluster();
+    let urls: Vec<String> = nodes.iter().map(RedisServer::url).collect();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let scope = Scope::new("t", "in_flight");
+    runtime().block_on(async {
+        let store = RedisStore::connect_cluster(&urls, "stuck", Duration::from_secs(60))
+            .await
+            .unwrap();
+        let mut leases = Vec::new();
+        // Records until each primary holds at least one.
+        while nodes
+            .iter()
+            .any(|node| names(node, "stuck", "r").is_empty())
+        {
+            assert!(
+                leases.len() < 200,
+                "the records never reached every primary"
+            );
+            let key = format!("stuck/{}", leases.len());
+            leases.push(acquired(
+                store.reserve(&scope, key.as_bytes(), b"req").await.unwrap(),
+            ));
+        }
+        let held: usize = nodes
+            .iter()
+            .map(|node| names(node, "stuck", "r").len())
+            .sum();
+        assert_eq!(held, leases.len());
+        let mut listed: Vec<(Vec<u8>, u64)> = store
+            .in_flight(Duration::ZERO)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|record| record.scope == scope)
+            .map(|record| (record.key, record.epoch))
+            .collect();
+        listed.sort();
+        let mut expected: Vec<(Vec<u8>, u64)> = leases
+            .iter()
+            .enumerate()
+            .map(|(i, lease)| (format!("stuck/{i}").into_bytes(), lease.epoch()))
+            .collect();
+        expected.sort();
+        assert_eq!(listed, expected, "every primary's records, each once");
+    });
+}
+
+#[test]
+fn a_restarted_server_serves_the_same_store_again() {
+    let mut server = RedisServer::start(false);
+    runtime().block_on(async {
+        let options = StoreOptions::new(Duration::from_secs(60))
+            .response_timeout(Duration::from_secs(1))
+            .connect_timeout(Duration::from_secs(1));
+        let store = RedisStore::connect_with(&server.url(), "restart", options)
+            .await
+            .unwrap();
+        let scope = Scope::new("t", "restart");
+        assert!(store.insert_if_absent(b"before").await.unwrap());
+        server.kill();
+        // Each call answers, and promptly: a few response timeouts at most.
+        let prompt = Duration::from_secs(5);
+        for _ in 0..3 {
+            let answer = tokio::time::timeout(prompt, store.insert_if_absent(b"during")).await;
+            assert!(matches!(answer, Ok(Err(Error::Unavailable { .. }))));
+        }
+        let answer = tokio::time::timeout(prompt, store.reserve(&scope, b"during", b"req")).await;
+        assert!(matches!(answer, Ok(Err(Error::Unavailable { .. }))));
+        let answer = tokio::time::timeout(prompt, store.get(&scope, b"during")).await;
+        assert!(matches!(answer, Ok(Err(Error::Unavailable { .. }))));
+        server.restart();
+        // The store reconnects by itself; poll the server through it, with a deadline.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match store.insert_if_absent(b"after").await {
+                Ok(new) => {
+                    assert!(new);
+                    break;
+                }
+                Err(Error::Unavailable { .. }) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(err) => panic!("the store did not reconnect within 10 s: {err}"),
+            }
+        }
+        assert!(!store.insert_if_absent(b"after").await.unwrap());
+        let lease = acquired(store.reserve(&scope, b"after", b"req").await.unwrap());
+        lease.complete(b"ok").await.unwrap();
+        assert_eq!(
+            store
+                .get(&scope, b"after")
+                .await
+                .unwrap()
+                .unwrap()
+                .response(),
+            Some(&b"ok"[..])
+        );
+    });
+}
+
+#[test]
+fn a_record_recreated_after_expiry_gets_a_higher_epoch() {
+    let server = RedisServer::start(false);
+    runtime().block_on(async {
+        let store = RedisStore::connect(&server.url(), "expiry", Duration::from_millis(300))
+            .await
+            .unwrap();
+        let scope = Scope::new("t", "expiry");
+        let old = acquired(store.reserve(&scope, b"k", b"req").await.unwrap());
+        // Poll the server until it has expired the record.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while store.get(&scope, b"k").await.unwrap().is_some() {
+            assert!(Instant::now() < deadline, "the record never expired");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let new = acquired(store.reserve(&scope, b"k", b"req").await.unwrap());
+        assert!(
+            new.epoch() > old.epoch(),
+            "epoch {} repeats or precedes {}",
+            new.epoch(),
+            old.epoch()
+        );
+        assert!(matches!(old.note(b"late").await, Err(Error::LeaseLost)));
+        assert!(matches!(
+            store.resume(&scope, b"k", old.epoch()).await,
+            Err(Error::LeaseLost)
+        ));
+        assert!(matches!(
+            old.complete(b"stale").await,
+            Err(Error::LeaseLost)
+        ));
+        assert_eq!(
+            store.get(&scope, b"k").await.unwrap().unwrap().status(),
+            RecordStatus::InFlight
+        );
+        new.complete(b"fresh").await.unwrap();
+    });
+}
+
+#[test]
+fn a_record_of_another_scoped_key_is_a_collision() {
+    let server = RedisServer::start(false);
+    runtime().block_on(async {
+        let store = RedisStore::connect(&server.url(), "forged", Duration::from_secs(60))
+            .await
+            .unwrap();
+        let scope = Scope::new("t", "forged");
+        let _lease = acquired(store.reserve(&scope, b"k", b"req").await.unwrap());
+        let records = names(&server, "forged", "r");
+        assert_eq!(records.len(), 1);
+        let record = records.first().unwrap();
+        assert_eq!(
+            server.cli(&["HSET", record, "sk", "another key"]).trim(),
+            "0"
+        );
+        assert!(matches!(
+            store.reserve(&scope, b"k", b"req").await,
+            Err(Error::FingerprintCollision)
+        ));
+        assert!(matches!(
+            store.get(&scope, b"k").await,
+            Err(Error::FingerprintCollision)
+        ));
+    });
+}
+
+#[test]
+fn a_response_over_the_limit_is_refused_and_the_lease_lives_on() {
+    let server = RedisServer::start(false);
+    runtime().block_on(async {
+        let store = RedisStore::connect(&server.url(), "large", Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert_eq!(store.max_response_bytes(), 1024 * 1024);
+        let scope = Scope::new("t", "large");
+        let lease = acquired(store.reserve(&scope, b"k", b"req").await.unwrap());
+        let large = vec![7u8; 2 * 1024 * 1024];
+        assert!(matches!(
+            lease.clone().complete(&large).await,
+            Err(Error::ResponseTooLarge { len, max }) if len == large.len() && max == 1024 * 1024
+        ));
+        assert!(matches!(
+            lease.clone().fail(&large).await,
+            Err(Error::ResponseTooLarge { .. })
+        ));
+        // Nothing changed: still in flight under the same lease.
+        let record = store.get(&scope, b"k").await.unwrap().unwrap();
+        assert_eq!(record.status(), RecordStatus::InFlight);
+        assert_eq!(record.response(), None);
+        let resumed = store.resume(&scope, b"k", lease.epoch()).await.unwrap();
+        let exact = vec![8u8; 1024 * 1024];
+        resumed.complete(&exact).await.unwrap();
+        let Reservation::Completed(record) = store.reserve(&scope, b"k", b"req").await.unwrap()
+        else {
+            panic!("the completion replays");
+        };
+        assert_eq!(record.response(), Some(&exact[..]));
+    });
+}
+
+#[test]
+fn only_the_epochs_a_take_over_replaced_are_fenced() {
+    let server = RedisServer::start(false);
+    runtime().block_on(async {
+        let store = RedisStore::connect(&server.url(), "fence", Duration::from_secs(60))
+            .await
+            .unwrap();
+        let scope = Scope::new("t", "fence");
+        let first = acquired(store.reserve(&scope, b"k2", b"req").await.unwrap()).epoch();
+        let other = acquired(store.reserve(&scope, b"k1", b"req").await.unwrap()).epoch();
+        let taken = store
+            .take_over(&scope, b"k2")
+            .await
+            .unwrap()
+            .unwrap()
+            .epoch();
+        assert!(
+            first < other && other < taken,
+            "{first} < {other} < {taken}"
+        );
+        // k1's epoch lies between k2's first and current one, yet was never k2's.
+        assert!(matches!(
+            store.resume(&scope, b"k2", other).await,
+            Err(Error::LeaseLost)
+        ));
+        assert!(matches!(
+            store.resume(&scope, b"k2", first).await,
+            Err(Error::Fenced)
+        ));
+        assert!(matches!(
+            store.resume(&scope, b"k2", taken + 1).await,
+            Err(Error::LeaseLost)
+        ));
+        store
+            .resume(&scope, b"k2", taken)
+            .await
+            .unwrap()
+            .complete(b"ok")
+            .await
+            .unwrap();
+        store
+            .resume(&scope, b"k1", other)
+            .await
+            .unwrap()
+            .complete(b"ok")
+            .await
+            .unwrap();
     });
 }
