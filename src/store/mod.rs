@@ -5,7 +5,10 @@
 //! The embedded implementation never blocks a runtime thread on an fsync: calls on a
 //! durable store run on tokio's blocking pool (`spawn_blocking`), where a `Sync` write
 //! waits for its group commit; calls on an in-memory store, which never touch a file, run
-//! inline. `docs/scaling.md` gives the measured cost of each.
+//! inline. `docs/scaling.md` gives the measured cost of each. One exception is the
+//! caller's: dropping the last handle of a durable `Db` closes it, which seals the newest
+//! segment with an fsync in the dropping thread; drop it off the runtime
+//! (`spawn_blocking(move || drop(db))`) where that matters.
 
 mod outage;
 
