@@ -426,30 +426,7 @@ async fn the_outbox_relay_publishes_to_jetstream_with_stable_ids() {
         events.info().await.unwrap().state.messages,
         published_by_child
     );
-    // The killed relay's transaction holds its row locks until PostgreSQL ends it.
-    let client = store.pool().get().await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let open: i64 = client
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity \
-                 WHERE state LIKE 'idle in transaction%' AND pid <> pg_backend_pid()",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if open == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the killed relay's transaction never ended"
-        );
-        // Polling the server's own view; nothing in this process can signal it.
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    drop(client);
+    crate::support::await_dead_transactions(&store).await;
     // A new relay publishes everything again, with the same ids: the stream keeps one
     // copy of each of the 20.
     let relay = Relay::new(&store, JetStreamPublisher::new(js.clone(), "events"));

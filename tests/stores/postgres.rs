@@ -705,32 +705,7 @@ async fn a_relay_killed_between_publish_and_mark_duplicates_only_same_ids() {
     };
     child.kill().unwrap();
     child.wait().unwrap();
-    // The dead relay's backend holds its row locks until PostgreSQL notices the closed
-    // connection and aborts the transaction; a relay started before that would skip the
-    // locked rows. Wait for the server to end that transaction.
-    let client = store.pool().get().await.unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let open: i64 = client
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity \
-                 WHERE state LIKE 'idle in transaction%' AND pid <> pg_backend_pid()",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if open == 0 {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the killed relay's transaction never ended"
-        );
-        // Polling the server's own view; nothing in this process can signal it.
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    drop(client);
+    crate::support::await_dead_transactions(&store).await;
 
     let sink = Sink::default();
     let relay = Relay::new(&store, sink.clone());
@@ -789,23 +764,7 @@ async fn an_unreachable_server_follows_the_outage_policy() {
     assert_eq!(open.outages(), 6);
 
     // Fail closed: refused, counted.
-    assert!(matches!(
-        closed.insert_if_absent(b"k").await,
-        Err(Error::Unavailable { .. })
-    ));
-    assert!(matches!(
-        closed.reserve(&scope, b"k", b"r").await,
-        Err(Error::Unavailable { .. })
-    ));
-    assert!(matches!(
-        closed.advance(&scope, b"agg", 3).await,
-        Err(Error::Unavailable { .. })
-    ));
-    assert!(matches!(
-        closed_lease.complete(b"outcome unknown").await,
-        Err(Error::Unavailable { .. })
-    ));
-    assert_eq!((closed.outages(), closed.lease_outages()), (4, 1));
+    crate::support::fails_closed(&closed, closed_lease, &scope).await;
     // Input errors are not outages.
     assert!(matches!(
         closed.insert_if_absent(b"").await,

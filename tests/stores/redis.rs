@@ -223,23 +223,7 @@ fn an_unreachable_server_follows_the_outage_policy() {
         assert_eq!(open.outages(), 4);
 
         // Fail closed: refused, counted.
-        assert!(matches!(
-            closed.insert_if_absent(b"k").await,
-            Err(Error::Unavailable { .. })
-        ));
-        assert!(matches!(
-            closed.reserve(&scope, b"r", b"req").await,
-            Err(Error::Unavailable { .. })
-        ));
-        assert!(matches!(
-            closed.advance(&scope, b"agg", 7).await,
-            Err(Error::Unavailable { .. })
-        ));
-        assert!(matches!(
-            closed_lease.complete(b"outcome unknown").await,
-            Err(Error::Unavailable { .. })
-        ));
-        assert_eq!((closed.outages(), closed.lease_outages()), (4, 1));
+        crate::support::fails_closed(&closed, closed_lease, &scope).await;
     });
 }
 

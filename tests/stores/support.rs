@@ -2,3 +2,61 @@
 //! the examples' paths, from `oncedb_testkit::servers`.
 
 pub use oncedb_testkit::servers;
+
+/// Waits until PostgreSQL has ended every other session's open transaction: a killed
+/// process's backend holds its row locks until the server notices the closed connection,
+/// and a relay started before that would skip the locked rows. Polls the server's own
+/// view (nothing in this process can signal it), for at most 30 s.
+#[cfg(feature = "postgres")]
+pub async fn await_dead_transactions(store: &oncedb::PostgresStore) {
+    let client = store.pool().get().await.unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let open: i64 = client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE state LIKE 'idle in transaction%' AND pid <> pg_backend_pid()",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if open == 0 {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the killed process's transaction never ended"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// With its server gone, a `FailClosed` store refuses every write (a key, a reserve, an
+/// ordering check, and `lease`'s completion) with `Unavailable` and counts each, the
+/// lease call among the lease outages.
+#[cfg(feature = "async")]
+pub async fn fails_closed<S: oncedb::Store>(
+    closed: &oncedb::Guarded<S>,
+    lease: oncedb::GuardedLease<S::Lease>,
+    scope: &oncedb::Scope,
+) {
+    use oncedb::{Error, Store, StoreLease};
+    assert!(matches!(
+        closed.insert_if_absent(b"k").await,
+        Err(Error::Unavailable { .. })
+    ));
+    assert!(matches!(
+        closed.reserve(scope, b"r", b"req").await,
+        Err(Error::Unavailable { .. })
+    ));
+    assert!(matches!(
+        closed.advance(scope, b"agg", 7).await,
+        Err(Error::Unavailable { .. })
+    ));
+    assert!(matches!(
+        lease.complete(b"outcome unknown").await,
+        Err(Error::Unavailable { .. })
+    ));
+    assert_eq!((closed.outages(), closed.lease_outages()), (4, 1));
+}

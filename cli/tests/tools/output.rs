@@ -1,10 +1,9 @@
 //! No subcommand panics on its output: a closed stdout (`oncedb verify | head -1`) is a
 //! normal end, any other write failure is one error line and a non-zero exit.
 
-use std::io::Write;
 use std::process::{Command, Stdio};
 
-use crate::support::{oncedb, serial};
+use crate::support::{oncedb, run, serial};
 
 /// Every subcommand, on a store made by the first: (name, arguments, stdin).
 fn every_subcommand(dir: &str) -> Vec<(&'static str, Vec<String>, Vec<u8>)> {
@@ -42,20 +41,8 @@ fn every_subcommand(dir: &str) -> Vec<(&'static str, Vec<String>, Vec<u8>)> {
 fn into_closed_pipe(args: &[String], stdin: &[u8]) -> (Option<i32>, String) {
     let (reader, writer) = std::io::pipe().unwrap();
     drop(reader);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_oncedb"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(writer)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut input = child.stdin.take().unwrap();
-    let stdin = stdin.to_vec();
-    let feeder = std::thread::spawn(move || {
-        let _ = input.write_all(&stdin);
-    });
-    let output = child.wait_with_output().unwrap();
-    feeder.join().unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_oncedb"));
+    let output = run(command.args(args), writer.into(), stdin);
     (
         output.status.code(),
         String::from_utf8_lossy(&output.stderr).into_owned(),
@@ -100,19 +87,8 @@ fn another_write_failure_is_one_error_line_and_a_failure() {
             .write(true)
             .open("/dev/full")
             .unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_oncedb"))
-            .args(&args)
-            .stdin(Stdio::piped())
-            .stdout(full)
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut input = child.stdin.take().unwrap();
-        let feeder = std::thread::spawn(move || {
-            let _ = input.write_all(&stdin);
-        });
-        let output = child.wait_with_output().unwrap();
-        feeder.join().unwrap();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_oncedb"));
+        let output = run(command.args(&args), full.into(), &stdin);
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(!stderr.contains("panicked"), "{name} panicked: {stderr}");
         assert_ne!(output.status.code(), Some(0), "{name}: {stderr}");
@@ -134,10 +110,10 @@ fn random_io_failures_never_make_a_tool_panic() {
     let input: Vec<u8> = (0..3000)
         .flat_map(|i| format!("{i}\n").into_bytes())
         .collect();
-    for run in 0..24 {
-        let store = dir.path().join(format!("store-{run}"));
+    for attempt in 0..24 {
+        let store = dir.path().join(format!("store-{attempt}"));
         let store = store.to_str().unwrap().to_owned();
-        let tool: Vec<&str> = if run % 2 == 0 {
+        let tool: Vec<&str> = if attempt % 2 == 0 {
             vec!["dedup", "--dir", &store, "--window", "1h"]
         } else {
             vec![
@@ -150,34 +126,25 @@ fn random_io_failures_never_make_a_tool_panic() {
                 "100",
             ]
         };
-        let mut child = Command::new("fiu-run")
+        // fiu-run comes with Debian's fiu-utils; .ci/run installs it.
+        let mut command = Command::new("fiu-run");
+        command
             .args([
                 "-x",
                 "-c",
                 "enable_random name=posix/io/rw/*,probability=0.05",
             ])
             .arg(env!("CARGO_BIN_EXE_oncedb"))
-            .args(&tool)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("fiu-run must be installed (Debian's fiu-utils; .ci/run installs it)");
-        let mut stdin = child.stdin.take().unwrap();
-        let feed = input.clone();
-        let feeder = std::thread::spawn(move || {
-            let _ = stdin.write_all(&feed);
-        });
-        let output = child.wait_with_output().unwrap();
-        feeder.join().unwrap();
+            .args(&tool);
+        let output = run(&mut command, Stdio::null(), &input);
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(
             !stderr.contains("panicked"),
-            "run {run} ({tool:?}) panicked: {stderr}"
+            "run {attempt} ({tool:?}) panicked: {stderr}"
         );
         assert!(
             matches!(output.status.code(), Some(0 | 1)),
-            "run {run} ({tool:?}): {:?} {stderr}",
+            "run {attempt} ({tool:?}): {:?} {stderr}",
             output.status
         );
     }

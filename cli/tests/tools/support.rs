@@ -19,13 +19,21 @@ pub fn serial() -> MutexGuard<'static, ()> {
 
 /// Runs `oncedb` with `args`, feeding it `stdin`.
 pub fn oncedb(args: &[&str], stdin: &[u8]) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_oncedb"))
-        .args(args)
+    run(
+        Command::new(env!("CARGO_BIN_EXE_oncedb")).args(args),
+        Stdio::piped(),
+        stdin,
+    )
+}
+
+/// Runs `command` with its stdout on `stdout` and stderr captured, feeding it `stdin`.
+pub fn run(command: &mut Command, stdout: Stdio, stdin: &[u8]) -> Output {
+    let mut child = command
         .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
+        .stdout(stdout)
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap();
+        .unwrap_or_else(|err| panic!("{command:?}: {err}"));
     // Feed stdin from another thread: the child's stdout fills while we write.
     let mut input = child.stdin.take().unwrap();
     let stdin = stdin.to_vec();
