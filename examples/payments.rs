@@ -39,7 +39,9 @@ use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, LOCATION, RETRY_AFTER};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use axum::routing::{get, post};
-use oncedb::http::{IdempotencyConfig, IdempotencyContext, IdempotencyLayer, StoredResponse};
+use oncedb::http::{
+    IdempotencyConfig, IdempotencyContext, IdempotencyLayer, SideEffect, StoredResponse,
+};
 use oncedb::{Db, Durability, Options, Store, StoreLease};
 
 /// How long a request may stay in flight before reconciliation looks at it.
@@ -223,6 +225,7 @@ async fn create_payment(
         Err(Timeout) => {
             // Outcome unknown: the layer keeps the record in flight with a note.
             let mut response = error(StatusCode::SERVICE_UNAVAILABLE, "provider_timeout");
+            response.extensions_mut().insert(SideEffect::Unknown);
             response
                 .headers_mut()
                 .insert(RETRY_AFTER, HeaderValue::from_static("2"));
@@ -271,7 +274,9 @@ async fn reconcile<S: Store + Clone>(store: S, provider: Arc<Provider>) {
         let Ok(stuck) = store.in_flight(RECONCILE_AFTER).await else {
             continue;
         };
-        for record in stuck {
+        // Only records the layer marked "outcome unknown" (its note): a record without one
+        // belongs to a handler still running, which must not be fenced.
+        for record in stuck.into_iter().filter(|record| record.note.is_some()) {
             // The id the handler sent the provider: the same three parts.
             let operation_id = IdempotencyContext {
                 tenant: String::from_utf8_lossy(record.scope.tenant()).into_owned(),
@@ -309,7 +314,8 @@ async fn serve<S: Store + Clone>(store: S, addr: SocketAddr, with_layer: bool) {
             CONTENT_TYPE,
             LOCATION,
             HeaderName::from_static("x-request-id"),
-        ]);
+        ])
+        .expect("the replayed headers carry no credentials");
     let payments = if with_layer {
         post(create_payment).route_layer(IdempotencyLayer::new(store.clone(), config))
     } else {

@@ -14,15 +14,20 @@
 //! | a retry after a `2xx` or `4xx` | the stored status, allow-listed headers and body, byte for byte, plus `Idempotent-Replayed: true` |
 //! | the store unreachable | `503` with `Retry-After` (fail closed; wrap the store in [`Guarded`](crate::Guarded) to choose) |
 //!
-//! What the handler's outcome does to the record:
+//! What the handler's outcome does to the record (each configurable; `docs/http.md` has
+//! the whole table):
 //!
-//! - `2xx`: completed; `4xx`: failed (a deterministic refusal); both are replayed.
-//! - `5xx`: the side effect may have happened, so the record stays in flight (with a
-//!   note) until a reconciliation job takes it over — unless the handler put
-//!   [`SideEffect::NotPerformed`] in the response's extensions, which releases the record
-//!   so a retry runs.
-//! - A handler that panics or is cancelled (the client went away) drops the lease: the
-//!   record stays in flight, never completed with a partial response.
+//! - `2xx` (and `3xx`): completed; replayed.
+//! - `401`, `403`, `408`, `429` ([`IdempotencyConfig::release_statuses`]): nothing
+//!   happened yet, so the key is released and a retry runs.
+//! - any other `4xx`: failed (a deterministic refusal); replayed.
+//! - `5xx`: stored as failed and replayed ([`ServerErrors::Store`], the default), unless
+//!   the handler put [`SideEffect::Unknown`] in the response's extensions (kept in flight
+//!   with a note, for reconciliation: retries get `409`) or [`SideEffect::NotPerformed`]
+//!   (released).
+//! - A request that acquired its key runs to the end even when the client goes away
+//!   ([`IdempotencyConfig::detached`]): a retry replays its outcome. A handler that panics
+//!   drops the lease: the record stays in flight, never completed with a partial response.
 //!
 //! The scope of a key is the tenant (from the extractor: authentication, never the body),
 //! and the method plus the matched route. The handler finds the key and tenant in the
@@ -59,12 +64,30 @@ pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
 /// headers are the first attempt's, the body is empty.
 pub const IDEMPOTENT_BODY_OMITTED: &str = "idempotent-body-omitted";
 
-/// What a handler tells the layer about a failed (`5xx`) response, in its extensions.
+/// What a handler tells the layer about its side effect, in the response's extensions;
+/// it overrides the layer's [`ServerErrors`] policy for that response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SideEffect {
     /// Nothing happened downstream (validated before any call, or the call was refused
     /// for sure): release the record so a retry runs.
     NotPerformed,
+    /// The outcome is unknown (a provider timed out after the request left): keep the
+    /// record in flight with a note, for reconciliation; retries get `409`.
+    Unknown,
+}
+
+/// What the layer does with a `5xx` response the handler did not mark with a
+/// [`SideEffect`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerErrors {
+    /// Store it and replay it to retries, as for any other answer (the default, as
+    /// Stripe does: a retry learns what the first attempt answered).
+    Store,
+    /// Release the key: a retry runs the handler again. For handlers whose 5xx always
+    /// means nothing happened.
+    Release,
+    /// Keep the record in flight with a note, for reconciliation; retries get `409`.
+    KeepInFlight,
 }
 
 /// The key and tenant of a guarded request, in its extensions.
@@ -102,6 +125,9 @@ pub struct IdempotencyConfig {
     methods: Vec<Method>,
     replay_headers: Vec<HeaderName>,
     retry_after_secs: u32,
+    release_statuses: Vec<StatusCode>,
+    server_errors: ServerErrors,
+    detached: bool,
     tenant: Arc<TenantFn>,
     fingerprint: Arc<FingerprintFn>,
 }
@@ -130,6 +156,14 @@ impl IdempotencyConfig {
             methods: vec![Method::POST, Method::PATCH],
             replay_headers: vec![CONTENT_TYPE, axum::http::header::LOCATION],
             retry_after_secs: 1,
+            release_statuses: vec![
+                StatusCode::UNAUTHORIZED,
+                StatusCode::FORBIDDEN,
+                StatusCode::REQUEST_TIMEOUT,
+                StatusCode::TOO_MANY_REQUESTS,
+            ],
+            server_errors: ServerErrors::Store,
+            detached: true,
             tenant: Arc::new(tenant),
             fingerprint: Arc::new(canonical_request),
         }
@@ -159,15 +193,62 @@ impl IdempotencyConfig {
         self
     }
 
-    /// Response headers stored and replayed (the rest are not stored).
-    pub fn replay_headers(mut self, headers: Vec<HeaderName>) -> Self {
+    /// Response headers stored and replayed (the rest are not stored). Credentials and
+    /// hop-by-hop headers are refused with [`Error::InvalidOptions`]: a replay of
+    /// `set-cookie` or `authorization` would hand one user's session to another user of
+    /// the same tenant, and hop-by-hop headers describe one connection.
+    pub fn replay_headers(mut self, headers: Vec<HeaderName>) -> Result<Self, Error> {
+        const REFUSED: [&str; 12] = [
+            "set-cookie",
+            "cookie",
+            "authorization",
+            "proxy-authorization",
+            "www-authenticate",
+            "proxy-authenticate",
+            "connection",
+            "keep-alive",
+            "transfer-encoding",
+            "te",
+            "trailer",
+            "upgrade",
+        ];
+        if let Some(refused) = headers.iter().find(|h| REFUSED.contains(&h.as_str())) {
+            return Err(Error::InvalidOptions(format!(
+                "the header {refused} must not be replayed"
+            )));
+        }
         self.replay_headers = headers;
+        Ok(self)
+    }
+
+    /// The `Retry-After` of a `409` or `503`, in whole seconds (rounded up). Default 1 s.
+    pub fn retry_after(mut self, after: std::time::Duration) -> Self {
+        let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+        self.retry_after_secs = u32::try_from(secs).unwrap_or(u32::MAX);
         self
     }
 
-    /// Seconds in the `Retry-After` of a `409` or `503`.
-    pub fn retry_after_secs(mut self, secs: u32) -> Self {
-        self.retry_after_secs = secs;
+    /// Statuses after which the key is released, so a retry runs the handler again: the
+    /// answers that say nothing happened yet. Default `401`, `403`, `408`, `429`. Every
+    /// other `4xx` is stored and replayed.
+    pub fn release_statuses(mut self, statuses: Vec<StatusCode>) -> Self {
+        self.release_statuses = statuses;
+        self
+    }
+
+    /// What a `5xx` does to the record; see [`ServerErrors`]. Default
+    /// [`ServerErrors::Store`].
+    pub fn server_errors(mut self, policy: ServerErrors) -> Self {
+        self.server_errors = policy;
+        self
+    }
+
+    /// Whether a request that acquired its key runs to the end even if the client goes
+    /// away (default `true`): the handler and the storing of its answer are spawned on the
+    /// runtime, so a retry finds the outcome instead of a record left in flight. With
+    /// `false`, a dropped request drops the lease and the record stays in flight.
+    pub fn detached(mut self, detached: bool) -> Self {
+        self.detached = detached;
         self
     }
 
@@ -242,7 +323,20 @@ where
         let ready = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, ready);
         let (store, config) = (self.store.clone(), Arc::clone(&self.config));
-        Box::pin(async move { Ok(guard(store, config, inner, request).await) })
+        if !config.detached {
+            return Box::pin(async move { Ok(guard(store, config, inner, request).await) });
+        }
+        // Spawned: a client that goes away drops this future, not the guarded request,
+        // which finishes (reserve, handler, stored answer) on its own. A reserve whose
+        // client left is followed by its handler, so no record is left for a handler that
+        // never ran.
+        let task = tokio::spawn(guard(store, config, inner, request));
+        Box::pin(async move {
+            Ok(task.await.unwrap_or_else(|_| {
+                // The handler panicked: its lease dropped, the record stays in flight.
+                refuse(StatusCode::INTERNAL_SERVER_ERROR, "handler_failed")
+            }))
+        })
     }
 }
 
@@ -438,18 +532,29 @@ async fn finish<L: StoreLease>(
     max_response: usize,
 ) -> Response<Body> {
     let status = response.status();
-    if status.is_server_error() {
-        if response.extensions().get::<SideEffect>() == Some(&SideEffect::NotPerformed) {
+    let marked = response.extensions().get::<SideEffect>().copied();
+    let action = match marked {
+        Some(SideEffect::NotPerformed) => Some(ServerErrors::Release),
+        Some(SideEffect::Unknown) => Some(ServerErrors::KeepInFlight),
+        None if config.release_statuses.contains(&status) => Some(ServerErrors::Release),
+        None if status.is_server_error() => Some(config.server_errors),
+        None => None,
+    };
+    match action {
+        Some(ServerErrors::Release) => {
             if let Err(err) = lease.release().await {
                 log::warn!("idempotency: releasing after {status}: {err}");
             }
-        } else {
+            return response;
+        }
+        Some(ServerErrors::KeepInFlight) => {
             let note = format!("HTTP {status}: outcome unknown");
             if let Err(err) = lease.note(note.as_bytes()).await {
                 log::warn!("idempotency: noting {status}: {err}");
             }
+            return response;
         }
-        return response;
+        Some(ServerErrors::Store) | None => {}
     }
     let (parts, body) = response.into_parts();
     let limit = body_limit(&parts, &config.replay_headers, max_response);
@@ -485,9 +590,9 @@ async fn finish<L: StoreLease>(
     Response::from_parts(parts, Body::from(body))
 }
 
-/// Stores an answer: a `4xx` as failed, anything else as completed.
+/// Stores an answer: a `4xx` or `5xx` as failed, anything else as completed.
 async fn save<L: StoreLease>(lease: L, status: StatusCode, encoded: &[u8]) {
-    let saved = if status.is_client_error() {
+    let saved = if status.is_client_error() || status.is_server_error() {
         lease.fail(encoded).await
     } else {
         lease.complete(encoded).await
@@ -509,4 +614,26 @@ fn body_limit(
 ) -> usize {
     let headers = StoredResponse::capture(parts, &[], allow).encode().len();
     max_response.saturating_sub(headers)
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::header::{CONTENT_TYPE, HeaderName, SET_COOKIE};
+
+    use super::IdempotencyConfig;
+
+    #[test]
+    fn credentials_and_hop_by_hop_headers_are_never_replayed() {
+        let config = || IdempotencyConfig::new(|_| Some("t".to_owned()));
+        assert!(config().replay_headers(vec![CONTENT_TYPE]).is_ok());
+        for refused in [
+            SET_COOKIE,
+            HeaderName::from_static("authorization"),
+            HeaderName::from_static("connection"),
+            HeaderName::from_static("transfer-encoding"),
+        ] {
+            let answer = config().replay_headers(vec![CONTENT_TYPE, refused.clone()]);
+            assert!(answer.is_err(), "{refused} accepted");
+        }
+    }
 }

@@ -22,6 +22,8 @@ const KEY: &str = "key-0123456789abcdef";
 struct Handler {
     calls: AtomicUsize,
     gate: tokio::sync::Notify,
+    /// Notified when a `wait` request has been let through the gate.
+    finished: tokio::sync::Notify,
 }
 
 async fn handle(
@@ -49,9 +51,18 @@ async fn handle(
     headers.insert("location", HeaderValue::from_static("/things/1"));
     headers.insert("x-not-replayed", HeaderValue::from_static("1"));
     match mode.as_str() {
-        "wait" => handler.gate.notified().await,
+        "wait" => {
+            handler.gate.notified().await;
+            handler.finished.notify_one();
+        }
         "declined" => *response.status_mut() = StatusCode::UNPROCESSABLE_ENTITY,
-        "unknown" => *response.status_mut() = StatusCode::BAD_GATEWAY,
+        "unknown" => {
+            *response.status_mut() = StatusCode::BAD_GATEWAY;
+            response.extensions_mut().insert(SideEffect::Unknown);
+        }
+        "server_error" => *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR,
+        "rate_limited" if n == 1 => *response.status_mut() = StatusCode::TOO_MANY_REQUESTS,
+        "rate_limited" => {}
         "nothing_happened" => {
             *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
             response.extensions_mut().insert(SideEffect::NotPerformed);
@@ -254,7 +265,7 @@ async fn the_response_policy_decides_what_a_retry_gets() {
     assert_eq!((again.0, again.2), (declined.0, declined.2));
     assert_eq!(calls(), 1);
 
-    // 5xx, outcome unknown: the record stays in flight with a note.
+    // 5xx, outcome marked unknown: the record stays in flight with a note.
     let unknown = send(&app, request(Some("unknown-00000000001"), "unknown", "{}")).await;
     assert_eq!(unknown.0, StatusCode::BAD_GATEWAY);
     let again = send(&app, request(Some("unknown-00000000001"), "unknown", "{}")).await;
@@ -264,6 +275,29 @@ async fn the_response_policy_decides_what_a_retry_gets() {
     assert_eq!(
         stuck[0].note.as_deref(),
         Some(&b"HTTP 502 Bad Gateway: outcome unknown"[..])
+    );
+    assert_eq!(calls(), 2);
+
+    // 5xx, unmarked: stored and replayed (a database blip becomes its 500, not a 409 for
+    // the whole window).
+    let key = Some("server-error-000001");
+    let failed = send(&app, request(key, "server_error", "{}")).await;
+    assert_eq!(failed.0, StatusCode::INTERNAL_SERVER_ERROR);
+    let again = send(&app, request(key, "", "{}")).await;
+    assert_eq!((again.0, &again.2), (failed.0, &failed.2));
+    assert_eq!(header(&again.1, "idempotent-replayed"), Some("true"));
+    assert_eq!(calls(), 3);
+
+    // 429 from the handler (an inner rate limiter): released, so the next attempt runs.
+    let key = Some("rate-limited-000001");
+    handler.calls.store(0, Ordering::SeqCst);
+    assert_eq!(
+        send(&app, request(key, "rate_limited", "{}")).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        send(&app, request(key, "rate_limited", "{}")).await.0,
+        StatusCode::CREATED
     );
     assert_eq!(calls(), 2);
 
@@ -279,16 +313,15 @@ async fn the_response_policy_decides_what_a_retry_gets() {
     );
     assert_eq!(calls(), 4);
 
-    // A handler that panics leaves the record in flight, never completed.
-    let panicked = tokio::spawn({
-        let app = app.clone();
-        async move { send(&app, request(Some("panicked-0000000001"), "panic", "{}")).await }
-    });
-    assert!(panicked.await.is_err());
+    // A handler that panics leaves the record in flight, never completed; the client
+    // gets a 500.
+    let panicked = send(&app, request(Some("panicked-0000000001"), "panic", "{}")).await;
+    assert_eq!(panicked.0, StatusCode::INTERNAL_SERVER_ERROR);
     let again = send(&app, request(Some("panicked-0000000001"), "", "{}")).await;
     assert_eq!(again.0, StatusCode::CONFLICT);
 
-    // A client that goes away mid-request (the future dropped) leaves it in flight too.
+    // A client that goes away mid-request (its future dropped): the handler runs to the
+    // end anyway and its answer is stored, so the retry replays it.
     let abandoned = tokio::spawn({
         let app = app.clone();
         async move { send(&app, request(Some("abandoned-000000001"), "wait", "{}")).await }
@@ -298,9 +331,27 @@ async fn the_response_policy_decides_what_a_retry_gets() {
     }
     abandoned.abort();
     assert!(abandoned.await.unwrap_err().is_cancelled());
-    let again = send(&app, request(Some("abandoned-000000001"), "", "{}")).await;
-    assert_eq!(again.0, StatusCode::CONFLICT);
-    assert_eq!(db.in_flight(Duration::ZERO).len(), 3);
+    handler.gate.notify_one();
+    handler.finished.notified().await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let replay = loop {
+        let answer = send(&app, request(Some("abandoned-000000001"), "", "{}")).await;
+        if answer.0 != StatusCode::CONFLICT {
+            break answer;
+        }
+        // The detached request stores its answer right after the handler returns.
+        assert!(std::time::Instant::now() < deadline, "never stored");
+        tokio::task::yield_now().await;
+    };
+    assert_eq!(replay.0, StatusCode::CREATED);
+    assert_eq!(header(&replay.1, "idempotent-replayed"), Some("true"));
+    assert_eq!(
+        calls(),
+        6,
+        "the retry replayed: the handler ran once for the key"
+    );
+    // Left in flight: the unknown outcome and the panic.
+    assert_eq!(db.in_flight(Duration::ZERO).len(), 2);
 }
 
 /// The answers of a bad day: a body that never arrives, two keys, a store that cannot be

@@ -374,3 +374,51 @@ async fn requests_per_second_with_and_without_the_layer() {
         }
     }
 }
+
+/// A client that gives up before the provider answers (`pm_slow` takes about a second,
+/// the client waits 500 ms): the request runs to the end without it, so the retry gets
+/// the payment, replayed, and the provider was charged once; not a `409` for a record
+/// left in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_gives_up_gets_the_payment_on_its_retry() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = Payments::start(dir.path(), &[]);
+    let key = "impatient-key-000000001";
+    let impatient = app
+        .http
+        .post(format!("{}/v1/payments", app.base))
+        .header("authorization", "Bearer tok_org_123")
+        .header("idempotency-key", key)
+        .header("content-type", "application/json")
+        .body(body("pm_slow"))
+        .timeout(Duration::from_millis(500))
+        .send()
+        .await;
+    assert!(impatient.is_err(), "the client gave up first");
+    // The abandoned request reaches the provider all the same.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while app.provider_calls("org_123", key).await == 0 {
+        assert!(Instant::now() < deadline, "the abandoned request never ran");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let retry = loop {
+        let answer = app.pay("tok_org_123", key, "pm_slow").await;
+        if answer.status != StatusCode::CONFLICT {
+            break answer;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the abandoned request never finished"
+        );
+        // The provider answers on its own schedule (about a second).
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(retry.status, StatusCode::CREATED, "{}", retry.body);
+    assert!(
+        retry.replayed(),
+        "{} (provider calls {})",
+        retry.body,
+        app.provider_calls("org_123", key).await
+    );
+    assert_eq!(app.provider_calls("org_123", key).await, 1);
+}
