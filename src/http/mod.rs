@@ -115,6 +115,7 @@ impl IdempotencyContext {
 
 type TenantFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
 type FingerprintFn = dyn Fn(&Parts, &[u8]) -> Vec<u8> + Send + Sync;
+type ProblemFn = dyn Fn(&Problem) -> Response<Body> + Send + Sync;
 
 /// The layer's settings.
 #[derive(Clone)]
@@ -128,6 +129,8 @@ pub struct IdempotencyConfig {
     release_statuses: Vec<StatusCode>,
     server_errors: ServerErrors,
     detached: bool,
+    www_authenticate: HeaderValue,
+    problem: Option<Arc<ProblemFn>>,
     tenant: Arc<TenantFn>,
     fingerprint: Arc<FingerprintFn>,
 }
@@ -164,6 +167,8 @@ impl IdempotencyConfig {
             ],
             server_errors: ServerErrors::Store,
             detached: true,
+            www_authenticate: HeaderValue::from_static("Bearer"),
+            problem: None,
             tenant: Arc::new(tenant),
             fingerprint: Arc::new(canonical_request),
         }
@@ -240,6 +245,23 @@ impl IdempotencyConfig {
     /// [`ServerErrors::Store`].
     pub fn server_errors(mut self, policy: ServerErrors) -> Self {
         self.server_errors = policy;
+        self
+    }
+
+    /// The `WWW-Authenticate` of a `401` (no tenant). Default `Bearer`.
+    pub fn www_authenticate(mut self, challenge: HeaderValue) -> Self {
+        self.www_authenticate = challenge;
+        self
+    }
+
+    /// Renders the layer's own answers (a [`Problem`]) instead of the default problem
+    /// details ([`problem_details`]); `Retry-After` and `WWW-Authenticate` are added
+    /// after it.
+    pub fn problem(
+        mut self,
+        render: impl Fn(&Problem) -> Response<Body> + Send + Sync + 'static,
+    ) -> Self {
+        self.problem = Some(Arc::new(render));
         self
     }
 
@@ -324,34 +346,115 @@ where
         let inner = std::mem::replace(&mut self.inner, ready);
         let (store, config) = (self.store.clone(), Arc::clone(&self.config));
         if !config.detached {
-            return Box::pin(async move { Ok(guard(store, config, inner, request).await) });
+            return Box::pin(async move {
+                let response = guard(store, Arc::clone(&config), inner, request).await;
+                Ok(present(&config, response))
+            });
         }
         // Spawned: a client that goes away drops this future, not the guarded request,
         // which finishes (reserve, handler, stored answer) on its own. A reserve whose
         // client left is followed by its handler, so no record is left for a handler that
         // never ran.
-        let task = tokio::spawn(guard(store, config, inner, request));
+        let task = tokio::spawn(guard(store, Arc::clone(&config), inner, request));
         Box::pin(async move {
-            Ok(task.await.unwrap_or_else(|_| {
+            let response = task.await.unwrap_or_else(|_| {
                 // The handler panicked: its lease dropped, the record stays in flight.
                 refuse(StatusCode::INTERNAL_SERVER_ERROR, "handler_failed")
-            }))
+            });
+            Ok(present(&config, response))
         })
     }
 }
 
-/// A JSON error answer.
-fn refuse(status: StatusCode, error: &str) -> Response<Body> {
-    let body = format!("{{\"error\":\"{error}\"}}");
-    let mut response = Response::new(Body::from(body));
-    *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+/// An answer the layer gives itself (never one of the handler's), in the response's
+/// extensions: what [`IdempotencyConfig::problem`] renders.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// The status.
+    pub status: StatusCode,
+    /// A stable code (`idempotency_key_required`, `request_in_progress`, ...), also the
+    /// last part of the default body's `type`.
+    pub code: &'static str,
+    /// A short human summary of the code.
+    pub title: &'static str,
+}
+
+/// The title of each of the layer's codes.
+fn title(code: &str) -> &'static str {
+    match code {
+        "idempotency_key_required" => "An Idempotency-Key header is required",
+        "invalid_idempotency_key" => "The Idempotency-Key header is malformed",
+        "duplicate_idempotency_key" => "More than one Idempotency-Key header",
+        "request_body_too_large" => "The request body is too large",
+        "unauthorized" => "No tenant could be told from the request",
+        "invalid_tenant" => "The tenant name is too long",
+        "route_too_long" => "The route is too long to scope a key",
+        "idempotency_key_reused" => "The key was used with a different request",
+        "request_in_progress" => "A request with this key is still being processed",
+        "idempotency_store_unavailable" => "The idempotency store cannot be reached",
+        "idempotency_store_full" => "The idempotency store is full",
+        "stored_response_unreadable" => "The stored response cannot be read",
+        "response_unreadable" => "The response could not be read whole",
+        "handler_failed" => "The handler failed",
+        _ => "The request could not be processed",
+    }
+}
+
+/// The layer's own answer: RFC 9457 problem details (`application/problem+json`, with
+/// `type`, `title`, `status`), the [`Problem`] in its extensions for
+/// [`IdempotencyConfig::problem`] to re-render.
+fn refuse(status: StatusCode, code: &'static str) -> Response<Body> {
+    let problem = Problem {
+        status,
+        code,
+        title: title(code),
+    };
+    let mut response = problem_details(&problem);
+    response.extensions_mut().insert(problem);
     response
 }
 
-fn retry_later(status: StatusCode, error: &str, secs: u32) -> Response<Body> {
+/// The default rendering of a [`Problem`].
+pub fn problem_details(problem: &Problem) -> Response<Body> {
+    let body = format!(
+        "{{\"type\":\"urn:oncedb:problem:{}\",\"title\":\"{}\",\"status\":{}}}",
+        problem.code,
+        problem.title,
+        problem.status.as_u16()
+    );
+    let mut response = Response::new(Body::from(body));
+    *response.status_mut() = problem.status;
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    response
+}
+
+/// The layer's own answers as the application wants them: re-rendered by its hook, with
+/// its `WWW-Authenticate` on a `401`, and a `Retry-After` kept.
+fn present(config: &IdempotencyConfig, response: Response<Body>) -> Response<Body> {
+    let Some(problem) = response.extensions().get::<Problem>().cloned() else {
+        return response;
+    };
+    let retry_after = response.headers().get(RETRY_AFTER).cloned();
+    let mut response = match &config.problem {
+        Some(render) => render(&problem),
+        None => response,
+    };
+    if let Some(retry_after) = retry_after {
+        response.headers_mut().insert(RETRY_AFTER, retry_after);
+    }
+    if problem.status == StatusCode::UNAUTHORIZED {
+        response.headers_mut().insert(
+            axum::http::header::WWW_AUTHENTICATE,
+            config.www_authenticate.clone(),
+        );
+    }
+    response
+}
+
+fn retry_later(status: StatusCode, error: &'static str, secs: u32) -> Response<Body> {
     let mut response = refuse(status, error);
     response
         .headers_mut()
@@ -447,6 +550,12 @@ where
         .get::<MatchedPath>()
         .map_or_else(|| parts.uri.path().to_owned(), |m| m.as_str().to_owned());
     let operation = format!("{} {route}", parts.method);
+    if tenant.len() > crate::base::MAX_SCOPE_PART_BYTES {
+        return refuse(StatusCode::BAD_REQUEST, "invalid_tenant");
+    }
+    if operation.len() > crate::base::MAX_SCOPE_PART_BYTES {
+        return refuse(StatusCode::INTERNAL_SERVER_ERROR, "route_too_long");
+    }
     let scope = Scope::new(&tenant, &operation);
     let fingerprint = (config.fingerprint)(&parts, &body);
     let reserved = match store.reserve(&scope, key.as_bytes(), &fingerprint).await {

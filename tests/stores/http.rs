@@ -436,6 +436,62 @@ async fn bad_days_get_the_documented_answers() {
     assert_eq!(handler.calls.load(Ordering::SeqCst), 4);
 }
 
+/// The layer's own answers are problem details, with `WWW-Authenticate` on a `401`; a
+/// hook re-renders them; a tenant too long for a scope is its own answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_layers_answers_are_problem_details() {
+    let handler = Arc::new(Handler::default());
+    let app = app(
+        Db::open(Options::in_memory()).unwrap(),
+        Arc::clone(&handler),
+    );
+    let mut anonymous = request(Some(KEY), "", "{}");
+    anonymous.headers_mut().remove("authorization");
+    let answer = send(&app, anonymous).await;
+    assert_eq!(answer.0, StatusCode::UNAUTHORIZED);
+    assert_eq!(header(&answer.1, "www-authenticate"), Some("Bearer"));
+    assert_eq!(
+        header(&answer.1, "content-type"),
+        Some("application/problem+json")
+    );
+    let body: serde_json::Value = serde_json::from_slice(&answer.2).unwrap();
+    assert_eq!(body["status"], 401);
+    assert_eq!(body["type"], "urn:oncedb:problem:unauthorized");
+    assert!(body["title"].is_string());
+    // A tenant longer than a scope part: refused as such, not as a bad key.
+    let long_tenant = format!("Bearer {}", "t".repeat(2000));
+    let mut long = request(Some(KEY), "", "{}");
+    long.headers_mut().insert(
+        "authorization",
+        HeaderValue::from_str(&long_tenant).unwrap(),
+    );
+    let answer = send(&app, long).await;
+    assert_eq!(answer.0, StatusCode::BAD_REQUEST);
+    assert!(String::from_utf8_lossy(&answer.2).contains("invalid_tenant"));
+    // The application's own rendering.
+    let config = IdempotencyConfig::new(|_| None).problem(|problem| {
+        let mut response = Response::new(Body::from(format!("custom {}", problem.code)));
+        *response.status_mut() = problem.status;
+        response
+    });
+    let custom = Router::new()
+        .route(
+            "/things",
+            post(handle).route_layer(IdempotencyLayer::new(
+                Db::open(Options::in_memory()).unwrap(),
+                config,
+            )),
+        )
+        .with_state(Arc::clone(&handler));
+    let answer = send(&custom, request(Some(KEY), "", "{}")).await;
+    assert_eq!(
+        (answer.0, &answer.2[..]),
+        (StatusCode::UNAUTHORIZED, &b"custom unauthorized"[..])
+    );
+    assert_eq!(header(&answer.1, "www-authenticate"), Some("Bearer"));
+    assert_eq!(handler.calls.load(Ordering::SeqCst), 0);
+}
+
 /// Operation ids are built from length-prefixed parts that include the operation, so
 /// parts holding the separator, or one key on two routes, never share an id.
 #[test]
