@@ -70,7 +70,7 @@ impl Options {
         self
     }
 
-    /// The time source. Default [`SystemClock`].
+    /// The time source. Default [`SystemClock`](crate::SystemClock).
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.config.clock = Arc::new(clock);
         self.config.custom_clock = true;
@@ -115,7 +115,7 @@ impl Options {
     }
 
     /// Sizes the tables up front for about this many live keys, so they never grow
-    /// while serving. Default 0 (grow as needed). At most [`MAX_EXPECTED_KEYS`]; a size
+    /// while serving. Default 0 (grow as needed). At most [`MAX_EXPECTED_KEYS`](crate::MAX_EXPECTED_KEYS); a size
     /// whose tables cannot be allocated is refused by `Db::open` with
     /// [`Error::InvalidOptions`].
     pub fn expected_keys(mut self, keys: u64) -> Self {
@@ -134,14 +134,14 @@ impl Options {
         self
     }
 
-    /// Longest key accepted, in bytes (default 1024, at most [`MAX_KEY_BYTES_LIMIT`]).
+    /// Longest key accepted, in bytes (default 1024, at most [`MAX_KEY_BYTES_LIMIT`](crate::MAX_KEY_BYTES_LIMIT)).
     pub fn max_key_bytes(mut self, bytes: usize) -> Self {
         self.config.max_key_bytes = bytes;
         self
     }
 
     /// Longest stored response accepted, in bytes (default 1 MiB, at most
-    /// [`MAX_RESPONSE_BYTES_LIMIT`]).
+    /// [`MAX_RESPONSE_BYTES_LIMIT`](crate::MAX_RESPONSE_BYTES_LIMIT)).
     pub fn max_response_bytes(mut self, bytes: usize) -> Self {
         self.config.max_response_bytes = bytes;
         self
@@ -155,7 +155,7 @@ impl Options {
     }
 
     /// The file-system layer a durable store does its I/O through. Default: the real
-    /// file system. Tests pass a [`crate::engine::FaultyStorage`] or [`crate::engine::MemStorage`].
+    /// file system. Tests pass a [`crate::io::FaultyStorage`] or [`crate::io::MemStorage`].
     pub fn storage(mut self, storage: Arc<dyn Storage>) -> Self {
         self.config.storage = storage;
         self

@@ -8,11 +8,14 @@
 //! | no key, on a route that requires one | `400` |
 //! | a key outside the length range (default 16..=255) or character set | `400` |
 //! | a body longer than the limit | `413`, before it is buffered |
-//! | no tenant from the extractor | `401` |
+//! | no tenant from the extractor | `401` with `WWW-Authenticate` |
 //! | the key with another fingerprint (method, path, canonical body) | `422` |
 //! | a retry while the first attempt runs | `409` with `Retry-After` |
 //! | a retry after a `2xx` or `4xx` | the stored status, allow-listed headers and body, byte for byte, plus `Idempotent-Replayed: true` |
 //! | the store unreachable | `503` with `Retry-After` (fail closed; wrap the store in [`Guarded`](crate::Guarded) to choose) |
+//!
+//! The layer's own answers are RFC 9457 problem details ([`problem_details`]), with
+//! `type` `urn:oncedb:problem:<code>`; [`IdempotencyConfig::problem`] reshapes them.
 //!
 //! What the handler's outcome does to the record (each configurable; `docs/http.md` has
 //! the whole table):
