@@ -326,7 +326,9 @@ pub struct Idempotency<S, I> {
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
-impl<S, I> tower::Service<Request<Body>> for Idempotency<S, I>
+/// Any request body is accepted (so the layer composes inside body-changing layers such
+/// as a request body limit); the handler gets the buffered body as an axum [`Body`].
+impl<S, I, B> tower::Service<Request<B>> for Idempotency<S, I>
 where
     S: Store + Clone,
     I: tower::Service<Request<Body>, Response = Response<Body>, Error = Infallible>
@@ -334,6 +336,8 @@ where
         + Send
         + 'static,
     I::Future: Send + 'static,
+    B: HttpBody<Data = Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
 {
     type Response = Response<Body>;
     type Error = Infallible;
@@ -343,7 +347,8 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: Request<Body>) -> Self::Future {
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let request = request.map(Body::new);
         // The readied service serves this call; a clone waits for the next one.
         let ready = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, ready);
@@ -732,7 +737,7 @@ fn body_limit(
 mod tests {
     use axum::http::header::{CONTENT_TYPE, HeaderName, SET_COOKIE};
 
-    use super::IdempotencyConfig;
+    use crate::http::IdempotencyConfig;
 
     #[test]
     fn credentials_and_hop_by_hop_headers_are_never_replayed() {

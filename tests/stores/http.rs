@@ -512,3 +512,42 @@ fn operation_ids_never_collide() {
     assert_ne!(id("a1", "1:b", "k"), id("a", "11:b", "k"));
     assert_eq!(id("t", "POST /p", "k"), id("t", "POST /p", "k"));
 }
+
+/// The layer composes inside a body-changing layer: tower-http's request body limit hands
+/// it a `Limited` body. A body within the limit is guarded and replayed; one over it is
+/// refused (from `Content-Length` by the outer layer, or when the stream passes the limit)
+/// before any record exists, so the same key with an acceptable body then runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_layer_composes_inside_a_request_body_limit() {
+    let store = Db::open(Options::in_memory()).unwrap();
+    let handler = Arc::new(Handler::default());
+    let config = IdempotencyConfig::new(|_| Some("tenant_a".to_owned()));
+    let guarded = tower::ServiceBuilder::new()
+        .layer(tower_http::limit::RequestBodyLimitLayer::new(16))
+        .layer(IdempotencyLayer::new(store, config));
+    let app = Router::new()
+        .route("/things", post(handle).route_layer(guarded))
+        .with_state(Arc::clone(&handler));
+
+    let (status, _, first) = send(&app, request(Some(KEY), "", r#"{"a":1}"#)).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, headers, again) = send(&app, request(Some(KEY), "", r#"{"a":1}"#)).await;
+    assert_eq!((status, again), (StatusCode::CREATED, first));
+    assert_eq!(header(&headers, "idempotent-replayed"), Some("true"));
+
+    let other = "key-over-the-limit-0001";
+    let streamed = request(Some(other), "", r#"{"a":"far more than sixteen bytes"}"#);
+    let mut declared = request(Some(other), "", r#"{"a":"far more than sixteen bytes"}"#);
+    declared
+        .headers_mut()
+        .insert("content-length", HeaderValue::from_static("35"));
+    for refused in [streamed, declared] {
+        let (status, _, _) = send(&app, refused).await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    }
+    assert_eq!(handler.calls.load(Ordering::SeqCst), 1);
+    let (status, headers, _) = send(&app, request(Some(other), "", r#"{"a":2}"#)).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(header(&headers, "idempotent-replayed"), None);
+    assert_eq!(handler.calls.load(Ordering::SeqCst), 2);
+}
