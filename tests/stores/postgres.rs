@@ -907,3 +907,57 @@ async fn a_response_over_the_limit_is_refused_and_the_lease_lives_on() {
         Some(&b"small"[..])
     );
 }
+
+/// A server killed and started again: while it is down every call answers promptly with
+/// `Unavailable`; after it is back the same store (its pool's dead connections replaced)
+/// serves again, and everything acknowledged before the crash is still there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_server_serves_the_same_store_again() {
+    let server = PgServer::start();
+    let options = oncedb::StoreOptions::new(Duration::from_secs(60))
+        .response_timeout(Duration::from_secs(1))
+        .connect_timeout(Duration::from_secs(1));
+    let store = PostgresStore::connect_with(&server.url(), options).unwrap();
+    store.migrate().await.unwrap();
+    let scope = Scope::new("t", "restart");
+    assert!(store.insert_if_absent(b"before").await.unwrap());
+    let lease = acquired(store.reserve(&scope, b"done", b"req").await.unwrap());
+    lease.complete(b"the answer").await.unwrap();
+    server.crash();
+    let prompt = Duration::from_secs(5);
+    for _ in 0..3 {
+        let answer = tokio::time::timeout(prompt, store.insert_if_absent(b"during")).await;
+        assert!(
+            matches!(answer, Ok(Err(Error::Unavailable { .. }))),
+            "{answer:?}"
+        );
+    }
+    let answer = tokio::time::timeout(prompt, store.get(&scope, b"done")).await;
+    assert!(
+        matches!(answer, Ok(Err(Error::Unavailable { .. }))),
+        "{answer:?}"
+    );
+    server.restart();
+    // The pool reconnects by itself; poll the server through the store, with a deadline.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match store.insert_if_absent(b"after").await {
+            Ok(new) => {
+                assert!(new, "nothing was written while the server was down");
+                break;
+            }
+            Err(Error::Unavailable { .. }) if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(err) => panic!("the store did not reconnect within 10 s: {err}"),
+        }
+    }
+    assert!(!store.insert_if_absent(b"before").await.unwrap());
+    assert!(
+        store.insert_if_absent(b"during").await.unwrap(),
+        "a call refused during the outage wrote nothing"
+    );
+    let record = store.get(&scope, b"done").await.unwrap().unwrap();
+    assert_eq!(record.status(), RecordStatus::Completed);
+    assert_eq!(record.response(), Some(&b"the answer"[..]));
+}
