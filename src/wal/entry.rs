@@ -142,8 +142,7 @@ impl LogEntry<'_> {
                     out.extend_from_slice(&request_hash.to_le_bytes());
                     out.extend_from_slice(&created_ms.to_le_bytes());
                     out.extend_from_slice(&bucket.to_le_bytes());
-                    out.extend_from_slice(&len_u32(scoped_key.len()).to_le_bytes());
-                    out.extend_from_slice(scoped_key);
+                    put_length_prefixed(out, scoped_key);
                 });
             }
             LogEntry::Finish {
@@ -166,8 +165,7 @@ impl LogEntry<'_> {
                     out.extend_from_slice(&fingerprint.0.to_le_bytes());
                     out.extend_from_slice(&lease_id.to_le_bytes());
                     out.extend_from_slice(&at_ms.to_le_bytes());
-                    out.extend_from_slice(&len_u32(response.len()).to_le_bytes());
-                    out.extend_from_slice(response);
+                    put_length_prefixed(out, response);
                 });
             }
             LogEntry::Note {
@@ -180,8 +178,7 @@ impl LogEntry<'_> {
                 encode_frame(out, seed, position, KIND_NOTE, |out| {
                     out.extend_from_slice(&fingerprint.0.to_le_bytes());
                     out.extend_from_slice(&lease_id.to_le_bytes());
-                    out.extend_from_slice(&len_u32(note.len()).to_le_bytes());
-                    out.extend_from_slice(note);
+                    put_length_prefixed(out, note);
                 });
             }
             LogEntry::TakeOver {
@@ -215,8 +212,7 @@ impl LogEntry<'_> {
                     out.extend_from_slice(&fingerprint.0.to_le_bytes());
                     out.extend_from_slice(&version.to_le_bytes());
                     out.extend_from_slice(&bucket.to_le_bytes());
-                    out.extend_from_slice(&len_u32(scoped_key.len()).to_le_bytes());
-                    out.extend_from_slice(scoped_key);
+                    put_length_prefixed(out, scoped_key);
                 });
             }
             LogEntry::Mark { durable, seal } => encode_mark(out, seed, position, *durable, *seal),
@@ -236,6 +232,12 @@ pub(crate) fn encode_mark(out: &mut Vec<u8>, seed: u64, position: u64, durable: 
     encode_frame(out, seed, position, kind, |out| {
         out.extend_from_slice(&durable.to_le_bytes());
     });
+}
+
+/// Appends `bytes` after its length as a u32; [`length_prefixed`] reads it back.
+fn put_length_prefixed(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.extend_from_slice(&len_u32(bytes.len()).to_le_bytes());
+    out.extend_from_slice(bytes);
 }
 
 /// A length already checked against a limit far below `u32::MAX`.

@@ -4,6 +4,7 @@
 //!   the fuzz harness both check the engine against;
 //! - [`servers`]: real PostgreSQL, Redis (single and cluster) and NATS servers, started on
 //!   free loopback ports in temp dirs and stopped when dropped;
+//! - [`watched`]: storage that calls a hook after every sync (who syncs, and when);
 //! - [`workload`]: the deterministic key streams of `oncedb bench` and the criterion
 //!   benches.
 //!
@@ -13,4 +14,5 @@
 pub mod fixtures;
 pub mod model;
 pub mod servers;
+pub mod watched;
 pub mod workload;

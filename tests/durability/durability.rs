@@ -558,67 +558,6 @@ fn a_roll_over_at_the_size_limit_takes_a_prepared_segment_too() {
     assert!((0..400u32).all(|i| db.contains(&i.to_le_bytes()).unwrap()));
 }
 
-/// A `MemStorage` that reports every fsync the interval flusher thread makes.
-#[derive(Clone)]
-struct FlusherWatch {
-    disk: oncedb::io::MemStorage,
-    synced: std::sync::mpsc::SyncSender<()>,
-}
-
-struct WatchedFile {
-    inner: Box<dyn StorageFile>,
-    synced: std::sync::mpsc::SyncSender<()>,
-}
-
-impl StorageFile for WatchedFile {
-    fn append(&mut self, data: &[u8]) -> std::io::Result<()> {
-        self.inner.append(data)
-    }
-    fn sync(&mut self) -> std::io::Result<()> {
-        self.inner.sync()?;
-        if std::thread::current().name() == Some("oncedb-flusher") {
-            let _ = self.synced.try_send(());
-        }
-        Ok(())
-    }
-    fn len(&self) -> std::io::Result<u64> {
-        self.inner.len()
-    }
-    fn truncate(&mut self, len: u64) -> std::io::Result<()> {
-        self.inner.truncate(len)
-    }
-}
-
-impl Storage for FlusherWatch {
-    fn create_dir_all(&self, dir: &Path) -> std::io::Result<()> {
-        self.disk.create_dir_all(dir)
-    }
-    fn list(&self, dir: &Path) -> std::io::Result<Vec<PathBuf>> {
-        self.disk.list(dir)
-    }
-    fn open_append(&self, path: &Path, create: bool) -> std::io::Result<Box<dyn StorageFile>> {
-        Ok(Box::new(WatchedFile {
-            inner: self.disk.open_append(path, create)?,
-            synced: self.synced.clone(),
-        }))
-    }
-    fn read(&self, path: &Path, max_bytes: u64) -> std::io::Result<Vec<u8>> {
-        self.disk.read(path, max_bytes)
-    }
-    fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
-        self.disk.rename(from, to)
-    }
-    fn remove(&self, path: &Path) -> std::io::Result<()> {
-        self.disk.remove(path)
-    }
-    fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
-        self.disk.sync_dir(dir)
-    }
-    fn lock(&self, path: &Path) -> std::io::Result<Box<dyn std::any::Any + Send + Sync>> {
-        self.disk.lock(path)
-    }
-}
-
 /// `Durability::Interval(d)`: the flusher makes writes durable by itself, without a later
 /// write or a flush, so a power loss after it ran keeps them (a flusher that never runs
 /// loses the key). The test waits for the flusher thread's fsync itself, then cuts the
@@ -628,10 +567,12 @@ fn interval_durability_syncs_on_its_own() {
     let disk = oncedb::io::MemStorage::new();
     let clock = manual_clock();
     let (synced, flushes) = std::sync::mpsc::sync_channel(1);
-    let watch = FlusherWatch {
-        disk: disk.clone(),
-        synced,
-    };
+    // Reports every fsync the interval flusher thread makes.
+    let watch = oncedb_testkit::watched::WatchedStorage::new(disk.clone(), move || {
+        if std::thread::current().name() == Some("oncedb-flusher") {
+            let _ = synced.try_send(());
+        }
+    });
     let options = |storage: std::sync::Arc<dyn Storage>| {
         Options::new("/db")
             .window(WINDOW)

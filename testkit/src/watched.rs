@@ -1,0 +1,83 @@
+//! A [`MemStorage`] that tells a hook about every sync, for tests that check who syncs
+//! (which thread) and when (a background flusher's own fsync), instead of timing it.
+
+use std::any::Any;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use oncedb::io::{MemStorage, Storage, StorageFile};
+
+/// What runs after each successful file or directory sync, on the syncing thread.
+pub type SyncHook = Arc<dyn Fn() + Send + Sync>;
+
+/// Storage over a [`MemStorage`] (shared with the test, for power cuts and reads) that
+/// calls its hook after every successful sync of a file or a directory.
+#[derive(Clone)]
+pub struct WatchedStorage {
+    disk: MemStorage,
+    on_sync: SyncHook,
+}
+
+impl WatchedStorage {
+    /// Storage on `disk` calling `on_sync` after each sync.
+    pub fn new(disk: MemStorage, on_sync: impl Fn() + Send + Sync + 'static) -> WatchedStorage {
+        WatchedStorage {
+            disk,
+            on_sync: Arc::new(on_sync),
+        }
+    }
+}
+
+struct WatchedFile {
+    inner: Box<dyn StorageFile>,
+    on_sync: SyncHook,
+}
+
+impl StorageFile for WatchedFile {
+    fn append(&mut self, data: &[u8]) -> std::io::Result<()> {
+        self.inner.append(data)
+    }
+    fn sync(&mut self) -> std::io::Result<()> {
+        self.inner.sync()?;
+        (self.on_sync)();
+        Ok(())
+    }
+    fn len(&self) -> std::io::Result<u64> {
+        self.inner.len()
+    }
+    fn truncate(&mut self, len: u64) -> std::io::Result<()> {
+        self.inner.truncate(len)
+    }
+}
+
+impl Storage for WatchedStorage {
+    fn create_dir_all(&self, dir: &Path) -> std::io::Result<()> {
+        self.disk.create_dir_all(dir)
+    }
+    fn list(&self, dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+        self.disk.list(dir)
+    }
+    fn open_append(&self, path: &Path, create: bool) -> std::io::Result<Box<dyn StorageFile>> {
+        Ok(Box::new(WatchedFile {
+            inner: self.disk.open_append(path, create)?,
+            on_sync: Arc::clone(&self.on_sync),
+        }))
+    }
+    fn read(&self, path: &Path, max_bytes: u64) -> std::io::Result<Vec<u8>> {
+        self.disk.read(path, max_bytes)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
+        self.disk.rename(from, to)
+    }
+    fn remove(&self, path: &Path) -> std::io::Result<()> {
+        self.disk.remove(path)
+    }
+    fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
+        self.disk.sync_dir(dir)?;
+        (self.on_sync)();
+        Ok(())
+    }
+    fn lock(&self, path: &Path) -> std::io::Result<Box<dyn Any + Send + Sync>> {
+        self.disk.lock(path)
+    }
+}
