@@ -720,6 +720,26 @@ impl Store for RedisStore {
             _ => return Err(unexpected("advance")),
         })
     }
+
+    async fn resume(&self, scope: &Scope, key: &[u8], epoch: u64) -> Result<RedisLease> {
+        let (_, record, released) = self.record_keys(scope, key)?;
+        let epoch_arg = epoch.to_string();
+        let reply = self
+            .lines(&SCRIPTS.resume, &[&record], &[epoch_arg.as_bytes()])
+            .await?;
+        match reply.first().map(Vec::as_slice) {
+            Some(b"ok") => Ok(RedisLease {
+                store: self.clone(),
+                record,
+                released,
+                epoch,
+                since_ms: number(reply.get(1), "resume")?,
+            }),
+            Some(b"fenced") => Err(Error::Fenced),
+            Some(b"lost") => Err(Error::LeaseLost),
+            _ => Err(unexpected("resume")),
+        }
+    }
 }
 
 impl RedisStore {
@@ -784,27 +804,6 @@ impl RedisStore {
             if cursor == 0 {
                 return Ok(());
             }
-        }
-    }
-
-    /// The lease of `epoch` on the record of `key` in `scope`, as [`Db::resume`](crate::Db::resume).
-    pub async fn resume(&self, scope: &Scope, key: &[u8], epoch: u64) -> Result<RedisLease> {
-        let (_, record, released) = self.record_keys(scope, key)?;
-        let epoch_arg = epoch.to_string();
-        let reply = self
-            .lines(&SCRIPTS.resume, &[&record], &[epoch_arg.as_bytes()])
-            .await?;
-        match reply.first().map(Vec::as_slice) {
-            Some(b"ok") => Ok(RedisLease {
-                store: self.clone(),
-                record,
-                released,
-                epoch,
-                since_ms: number(reply.get(1), "resume")?,
-            }),
-            Some(b"fenced") => Err(Error::Fenced),
-            Some(b"lost") => Err(Error::LeaseLost),
-            _ => Err(unexpected("resume")),
         }
     }
 }

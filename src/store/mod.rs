@@ -17,7 +17,7 @@ pub use outage::{Guarded, GuardedLease, HeldLease, OutagePolicy};
 use std::future::Future;
 use std::time::Duration;
 
-use crate::api::{Advance, Db, InFlight, Lease, Record, Reservation, Scope};
+use crate::api::{Advance, Db, InFlight, Lease, Options, Record, Reservation, Scope};
 use crate::base::{
     DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_RESPONSE_BYTES, Error, MAX_NOTE_BYTES, Result, check_key,
 };
@@ -45,6 +45,26 @@ impl StoreOptions {
             connect_timeout: Duration::from_secs(5),
             response_timeout: Duration::from_secs(5),
             lease_timeout: None,
+        }
+    }
+
+    /// How long keys are remembered.
+    pub fn window(&self) -> Duration {
+        self.window
+    }
+
+    /// `options` with the settings every store shares taken from these: the window, the
+    /// key and response limits and the lease timeout. A service configured once opens
+    /// the embedded store or a shared one with the same answers. The bucket width stays
+    /// `options`' own and must divide the window.
+    pub fn embedded(&self, options: Options) -> Options {
+        let options = options
+            .window(self.window)
+            .max_key_bytes(self.max_key_bytes)
+            .max_response_bytes(self.max_response_bytes);
+        match self.lease_timeout {
+            Some(timeout) => options.lease_timeout(timeout),
+            None => options,
         }
     }
 
@@ -145,6 +165,17 @@ pub trait Store: Send + Sync + 'static {
         key: &[u8],
     ) -> impl Future<Output = Result<Option<Self::Lease>>> + Send;
 
+    /// [`Db::resume`]: the lease of `epoch` on the record of `key` in `scope`, for a
+    /// worker that kept the epoch across a restart. `Error::Fenced` if a take-over
+    /// replaced that epoch, `Error::LeaseLost` if the record is no longer in flight under
+    /// it (finished, released, expired, or never this key's).
+    fn resume(
+        &self,
+        scope: &Scope,
+        key: &[u8],
+        epoch: u64,
+    ) -> impl Future<Output = Result<Self::Lease>> + Send;
+
     /// The largest response a lease of this store accepts: a larger one is refused
     /// with [`Error::ResponseTooLarge`] before anything is written. Callers that buffer
     /// responses (the HTTP layer) read no more than this.
@@ -227,6 +258,11 @@ impl Store for Db {
     async fn take_over(&self, scope: &Scope, key: &[u8]) -> Result<Option<Lease>> {
         let (scope, key) = (scope.clone(), key.to_vec());
         run(self, move |db| db.take_over(&scope, &key)).await
+    }
+
+    async fn resume(&self, scope: &Scope, key: &[u8], epoch: u64) -> Result<Lease> {
+        // Reads the record in memory; writes nothing.
+        Db::resume(self, scope, key, epoch)
     }
 
     async fn advance(&self, scope: &Scope, aggregate_id: &[u8], version: u64) -> Result<Advance> {

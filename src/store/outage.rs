@@ -203,6 +203,11 @@ impl<S: Store> Store for Guarded<S> {
             .map(|lease| lease.map(|lease| self.held(lease)))
     }
 
+    async fn resume(&self, scope: &Scope, key: &[u8], epoch: u64) -> Result<Self::Lease> {
+        let answer = self.inner.resume(scope, key, epoch).await;
+        self.closed(answer).map(|lease| self.held(lease))
+    }
+
     async fn advance(&self, scope: &Scope, aggregate_id: &[u8], version: u64) -> Result<Advance> {
         let answer = self.inner.advance(scope, aggregate_id, version).await;
         self.decide(answer, || Advance::Applied)

@@ -11,7 +11,7 @@ use crate::support::servers;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, SystemTime};
 
-use oncedb::{Db, Durability, ManualClock, Options};
+use oncedb::{Db, Durability, ManualClock, Options, StoreOptions};
 use suite::Harness;
 
 /// The embedded engine on a manual clock: passing a window is advancing the clock.
@@ -24,7 +24,8 @@ struct Embedded {
 impl Harness for Embedded {
     type S = Db;
 
-    async fn store(&self, window: Duration) -> Db {
+    async fn store_with(&self, shared: StoreOptions) -> Db {
+        let window = shared.window();
         let options = match &self.dir {
             Some(dir) => {
                 let n = self.stores.fetch_add(1, Ordering::Relaxed);
@@ -33,8 +34,8 @@ impl Harness for Embedded {
             None => Options::in_memory(),
         };
         Db::open(
-            options
-                .window(window)
+            shared
+                .embedded(options)
                 .bucket_width(window / 10)
                 .clock(self.clock.clone()),
         )
@@ -86,7 +87,7 @@ async fn wait_most_of(window: Duration) {
 mod postgres {
     use std::time::Duration;
 
-    use oncedb::PostgresStore;
+    use oncedb::{PostgresStore, StoreOptions};
 
     use super::servers::postgres::PgServer;
     use super::{Harness, suite, wait_most_of, wait_out};
@@ -98,8 +99,8 @@ mod postgres {
     impl Harness for Postgres {
         type S = PostgresStore;
 
-        async fn store(&self, window: Duration) -> PostgresStore {
-            let store = PostgresStore::connect(&self.server.url(), window).unwrap();
+        async fn store_with(&self, options: StoreOptions) -> PostgresStore {
+            let store = PostgresStore::connect_with(&self.server.url(), options).unwrap();
             store.migrate().await.unwrap();
             store
         }
@@ -127,7 +128,7 @@ mod redis {
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::time::Duration;
 
-    use oncedb::RedisStore;
+    use oncedb::{RedisStore, StoreOptions};
 
     use super::servers::redis::{RedisServer, start_cluster};
     use super::{Harness, suite, wait_most_of, wait_out};
@@ -142,16 +143,16 @@ mod redis {
     impl Harness for Redis {
         type S = RedisStore;
 
-        async fn store(&self, window: Duration) -> RedisStore {
+        async fn store_with(&self, options: StoreOptions) -> RedisStore {
             let prefix = format!("c{}", self.stores.fetch_add(1, Ordering::Relaxed));
             let urls: Vec<String> = self.nodes.iter().map(RedisServer::url).collect();
             if self.cluster {
                 let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
-                RedisStore::connect_cluster(&urls, &prefix, window)
+                RedisStore::connect_cluster_with(&urls, &prefix, options)
                     .await
                     .unwrap()
             } else {
-                RedisStore::connect(urls.first().unwrap(), &prefix, window)
+                RedisStore::connect_with(urls.first().unwrap(), &prefix, options)
                     .await
                     .unwrap()
             }

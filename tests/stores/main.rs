@@ -24,7 +24,6 @@ mod conformance;
 mod http;
 mod jetstream;
 #[cfg(all(feature = "postgres", feature = "redis"))]
-mod lease_timeout;
 #[cfg(feature = "postgres")]
 mod outbox;
 #[cfg(feature = "http")]

@@ -809,48 +809,6 @@ async fn a_batch_failing_part_way_admits_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn only_the_epochs_a_take_over_replaced_are_fenced() {
-    let server = PgServer::start();
-    let store = store(&server, Duration::from_secs(60)).await;
-    let scope = Scope::new("t", "fence");
-    let first = acquired(store.reserve(&scope, b"k2", b"req").await.unwrap()).epoch();
-    let other = acquired(store.reserve(&scope, b"k1", b"req").await.unwrap()).epoch();
-    let taken = store
-        .take_over(&scope, b"k2")
-        .await
-        .unwrap()
-        .unwrap()
-        .epoch();
-    assert!(
-        first < other && other < taken,
-        "{first} < {other} < {taken}"
-    );
-    // k1's epoch lies between k2's first and current one, yet was never k2's.
-    assert!(matches!(
-        store.resume(&scope, b"k2", other).await,
-        Err(Error::LeaseLost)
-    ));
-    assert!(matches!(
-        store.resume(&scope, b"k2", first).await,
-        Err(Error::Fenced)
-    ));
-    store
-        .resume(&scope, b"k2", taken)
-        .await
-        .unwrap()
-        .complete(b"ok")
-        .await
-        .unwrap();
-    store
-        .resume(&scope, b"k1", other)
-        .await
-        .unwrap()
-        .complete(b"ok")
-        .await
-        .unwrap();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_row_expires_within_the_window_on_the_server_clock() {
     let server = PgServer::start();
     let store = store(&server, Duration::from_secs(60)).await;
@@ -884,28 +842,6 @@ async fn every_row_expires_within_the_window_on_the_server_clock() {
         let all = format!("SELECT count(*) FROM {table}");
         assert_eq!(count(&store, &all).await, rows, "{table}");
     }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_response_over_the_limit_is_refused_and_the_lease_lives_on() {
-    let server = PgServer::start();
-    let store = store(&server, Duration::from_secs(60)).await;
-    assert_eq!(store.max_response_bytes(), 1024 * 1024);
-    let scope = Scope::new("t", "large");
-    let lease = acquired(store.reserve(&scope, b"k", b"req").await.unwrap());
-    let large = vec![7u8; 2 * 1024 * 1024];
-    assert!(matches!(
-        lease.clone().complete(&large).await,
-        Err(Error::ResponseTooLarge { len, max }) if len == large.len() && max == 1024 * 1024
-    ));
-    let record = store.get(&scope, b"k").await.unwrap().unwrap();
-    assert_eq!(record.status(), RecordStatus::InFlight);
-    let resumed = store.resume(&scope, b"k", lease.epoch()).await.unwrap();
-    resumed.complete(b"small").await.unwrap();
-    assert_eq!(
-        store.get(&scope, b"k").await.unwrap().unwrap().response(),
-        Some(&b"small"[..])
-    );
 }
 
 /// A server killed and started again: while it is down every call answers promptly with

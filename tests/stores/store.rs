@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::conformance::suite;
 use oncedb::io::MemStorage;
-use oncedb::{Db, Durability, ManualClock, Options};
+use oncedb::{Db, Durability, ManualClock, Options, StoreOptions};
 use oncedb_testkit::watched::WatchedStorage;
 
 /// The thread of every file and directory sync.
@@ -27,12 +27,13 @@ struct Recorded {
 impl suite::Harness for Recorded {
     type S = Db;
 
-    async fn store(&self, window: Duration) -> Db {
+    async fn store_with(&self, shared: StoreOptions) -> Db {
         let n = self.stores.lock().unwrap().len();
-        let options = Options::new(format!("/db/{n}"))
+        let window = shared.window();
+        let options = shared
+            .embedded(Options::new(format!("/db/{n}")))
             .storage(Arc::new(self.storage.clone()))
             .durability(Durability::Sync)
-            .window(window)
             .bucket_width(window / 10)
             .clock(self.clock.clone());
         // Opening syncs files too: not on the runtime thread either.
@@ -75,7 +76,7 @@ fn a_durable_db_never_fsyncs_on_the_runtime_thread() {
     let runtime_thread = std::thread::current().id();
     // Before the harness drops the stores.
     let threads = harness.threads.lock().unwrap().clone();
-    assert_eq!(harness.stores.lock().unwrap().len(), 2);
+    assert_eq!(harness.stores.lock().unwrap().len(), 3);
     assert!(
         threads.len() > 40,
         "the writes were fsynced: {}",

@@ -600,22 +600,8 @@ impl Store for PostgresStore {
             }
         }
     }
-}
 
-impl PostgresStore {
-    fn lease(&self, scope: &Scope, key: &[u8], row: &tokio_postgres::Row) -> Result<PostgresLease> {
-        Ok(PostgresLease {
-            store: self.clone(),
-            scope: scope.clone(),
-            key: key.to_vec(),
-            epoch: unsigned(column(row, "epoch")?, "epoch")?,
-            since: column(row, "created_at")?,
-        })
-    }
-
-    /// The lease of `epoch` on the record of `key` in `scope`, as
-    /// [`Db::resume`](crate::Db::resume): for a worker that kept the epoch across a restart.
-    pub async fn resume(&self, scope: &Scope, key: &[u8], epoch: u64) -> Result<PostgresLease> {
+    async fn resume(&self, scope: &Scope, key: &[u8], epoch: u64) -> Result<PostgresLease> {
         self.record_params(scope, key)?;
         let client = self.client().await?;
         let row = query_opt(
@@ -642,6 +628,18 @@ impl PostgresStore {
             Ownership::Fenced => Err(Error::Fenced),
             Ownership::Lost => Err(Error::LeaseLost),
         }
+    }
+}
+
+impl PostgresStore {
+    fn lease(&self, scope: &Scope, key: &[u8], row: &tokio_postgres::Row) -> Result<PostgresLease> {
+        Ok(PostgresLease {
+            store: self.clone(),
+            scope: scope.clone(),
+            key: key.to_vec(),
+            epoch: unsigned(column(row, "epoch")?, "epoch")?,
+            since: column(row, "created_at")?,
+        })
     }
 }
 

@@ -7,15 +7,22 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use oncedb::{Advance, Error, RecordStatus, Reservation, Scope, Store, StoreLease};
+use oncedb::{
+    Advance, Error, MAX_NOTE_BYTES, RecordStatus, Reservation, Scope, Store, StoreLease, StoreOptions,
+};
 
 /// How a suite run gets stores and lets time pass.
 pub trait Harness {
     /// The store under test.
     type S: Store + Clone;
 
-    /// A store remembering for `window`.
-    fn store(&self, window: Duration) -> impl Future<Output = Self::S>;
+    /// A store built with `options` (window, limits, lease timeout).
+    fn store_with(&self, options: StoreOptions) -> impl Future<Output = Self::S>;
+
+    /// A store remembering for `window`, every other option at its default.
+    fn store(&self, window: Duration) -> impl Future<Output = Self::S> {
+        self.store_with(StoreOptions::new(window))
+    }
 
     /// Lets at least `window` pass for `store` (a real wait, or a manual clock).
     fn pass(&self, store: &Self::S, window: Duration) -> impl Future<Output = ()>;
@@ -37,10 +44,13 @@ pub async fn run<H: Harness>(harness: &H) {
     replay_is_byte_exact(&store).await;
     in_flight(&store).await;
     fencing(&store).await;
+    fencing_is_exact(&store).await;
     release(&store).await;
+    limits(&store).await;
     ordering_guard(&store).await;
     races(&store).await;
     window(harness).await;
+    lease_timeout(harness).await;
 }
 
 fn acquired<L>(answer: Reservation<L>) -> L {
@@ -236,6 +246,98 @@ async fn fencing<S: Store>(store: &S) {
     assert!(store.take_over(&scope, b"absent").await.unwrap().is_none());
 }
 
+/// Only the epochs a take-over replaced are `Fenced`: another key's epoch, or one never
+/// granted, is `LeaseLost`, and the current epoch resumes.
+async fn fencing_is_exact<S: Store>(store: &S) {
+    let scope = Scope::new("t", "exact-fencing");
+    let first = acquired(store.reserve(&scope, b"k2", b"req").await.unwrap()).epoch();
+    let other = acquired(store.reserve(&scope, b"k1", b"req").await.unwrap()).epoch();
+    let taken = store.take_over(&scope, b"k2").await.unwrap().unwrap();
+    let taken = taken.epoch();
+    assert!(first < taken && other < taken, "{first}, {other} < {taken}");
+    assert!(matches!(
+        store.resume(&scope, b"k2", other).await,
+        Err(Error::LeaseLost)
+    ));
+    assert!(matches!(
+        store.resume(&scope, b"k2", first).await,
+        Err(Error::Fenced)
+    ));
+    assert!(matches!(
+        store.resume(&scope, b"k2", taken + 1).await,
+        Err(Error::LeaseLost)
+    ));
+    assert!(matches!(
+        store.resume(&scope, b"absent", first).await,
+        Err(Error::LeaseLost)
+    ));
+    let resumed = store.resume(&scope, b"k2", taken).await.unwrap();
+    assert_eq!(resumed.epoch(), taken);
+    resumed.complete(b"ok").await.unwrap();
+    // Finished: no epoch resumes it any more.
+    assert!(matches!(
+        store.resume(&scope, b"k2", taken).await,
+        Err(Error::LeaseLost)
+    ));
+    let k1 = store.resume(&scope, b"k1", other).await.unwrap();
+    k1.complete(b"ok").await.unwrap();
+}
+
+/// Every store refuses what the embedded store refuses, with the same error and before
+/// writing anything: an empty or over-long key, a response or note over its limit. A
+/// refused lease call leaves the lease usable.
+async fn limits<S: Store>(store: &S) {
+    let scope = Scope::new("t", "limits");
+    let long = vec![b'k'; 1025];
+    assert!(matches!(
+        store.insert_if_absent(&long).await,
+        Err(Error::KeyTooLong { len: 1025, .. })
+    ));
+    assert!(matches!(
+        store.insert_if_absent(b"").await,
+        Err(Error::EmptyKey)
+    ));
+    assert!(matches!(
+        store.insert_many(vec![b"fine".to_vec(), long.clone()]).await,
+        Err(Error::KeyTooLong { .. })
+    ));
+    // The refused batch admitted nothing, not even its valid key.
+    assert!(store.insert_if_absent(b"fine").await.unwrap());
+    assert!(matches!(
+        store.reserve(&scope, &long, b"req").await,
+        Err(Error::KeyTooLong { .. })
+    ));
+    let max = store.max_response_bytes();
+    assert_eq!(max, 1024 * 1024, "the embedded default on every store");
+    let lease = acquired(store.reserve(&scope, b"k", b"req").await.unwrap());
+    let epoch = lease.epoch();
+    let large = vec![7u8; max + 1];
+    assert!(matches!(
+        lease.complete(&large).await,
+        Err(Error::ResponseTooLarge { len, max: limit }) if len == max + 1 && limit == max
+    ));
+    let lease = store.resume(&scope, b"k", epoch).await.unwrap();
+    assert!(matches!(
+        lease.fail(&large).await,
+        Err(Error::ResponseTooLarge { .. })
+    ));
+    let lease = store.resume(&scope, b"k", epoch).await.unwrap();
+    assert!(matches!(
+        lease.note(&vec![b'n'; MAX_NOTE_BYTES + 1]).await,
+        Err(Error::NoteTooLong { len }) if len == MAX_NOTE_BYTES + 1
+    ));
+    let record = store.get(&scope, b"k").await.unwrap().unwrap();
+    assert_eq!(record.status(), RecordStatus::InFlight);
+    assert_eq!(record.response(), None);
+    // Exactly the limit is accepted and replayed whole.
+    let exact = vec![8u8; max];
+    lease.complete(&exact).await.unwrap();
+    let Reservation::Completed(record) = store.reserve(&scope, b"k", b"req").await.unwrap() else {
+        panic!("the completion replays");
+    };
+    assert_eq!(record.response(), Some(&exact[..]));
+}
+
 /// A released key can be reserved again; the released lease is spent.
 async fn release<S: Store>(store: &S) {
     let scope = Scope::new("t", "release");
@@ -399,4 +501,28 @@ async fn window<H: Harness>(harness: &H) {
         store.advance(&scope, b"w/agg", 2).await.unwrap(),
         Advance::Applied
     );
+}
+
+/// `StoreOptions::lease_timeout`: a reserve that finds a record in flight under a lease
+/// granted at least the timeout ago takes it over (a higher epoch, the old lease fenced);
+/// before that it answers `InFlight`.
+async fn lease_timeout<H: Harness>(harness: &H) {
+    let timeout = Duration::from_millis(300);
+    let options = StoreOptions::new(Duration::from_secs(60)).lease_timeout(timeout);
+    let store = harness.store_with(options).await;
+    let scope = Scope::new("t", "lease-timeout");
+    let first = acquired(store.reserve(&scope, b"k", b"req").await.unwrap());
+    assert!(matches!(
+        store.reserve(&scope, b"k", b"req").await.unwrap(),
+        Reservation::InFlight { .. }
+    ));
+    harness.pass(&store, timeout).await;
+    let second = acquired(store.reserve(&scope, b"k", b"req").await.unwrap());
+    assert!(second.epoch() > first.epoch());
+    assert!(matches!(first.complete(b"late").await, Err(Error::Fenced)));
+    second.complete(b"done").await.unwrap();
+    assert!(matches!(
+        store.reserve(&scope, b"k", b"req").await.unwrap(),
+        Reservation::Completed(_)
+    ));
 }
