@@ -506,4 +506,3 @@ fn a_record_of_another_scoped_key_is_a_collision() {
         ));
     });
 }
-

@@ -23,6 +23,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "outbox: commit-ordered aggregates, retries, dead letters",
         include_str!("migrations/0003_outbox_bad_days.sql"),
     ),
+    (
+        4,
+        "tables keyed by digests, for keys of any accepted length",
+        include_str!("migrations/0004_key_digests.sql"),
+    ),
 ];
 
 /// Advisory lock key under which migrations run ("oncedb" in ASCII).

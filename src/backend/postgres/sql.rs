@@ -1,20 +1,32 @@
 //! The statements of [`PostgresStore`](super::PostgresStore). Parameters `$1, $2, $3` of
 //! a record statement are always tenant, operation and key; windows are milliseconds.
+//! Rows are found by their key digest (migration 4), and the full key is compared too.
+
+/// The condition that picks the row of tenant `$1`, operation `$2`, key `$3`.
+macro_rules! scoped_key {
+    ($key:literal) => {
+        concat!(
+            " key_digest = oncedb_digest($1, $2, $3) AND tenant_id = $1 AND operation = $2 AND ",
+            $key,
+            " = $3 "
+        )
+    };
+}
 
 /// `$1` key, `$2` window: a row back when the key was absent or expired.
 pub(super) const INSERT_KEY: &str = "
 INSERT INTO dedup_keys (key, expires_at)
 VALUES ($1, now() + $2::bigint * interval '1 millisecond')
-ON CONFLICT (key) DO UPDATE SET expires_at = EXCLUDED.expires_at
-WHERE dedup_keys.expires_at <= now()
+ON CONFLICT (key_digest) DO UPDATE SET expires_at = EXCLUDED.expires_at
+WHERE dedup_keys.expires_at <= now() AND dedup_keys.key = EXCLUDED.key
 RETURNING 1";
 
 /// `$1` distinct keys, `$2` window: the keys that were absent or expired.
 pub(super) const INSERT_KEYS: &str = "
 INSERT INTO dedup_keys (key, expires_at)
 SELECT k, now() + $2::bigint * interval '1 millisecond' FROM unnest($1::bytea[]) AS k
-ON CONFLICT (key) DO UPDATE SET expires_at = EXCLUDED.expires_at
-WHERE dedup_keys.expires_at <= now()
+ON CONFLICT (key_digest) DO UPDATE SET expires_at = EXCLUDED.expires_at
+WHERE dedup_keys.expires_at <= now() AND dedup_keys.key = EXCLUDED.key
 RETURNING key";
 
 /// `$4` request hash, `$5` window: the new lease when the record was absent or expired.
@@ -26,31 +38,38 @@ INSERT INTO idempotency_records AS r
 SELECT $1, $2, $3, $4, 'processing', e.v, e.v, now(), now(),
        now() + $5::bigint * interval '1 millisecond'
 FROM (SELECT nextval('oncedb_lease_epoch') AS v) AS e
-ON CONFLICT (tenant_id, operation, idempotency_key) DO UPDATE SET
+ON CONFLICT (key_digest) DO UPDATE SET
     request_hash = EXCLUDED.request_hash, status = 'processing',
     epoch = EXCLUDED.epoch, first_epoch = EXCLUDED.first_epoch, taken_epochs = '{}',
     response_body = NULL, note = NULL, created_at = EXCLUDED.created_at,
     updated_at = EXCLUDED.updated_at, finished_at = NULL, expires_at = EXCLUDED.expires_at
-WHERE r.expires_at <= now()
+WHERE r.expires_at <= now() AND r.tenant_id = $1 AND r.operation = $2
+  AND r.idempotency_key = $3
 RETURNING epoch, created_at";
 
 /// The live record.
-pub(super) const GET: &str = "
-SELECT request_hash, status, response_body, created_at, finished_at
-FROM idempotency_records
-WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND expires_at > now()";
+pub(super) const GET: &str = concat!(
+    "SELECT request_hash, status, response_body, created_at, finished_at
+     FROM idempotency_records WHERE",
+    scoped_key!("idempotency_key"),
+    "AND expires_at > now()"
+);
 
 /// What decides whether a lease owns the live record.
-pub(super) const LEASE_STATE: &str = "
-SELECT status, epoch, taken_epochs, created_at
-FROM idempotency_records
-WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND expires_at > now()";
+pub(super) const LEASE_STATE: &str = concat!(
+    "SELECT status, epoch, taken_epochs, created_at FROM idempotency_records WHERE",
+    scoped_key!("idempotency_key"),
+    "AND expires_at > now()"
+);
 
 /// The condition every lease statement adds: lease `$4` holds the live record.
 macro_rules! owned_by_lease {
     () => {
-        " WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3
-          AND status = 'processing' AND epoch = $4 AND expires_at > now()"
+        concat!(
+            " WHERE",
+            scoped_key!("idempotency_key"),
+            "AND status = 'processing' AND epoch = $4 AND expires_at > now()"
+        )
     };
 }
 
@@ -71,21 +90,25 @@ pub(super) const NOTE: &str = concat!(
 
 /// The lease timeout's take-over: a new epoch for the live record of `$1..$3` in flight
 /// for the request `$4` whose lease was granted (or last noted) `$5` ms ago or more.
-pub(super) const TAKE_OVER_STUCK: &str = "
-UPDATE idempotency_records SET taken_epochs = taken_epochs || epoch,
-    epoch = nextval('oncedb_lease_epoch'), updated_at = now()
-WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND request_hash = $4
-  AND status = 'processing' AND expires_at > now()
-  AND updated_at <= now() - $5::bigint * interval '1 millisecond'
-RETURNING epoch, created_at";
+pub(super) const TAKE_OVER_STUCK: &str = concat!(
+    "UPDATE idempotency_records SET taken_epochs = taken_epochs || epoch,
+         epoch = nextval('oncedb_lease_epoch'), updated_at = now()
+     WHERE",
+    scoped_key!("idempotency_key"),
+    "AND request_hash = $4 AND status = 'processing' AND expires_at > now()
+     AND updated_at <= now() - $5::bigint * interval '1 millisecond'
+     RETURNING epoch, created_at"
+);
 
 /// A new epoch for a live record in flight; the replaced one joins `taken_epochs`.
-pub(super) const TAKE_OVER: &str = "
-UPDATE idempotency_records SET taken_epochs = taken_epochs || epoch,
-    epoch = nextval('oncedb_lease_epoch'), updated_at = now()
-WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3
-  AND status = 'processing' AND expires_at > now()
-RETURNING epoch, created_at";
+pub(super) const TAKE_OVER: &str = concat!(
+    "UPDATE idempotency_records SET taken_epochs = taken_epochs || epoch,
+         epoch = nextval('oncedb_lease_epoch'), updated_at = now()
+     WHERE",
+    scoped_key!("idempotency_key"),
+    "AND status = 'processing' AND expires_at > now()
+     RETURNING epoch, created_at"
+);
 
 /// `$1` age in milliseconds.
 pub(super) const IN_FLIGHT: &str = "
@@ -99,15 +122,18 @@ ORDER BY created_at";
 pub(super) const ADVANCE: &str = "
 INSERT INTO ordering_marks AS m (tenant_id, operation, aggregate_id, version, expires_at)
 VALUES ($1, $2, $3, $4, now() + $5::bigint * interval '1 millisecond')
-ON CONFLICT (tenant_id, operation, aggregate_id) DO UPDATE SET
+ON CONFLICT (key_digest) DO UPDATE SET
     version = EXCLUDED.version, expires_at = EXCLUDED.expires_at
-WHERE m.version + 1 = EXCLUDED.version OR m.expires_at <= now()
+WHERE (m.version + 1 = EXCLUDED.version OR m.expires_at <= now())
+  AND m.tenant_id = $1 AND m.operation = $2 AND m.aggregate_id = $3
 RETURNING version";
 
 /// The live ordering mark.
-pub(super) const MARK: &str = "
-SELECT version FROM ordering_marks
-WHERE tenant_id = $1 AND operation = $2 AND aggregate_id = $3 AND expires_at > now()";
+pub(super) const MARK: &str = concat!(
+    "SELECT version FROM ordering_marks WHERE",
+    scoped_key!("aggregate_id"),
+    "AND expires_at > now()"
+);
 
 /// `$1` batch: expired rows, one batch per statement, through the expiry indexes.
 pub(super) const PURGE_EXPIRED: [&str; 4] = [

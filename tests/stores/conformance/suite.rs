@@ -7,8 +7,10 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use oncedb::io::SplitMix64;
 use oncedb::{
-    Advance, Error, MAX_NOTE_BYTES, RecordStatus, Reservation, Scope, Store, StoreLease, StoreOptions,
+    Advance, Error, MAX_KEY_BYTES_LIMIT, MAX_NOTE_BYTES, MAX_SCOPE_PART_BYTES, RecordStatus,
+    Reservation, Scope, Store, StoreLease, StoreOptions,
 };
 
 /// How a suite run gets stores and lets time pass.
@@ -51,6 +53,7 @@ pub async fn run<H: Harness>(harness: &H) {
     races(&store).await;
     window(harness).await;
     lease_timeout(harness).await;
+    longest_keys(harness).await;
 }
 
 fn acquired<L>(answer: Reservation<L>) -> L {
@@ -298,7 +301,9 @@ async fn limits<S: Store>(store: &S) {
         Err(Error::EmptyKey)
     ));
     assert!(matches!(
-        store.insert_many(vec![b"fine".to_vec(), long.clone()]).await,
+        store
+            .insert_many(vec![b"fine".to_vec(), long.clone()])
+            .await,
         Err(Error::KeyTooLong { .. })
     ));
     // The refused batch admitted nothing, not even its valid key.
@@ -525,4 +530,56 @@ async fn lease_timeout<H: Harness>(harness: &H) {
         store.reserve(&scope, b"k", b"req").await.unwrap(),
         Reservation::Completed(_)
     ));
+}
+
+/// Bytes that no compression shrinks, from a seeded generator.
+fn incompressible(len: usize, seed: u64) -> Vec<u8> {
+    let mut rng = SplitMix64::new(seed);
+    (0..len).map(|_| rng.next_u64().to_le_bytes()[0]).collect()
+}
+
+/// The longest keys the embedded store can be configured to accept work on every store:
+/// tenant and operation of `MAX_SCOPE_PART_BYTES` and keys of `MAX_KEY_BYTES_LIMIT`,
+/// incompressible, for keys, batches, records and ordering marks.
+async fn longest_keys<H: Harness>(harness: &H) {
+    let options = StoreOptions::new(Duration::from_secs(600)).max_key_bytes(MAX_KEY_BYTES_LIMIT);
+    let store = harness.store_with(options).await;
+    let scope = Scope::new(
+        incompressible(MAX_SCOPE_PART_BYTES, 1),
+        incompressible(MAX_SCOPE_PART_BYTES, 2),
+    );
+    let key = incompressible(MAX_KEY_BYTES_LIMIT, 3);
+    let other = incompressible(MAX_KEY_BYTES_LIMIT, 4);
+    assert!(store.insert_if_absent(&key).await.unwrap());
+    assert!(!store.insert_if_absent(&key).await.unwrap());
+    assert_eq!(
+        store
+            .insert_many(vec![key.clone(), other.clone()])
+            .await
+            .unwrap(),
+        vec![false, true]
+    );
+    let lease = acquired(store.reserve(&scope, &key, b"req").await.unwrap());
+    lease.note(b"running").await.unwrap();
+    let stuck = store.in_flight(Duration::ZERO).await.unwrap();
+    assert!(stuck.iter().any(|r| r.scope == scope && r.key == key));
+    let lease = store.take_over(&scope, &key).await.unwrap().unwrap();
+    lease.complete(b"done").await.unwrap();
+    let Reservation::Completed(record) = store.reserve(&scope, &key, b"req").await.unwrap() else {
+        panic!("a long key's record replays");
+    };
+    assert_eq!(record.response(), Some(&b"done"[..]));
+    assert!(store.get(&scope, &other).await.unwrap().is_none());
+    assert_eq!(
+        store.advance(&scope, &key, 1).await.unwrap(),
+        Advance::Applied
+    );
+    assert_eq!(
+        store.advance(&scope, &key, 1).await.unwrap(),
+        Advance::Duplicate
+    );
+    assert_eq!(
+        store.advance(&scope, &other, 9).await.unwrap(),
+        Advance::Applied
+    );
 }
