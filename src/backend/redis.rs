@@ -331,7 +331,10 @@ impl RedisStore {
         prefix: &str,
         options: StoreOptions,
     ) -> Result<RedisStore> {
-        let seed = store_secret(&conn, prefix).await?;
+        let seed = match options.naming_secret {
+            Some(secret) => secret,
+            None => store_secret(&conn, prefix).await?,
+        };
         Ok(RedisStore {
             conn,
             nodes,

@@ -33,6 +33,7 @@ pub struct StoreOptions {
     pub(crate) connect_timeout: Duration,
     pub(crate) response_timeout: Duration,
     pub(crate) lease_timeout: Option<Duration>,
+    pub(crate) naming_secret: Option<u64>,
 }
 
 impl StoreOptions {
@@ -45,6 +46,7 @@ impl StoreOptions {
             connect_timeout: Duration::from_secs(5),
             response_timeout: Duration::from_secs(5),
             lease_timeout: None,
+            naming_secret: None,
         }
     }
 
@@ -102,6 +104,18 @@ impl StoreOptions {
     /// default.
     pub fn lease_timeout(mut self, timeout: Duration) -> Self {
         self.lease_timeout = Some(timeout);
+        self
+    }
+
+    /// Redis only: the secret that seeds key names, given by the application instead of
+    /// kept in Redis. By default the first store to connect sets a random secret under
+    /// `<prefix>:secret` and every later one reads it; a Redis without persistence loses
+    /// it in a restart, and then stores connected before and after name keys differently
+    /// (each admitting what the other holds). Give every instance the same secret from
+    /// configuration (a random value, kept like a password) to rule that out. Ignored by
+    /// the other stores.
+    pub fn naming_secret(mut self, secret: u64) -> Self {
+        self.naming_secret = Some(secret);
         self
     }
 

@@ -441,6 +441,49 @@ fn a_restarted_server_serves_the_same_store_again() {
     });
 }
 
+/// Polls `store` until it answers again after a restart, at most 10 s.
+async fn wait_until_served(store: &RedisStore) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while let Err(err) = store.get(&Scope::new("t", "probe"), b"probe").await {
+        assert!(Instant::now() < deadline, "not served again in 10 s: {err}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// With a naming secret from configuration, stores connected before and after a restart
+/// of a Redis without persistence (which loses every key) still name keys alike: what
+/// one admits the other refuses.
+#[test]
+fn a_configured_naming_secret_survives_a_restart_without_persistence() {
+    let mut server = RedisServer::start(false);
+    runtime().block_on(async {
+        let options = StoreOptions::new(Duration::from_secs(60))
+            .connect_timeout(Duration::from_secs(1))
+            .response_timeout(Duration::from_secs(1))
+            .naming_secret(0x5eed_0f_0ced_b);
+        let before = RedisStore::connect_with(&server.url(), "named", options.clone())
+            .await
+            .unwrap();
+        server.kill();
+        server.restart();
+        wait_until_served(&before).await;
+        let after = RedisStore::connect_with(&server.url(), "named", options)
+            .await
+            .unwrap();
+        assert!(after.insert_if_absent(b"k").await.unwrap());
+        assert!(!before.insert_if_absent(b"k").await.unwrap());
+        assert!(before.insert_if_absent(b"j").await.unwrap());
+        assert!(!after.insert_if_absent(b"j").await.unwrap());
+        let scope = Scope::new("t", "named");
+        let lease = acquired(after.reserve(&scope, b"r", b"req").await.unwrap());
+        assert!(matches!(
+            before.reserve(&scope, b"r", b"req").await.unwrap(),
+            Reservation::InFlight { .. }
+        ));
+        lease.complete(b"ok").await.unwrap();
+    });
+}
+
 #[test]
 fn a_record_recreated_after_expiry_gets_a_higher_epoch() {
     let server = RedisServer::start(false);
