@@ -460,7 +460,7 @@ fn a_configured_naming_secret_survives_a_restart_without_persistence() {
         let options = StoreOptions::new(Duration::from_secs(60))
             .connect_timeout(Duration::from_secs(1))
             .response_timeout(Duration::from_secs(1))
-            .naming_secret(0x5eed_0f_0ced_b);
+            .naming_secret(0x05ee_d0f0_cedb);
         let before = RedisStore::connect_with(&server.url(), "named", options.clone())
             .await
             .unwrap();
