@@ -6,6 +6,8 @@
 pub mod postgres;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
+#[cfg(any(feature = "redis", feature = "postgres"))]
+mod tls;
 
 use crate::base::Error;
 

@@ -22,7 +22,7 @@ use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::{Cmd, Pipeline, RedisFuture, Script, Value};
 
-use super::{refused, unavailable};
+use super::{refused, tls, unavailable};
 use crate::api::{Advance, InFlight, Record, RecordStatus, Reservation, Scope};
 use crate::base::{
     Error, Result, duration_to_ms, ms_to_system_time, random_secret, system_time_to_ms,
@@ -281,7 +281,7 @@ impl RedisStore {
         prefix: &str,
         options: StoreOptions,
     ) -> Result<RedisStore> {
-        let client = ::redis::Client::open(url).map_err(backend)?;
+        let client = client(url, &options)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(options.connect_timeout)
             .set_response_timeout(options.response_timeout)
@@ -315,11 +315,13 @@ impl RedisStore {
         prefix: &str,
         options: StoreOptions,
     ) -> Result<RedisStore> {
-        let client = ::redis::cluster::ClusterClient::builder(nodes.to_vec())
+        let mut builder = ::redis::cluster::ClusterClient::builder(nodes.to_vec())
             .connection_timeout(options.connect_timeout)
-            .response_timeout(options.response_timeout)
-            .build()
-            .map_err(backend)?;
+            .response_timeout(options.response_timeout);
+        if let Some(certificates) = certificates(nodes.iter().copied(), &options)? {
+            builder = builder.certs(certificates);
+        }
+        let client = builder.build().map_err(backend)?;
         let conn = client.get_async_connection().await.map_err(backend)?;
         let nodes = nodes.iter().map(|node| (*node).to_owned()).collect();
         RedisStore::new(Connection::Cluster(conn), nodes, prefix, options).await
@@ -433,6 +435,38 @@ static SCRIPTS: std::sync::LazyLock<Scripts> = std::sync::LazyLock::new(|| {
         advance: script(ADVANCE),
     }
 });
+
+/// The client of the server at `url`, over TLS for a `rediss://` URL.
+fn client(url: &str, options: &StoreOptions) -> Result<::redis::Client> {
+    match certificates([url], options)? {
+        Some(certificates) if url.starts_with("rediss://") => {
+            ::redis::Client::build_with_tls(url, certificates)
+        }
+        _ => ::redis::Client::open(url),
+    }
+    .map_err(backend)
+}
+
+/// The roots to trust when they are given (checked here, so bad PEM is an
+/// `InvalidOptions` before any connection), and the TLS provider set up when any of
+/// `urls` asks for TLS.
+fn certificates<'a>(
+    urls: impl IntoIterator<Item = &'a str>,
+    options: &StoreOptions,
+) -> Result<Option<::redis::TlsCertificates>> {
+    let secure = urls.into_iter().any(|url| url.starts_with("rediss://"));
+    if secure || options.tls_roots_pem.is_some() {
+        tls::install_default_provider();
+    }
+    let Some(pem) = &options.tls_roots_pem else {
+        return Ok(None);
+    };
+    tls::parse_roots(pem)?;
+    Ok(Some(::redis::TlsCertificates {
+        client_tls: None,
+        root_cert: Some(pem.clone()),
+    }))
+}
 
 /// The store's secret, kept under `<prefix>:secret`: the first client to connect sets it,
 /// every later one reads it.
@@ -754,7 +788,7 @@ impl RedisStore {
         seen: &mut BTreeSet<String>,
         found: &mut Vec<InFlight>,
     ) -> Result<()> {
-        let client = ::redis::Client::open(node).map_err(backend)?;
+        let client = client(node, &self.options)?;
         let config = ::redis::AsyncConnectionConfig::new()
             .set_connection_timeout(self.options.connect_timeout)
             .set_response_timeout(self.options.response_timeout);

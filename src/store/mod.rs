@@ -34,6 +34,7 @@ pub struct StoreOptions {
     pub(crate) response_timeout: Duration,
     pub(crate) lease_timeout: Option<Duration>,
     pub(crate) naming_secret: Option<u64>,
+    pub(crate) tls_roots_pem: Option<Vec<u8>>,
 }
 
 impl StoreOptions {
@@ -47,6 +48,7 @@ impl StoreOptions {
             response_timeout: Duration::from_secs(5),
             lease_timeout: None,
             naming_secret: None,
+            tls_roots_pem: None,
         }
     }
 
@@ -116,6 +118,17 @@ impl StoreOptions {
     /// the other stores.
     pub fn naming_secret(mut self, secret: u64) -> Self {
         self.naming_secret = Some(secret);
+        self
+    }
+
+    /// The certificate authorities trusted for TLS connections, as PEM (one or more
+    /// `CERTIFICATE` blocks), instead of the system's roots: for servers whose
+    /// certificates a private authority signed. TLS itself is asked for by the URL
+    /// (`sslmode=require` for PostgreSQL, `rediss://` for Redis); every TLS connection
+    /// verifies the server's chain and name. Refused with [`Error::InvalidOptions`] at
+    /// connect when the PEM holds no certificate. Ignored by the embedded store.
+    pub fn tls_root_certificates(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_roots_pem = Some(pem.into());
         self
     }
 

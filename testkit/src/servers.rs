@@ -9,6 +9,7 @@
 pub mod nats;
 pub mod postgres;
 pub mod redis;
+pub mod tls;
 
 use std::net::TcpListener;
 use std::process::Command;

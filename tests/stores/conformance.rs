@@ -90,17 +90,27 @@ mod postgres {
     use oncedb::{PostgresStore, StoreOptions};
 
     use super::servers::postgres::PgServer;
+    use super::servers::tls::Certificates;
     use super::{Harness, suite, wait_most_of, wait_out};
 
     struct Postgres {
         server: PgServer,
+        /// The authority to trust, for a server that speaks TLS only.
+        tls: Option<Certificates>,
     }
 
     impl Harness for Postgres {
         type S = PostgresStore;
 
         async fn store_with(&self, options: StoreOptions) -> PostgresStore {
-            let store = PostgresStore::connect_with(&self.server.url(), options).unwrap();
+            let (url, options) = match &self.tls {
+                Some(certificates) => (
+                    format!("{} sslmode=require", self.server.url()),
+                    options.tls_root_certificates(certificates.ca_pem.clone()),
+                ),
+                None => (self.server.url(), options),
+            };
+            let store = PostgresStore::connect_with(&url, options).unwrap();
             store.migrate().await.unwrap();
             store
         }
@@ -118,6 +128,18 @@ mod postgres {
     async fn postgres() {
         let harness = Postgres {
             server: PgServer::start(),
+            tls: None,
+        };
+        suite::run(&harness).await;
+    }
+
+    /// The same answers over TLS, from a server that refuses plain connections.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_over_tls() {
+        let certificates = Certificates::generate();
+        let harness = Postgres {
+            server: PgServer::start_tls(&certificates),
+            tls: Some(certificates),
         };
         suite::run(&harness).await;
     }
@@ -131,6 +153,7 @@ mod redis {
     use oncedb::{RedisStore, StoreOptions};
 
     use super::servers::redis::{RedisServer, start_cluster};
+    use super::servers::tls::Certificates;
     use super::{Harness, suite, wait_most_of, wait_out};
 
     /// One server, or the primaries of a cluster; each store gets its own key prefix.
@@ -138,6 +161,8 @@ mod redis {
         nodes: Vec<RedisServer>,
         cluster: bool,
         stores: AtomicU32,
+        /// The authority to trust, for servers that speak TLS only.
+        tls: Option<Certificates>,
     }
 
     impl Harness for Redis {
@@ -146,6 +171,10 @@ mod redis {
         async fn store_with(&self, options: StoreOptions) -> RedisStore {
             let prefix = format!("c{}", self.stores.fetch_add(1, Ordering::Relaxed));
             let urls: Vec<String> = self.nodes.iter().map(RedisServer::url).collect();
+            let options = match &self.tls {
+                Some(certificates) => options.tls_root_certificates(certificates.ca_pem.clone()),
+                None => options,
+            };
             if self.cluster {
                 let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
                 RedisStore::connect_cluster_with(&urls, &prefix, options)
@@ -173,6 +202,20 @@ mod redis {
             nodes: vec![RedisServer::start(false)],
             cluster: false,
             stores: AtomicU32::new(0),
+            tls: None,
+        };
+        suite::run(&harness).await;
+    }
+
+    /// The same answers over TLS (`rediss://`), from a server without a plain port.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn redis_single_over_tls() {
+        let certificates = Certificates::generate();
+        let harness = Redis {
+            nodes: vec![RedisServer::start_tls(&certificates)],
+            cluster: false,
+            stores: AtomicU32::new(0),
+            tls: Some(certificates),
         };
         suite::run(&harness).await;
     }
@@ -183,6 +226,7 @@ mod redis {
             nodes: start_cluster(),
             cluster: true,
             stores: AtomicU32::new(0),
+            tls: None,
         };
         suite::run(&harness).await;
     }

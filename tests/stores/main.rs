@@ -23,7 +23,6 @@ mod conformance;
 #[cfg(feature = "http")]
 mod http;
 mod jetstream;
-#[cfg(all(feature = "postgres", feature = "redis"))]
 #[cfg(feature = "postgres")]
 mod outbox;
 #[cfg(feature = "http")]
@@ -34,5 +33,7 @@ mod postgres;
 mod redis;
 #[cfg(feature = "async")]
 mod store;
+#[cfg(all(feature = "postgres", feature = "redis"))]
+mod tls;
 #[cfg(feature = "postgres")]
 mod transactions;

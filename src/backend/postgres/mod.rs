@@ -26,9 +26,11 @@ use std::time::{Duration, SystemTime};
 
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, PoolError, RecyclingMethod};
 use tokio_postgres::NoTls;
+use tokio_postgres::config::SslMode;
 use tokio_postgres::types::ToSql;
+use tokio_postgres_rustls::MakeRustlsConnect;
 
-use super::{refused, unavailable};
+use super::{refused, tls, unavailable};
 use crate::api::{Advance, InFlight, Record, RecordStatus, Reservation, Scope};
 use crate::base::{Error, Result, duration_to_ms, system_time_to_ms};
 use crate::store::{Store, StoreLease, StoreOptions};
@@ -232,13 +234,17 @@ impl PostgresStore {
             .keepalives_interval(Duration::from_secs(2))
             .keepalives_retries(3)
             .options(format!("-c statement_timeout={timeout_ms}"));
-        let manager = Manager::from_config(
-            config,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
+        let manager_config = ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        };
+        let manager = match config.get_ssl_mode() {
+            SslMode::Disable => Manager::from_config(config, NoTls, manager_config),
+            // `prefer` and `require`: rustls, verifying the server's chain and name.
+            _ => {
+                let tls = tls::client_config(options.tls_roots_pem.as_deref())?;
+                Manager::from_config(config, MakeRustlsConnect::new(tls), manager_config)
+            }
+        };
         let pool = Pool::builder(manager)
             .max_size(16)
             .runtime(deadpool_postgres::Runtime::Tokio1)

@@ -6,6 +6,7 @@ use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
+use super::tls::Certificates;
 use super::{alive, children, free_port, signal, wait_for};
 
 /// A PostgreSQL cluster in a temp dir.
@@ -16,6 +17,8 @@ pub struct PgServer {
     pub port: u16,
     /// Who the server runs as when the tests run as root.
     owner: Option<(u32, u32)>,
+    /// The certificate and key files of a server that accepts TLS connections only.
+    tls: Option<(PathBuf, PathBuf)>,
 }
 
 /// The directory holding `initdb` and `pg_ctl`: `PG_BIN`, the `PATH`, or the newest
@@ -73,16 +76,28 @@ fn postgres_user() -> (u32, u32) {
 impl PgServer {
     /// Runs `initdb` and `pg_ctl start` in a temp dir, on a free port.
     pub fn start() -> PgServer {
+        PgServer::start_with(None)
+    }
+
+    /// A server that accepts TLS connections only (`ssl = on`, `hostssl` lines alone in
+    /// `pg_hba.conf`), showing the server certificate of `certificates`.
+    pub fn start_tls(certificates: &Certificates) -> PgServer {
+        PgServer::start_with(Some(certificates))
+    }
+
+    fn start_with(certificates: Option<&Certificates>) -> PgServer {
         let owner = (euid() == 0).then(postgres_user);
         let dir = tempfile::tempdir().unwrap();
         if let Some((uid, gid)) = owner {
             std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid)).unwrap();
         }
+        let tls = certificates.map(|certificates| certificates.install(dir.path(), owner));
         let server = PgServer {
             bin: bin_dir(),
             dir,
             port: free_port(),
             owner,
+            tls,
         };
         let status = server
             .command("initdb")
@@ -101,6 +116,10 @@ impl PgServer {
             .status()
             .expect("initdb must be installed (.ci/run installs PostgreSQL)");
         assert!(status.success(), "initdb failed");
+        if server.tls.is_some() {
+            let hba = "local all all trust\nhostssl all all 127.0.0.1/32 trust\n";
+            std::fs::write(server.data().join("pg_hba.conf"), hba).unwrap();
+        }
         server.pg_ctl_start();
         server
     }
@@ -118,11 +137,18 @@ impl PgServer {
     }
 
     fn pg_ctl_start(&self) {
-        let options = format!(
+        let mut options = format!(
             "-p {} -c listen_addresses=127.0.0.1 -c unix_socket_directories={} -c max_connections=200",
             self.port,
             self.dir.path().display()
         );
+        if let Some((cert, key)) = &self.tls {
+            options += &format!(
+                " -c ssl=on -c ssl_cert_file={} -c ssl_key_file={}",
+                cert.display(),
+                key.display()
+            );
+        }
         let status = self
             .command("pg_ctl")
             .arg("start")

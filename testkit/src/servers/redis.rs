@@ -1,9 +1,10 @@
 //! `redis-server` processes: one standalone, or three primaries joined into a cluster.
 
 use std::net::TcpStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
+use super::tls::Certificates;
 use super::{free_port, wait_for};
 
 /// How a server persists its data.
@@ -23,6 +24,8 @@ pub struct RedisServer {
     cluster: bool,
     persistence: Persistence,
     dir: tempfile::TempDir,
+    /// The authority's certificate file of a server that speaks TLS only.
+    tls: Option<PathBuf>,
 }
 
 impl Drop for RedisServer {
@@ -34,8 +37,22 @@ impl Drop for RedisServer {
 
 fn spawn(port: u16, dir: &Path, cluster: bool, persistence: Persistence) -> Child {
     let mut command = Command::new("redis-server");
+    if dir.join("server.pem").exists() {
+        // TLS only: no plain port.
+        command
+            .args(["--port", "0", "--tls-port", &port.to_string()])
+            .arg("--tls-cert-file")
+            .arg(dir.join("server.pem"))
+            .arg("--tls-key-file")
+            .arg(dir.join("server.key"))
+            .arg("--tls-ca-cert-file")
+            .arg(dir.join("ca.pem"))
+            .args(["--tls-auth-clients", "no"]);
+    } else {
+        command.args(["--port", &port.to_string()]);
+    }
     command
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--bind", "127.0.0.1"])
         .args(["--save", "", "--protected-mode", "no"])
         .arg("--dir")
         .arg(dir)
@@ -81,6 +98,26 @@ impl RedisServer {
             cluster,
             persistence,
             dir,
+            tls: None,
+        }
+    }
+
+    /// A standalone server that speaks TLS only, showing the server certificate of
+    /// `certificates`.
+    pub fn start_tls(certificates: &Certificates) -> RedisServer {
+        let port = free_port();
+        let dir = tempfile::tempdir().unwrap();
+        certificates.install(dir.path(), None);
+        let ca = dir.path().join("ca.pem");
+        std::fs::copy(certificates.ca_file(), &ca).unwrap();
+        let child = spawn(port, dir.path(), false, Persistence::None);
+        RedisServer {
+            child,
+            port,
+            cluster: false,
+            persistence: Persistence::None,
+            dir,
+            tls: Some(ca),
         }
     }
 
@@ -99,15 +136,24 @@ impl RedisServer {
         });
     }
 
-    /// `redis://127.0.0.1:PORT/`.
+    /// `redis://127.0.0.1:PORT/`, or `rediss://` for a TLS server.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://127.0.0.1:{}/", self.port)
     }
 
     /// Runs `redis-cli` against this server and returns its output.
     pub fn cli(&self, args: &[&str]) -> String {
-        let out = Command::new("redis-cli")
-            .args(["-p", &self.port.to_string()])
+        let mut command = Command::new("redis-cli");
+        command.args(["-p", &self.port.to_string()]);
+        if let Some(ca) = &self.tls {
+            command.arg("--tls").arg("--cacert").arg(ca);
+        }
+        let out = command
             .args(args)
             .output()
             .expect("redis-cli must be installed (.ci/run installs it)");

@@ -1,0 +1,62 @@
+//! TLS for the shared stores, through rustls on the ring provider: the trusted roots are
+//! the PEM certificates given in
+//! [`StoreOptions::tls_root_certificates`](crate::StoreOptions::tls_root_certificates),
+//! or the system's when none are given. Every connection verifies the server's
+//! certificate chain and its name.
+
+use std::sync::Arc;
+
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
+
+use crate::base::{Error, Result};
+
+/// The certificates of `pem`, refused with [`Error::InvalidOptions`] when it holds none
+/// or one that does not parse.
+pub(crate) fn parse_roots(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>> {
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|err| invalid(format!("bad PEM in the TLS root certificates: {err}")))?;
+    if certs.is_empty() {
+        return Err(invalid(
+            "no certificate in the TLS root certificates".to_owned(),
+        ));
+    }
+    Ok(certs)
+}
+
+/// A client configuration trusting the roots of `pem`, or the system's.
+#[cfg(feature = "postgres")]
+pub(crate) fn client_config(pem: Option<&[u8]>) -> Result<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    let certs = match pem {
+        Some(pem) => parse_roots(pem)?,
+        None => rustls_native_certs::load_native_certs().certs,
+    };
+    for cert in certs {
+        roots
+            .add(cert)
+            .map_err(|err| invalid(format!("a TLS root certificate: {err}")))?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|err| invalid(format!("TLS protocol versions: {err}")))?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
+}
+
+/// Makes ring the process's default provider unless one is set: the Redis client builds
+/// its TLS configuration from the default, and finds none if the application's
+/// dependencies enable more than one provider.
+#[cfg(feature = "redis")]
+pub(crate) fn install_default_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Losing a race to another installer is fine: a default is set either way.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
+fn invalid(why: String) -> Error {
+    Error::InvalidOptions(why)
+}
