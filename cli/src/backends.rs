@@ -63,7 +63,8 @@ pub fn run(
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
     outln!(
-        "oncedb bench --backend {backend}: {ops} ops per workload, {tasks} client tasks, dup rate {:.0}%",
+        "oncedb bench --backend {}: {ops} ops per workload, {tasks} client tasks, dup rate {:.0}%",
+        redacted(backend),
         dup_rate * 100.0
     )?;
     let rows = runtime.block_on(async {
@@ -132,7 +133,8 @@ async fn connect(backend: &str, window: Duration, run_id: u64) -> Result<Backend
         }
         #[cfg(not(feature = "postgres"))]
         return Err(format!(
-            "--backend {backend} needs oncedb built with --features postgres"
+            "--backend {} needs oncedb built with --features postgres",
+            redacted(backend)
         ));
     }
     #[cfg(feature = "redis")]
@@ -154,10 +156,11 @@ async fn connect(backend: &str, window: Duration, run_id: u64) -> Result<Backend
         }
         #[cfg(not(feature = "redis"))]
         return Err(format!(
-            "--backend {backend} (nodes {nodes}) needs oncedb built with --features redis"
+            "--backend {} needs oncedb built with --features redis",
+            redacted(backend)
         ));
     }
-    if backend.starts_with("redis://") {
+    if backend.starts_with("redis://") || backend.starts_with("rediss://") {
         #[cfg(feature = "redis")]
         {
             let store = oncedb::RedisStore::connect(backend, &prefix, window)
@@ -167,11 +170,13 @@ async fn connect(backend: &str, window: Duration, run_id: u64) -> Result<Backend
         }
         #[cfg(not(feature = "redis"))]
         return Err(format!(
-            "--backend {backend} needs oncedb built with --features redis"
+            "--backend {} needs oncedb built with --features redis",
+            redacted(backend)
         ));
     }
     Err(format!(
-        "unknown backend {backend}: use embedded, postgres://..., redis://... or redis+cluster://host:port,..."
+        "unknown backend {}: use embedded, postgres://..., redis://..., rediss://... or redis+cluster://host:port,...",
+        redacted(backend)
     ))
 }
 
@@ -297,4 +302,61 @@ fn print_rows(rows: &[Row]) -> Result<(), Failure> {
         )?;
     }
     outln!("latency is per call: one key, one batch, or one reserve + complete")
+}
+
+/// `url` with its password replaced by `***`, for printing: the password of a URL's user
+/// part (`scheme://user:password@host`) and any `password=` setting (a query parameter
+/// or a key=value connection string).
+pub fn redacted(url: &str) -> String {
+    let mut out = match url.split_once("://") {
+        Some((scheme, rest)) => match rest.split_once('@') {
+            Some((user, host)) if !user.contains('/') => match user.split_once(':') {
+                Some((name, _password)) => format!("{scheme}://{name}:***@{host}"),
+                None => url.to_owned(),
+            },
+            _ => url.to_owned(),
+        },
+        None => url.to_owned(),
+    };
+    let mut from = 0;
+    while let Some(at) = out.get(from..).and_then(|rest| rest.find("password=")) {
+        let start = from + at + "password=".len();
+        let end = out
+            .get(start..)
+            .and_then(|rest| rest.find(|c: char| c == '&' || c.is_whitespace()))
+            .map_or(out.len(), |len| start + len);
+        out.replace_range(start..end, "***");
+        from = start + 3;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redacted;
+
+    #[test]
+    fn passwords_are_never_printed() {
+        assert_eq!(
+            redacted("postgres://app:hunter2@db:5432/x?sslmode=require"),
+            "postgres://app:***@db:5432/x?sslmode=require"
+        );
+        assert_eq!(
+            redacted("rediss://default:s3cret@cache:6380/"),
+            "rediss://default:***@cache:6380/"
+        );
+        assert_eq!(
+            redacted("host=db user=app password=hunter2 dbname=x"),
+            "host=db user=app password=*** dbname=x"
+        );
+        assert_eq!(
+            redacted("postgres://db/x?password=hunter2&sslmode=require"),
+            "postgres://db/x?password=***&sslmode=require"
+        );
+        assert_eq!(redacted("redis://cache:6379/"), "redis://cache:6379/");
+        assert_eq!(
+            redacted("redis+cluster://a:1,b:2"),
+            "redis+cluster://a:1,b:2"
+        );
+    }
 }

@@ -66,3 +66,28 @@ fn every_backend_admits_exactly_the_distinct_keys() {
         }
     }
 }
+
+/// A password in `--backend` is used to connect and never printed: not in the table,
+/// not in an error line.
+#[test]
+fn a_password_in_the_backend_url_is_never_printed() {
+    let _serial = serial();
+    let postgres = PgServer::start();
+    // The test server trusts loopback, so any password connects.
+    let url = format!(
+        "postgres://oncedb:hunter2@127.0.0.1:{}/postgres",
+        postgres.port
+    );
+    let unreachable = "redis://default:hunter2@127.0.0.1:1/".to_owned();
+    for (backend, succeeds) in [(url, true), (unreachable, false)] {
+        let out = oncedb(&["bench", "--backend", &backend, "--keys", "300"], b"");
+        let printed = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.status.success(), succeeds, "{printed}");
+        assert!(!printed.contains("hunter2"), "{printed}");
+        assert!(printed.contains(":***@"), "{printed}");
+    }
+}
