@@ -8,6 +8,7 @@
 
 pub mod nats;
 pub mod postgres;
+pub mod proxy;
 pub mod redis;
 pub mod tls;
 

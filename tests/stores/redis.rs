@@ -12,6 +12,7 @@ use oncedb::{
     Advance, Error, Guarded, GuardedLease, MAX_REDIS_VERSION, OutagePolicy, RecordStatus,
     RedisStore, Reservation, Scope, Store, StoreLease, StoreOptions,
 };
+use servers::proxy::Proxy;
 use servers::redis::{Persistence, RedisServer, start_cluster};
 use servers::runtime;
 
@@ -547,5 +548,94 @@ fn a_record_of_another_scoped_key_is_a_collision() {
             store.get(&scope, b"k").await,
             Err(Error::FingerprintCollision)
         ));
+    });
+}
+
+/// A cluster client re-sends a command whose reply it lost to a connection reset, though
+/// the server ran it. Every write carries a token of its call, so the re-sent command
+/// finds its own first run and answers as that run did: admitted (not "duplicate"),
+/// acquired (not `InFlight`), finished (not `LeaseLost`). A proxy in front of a cluster
+/// of one node (which announces the proxy's port) loses one reply before each call.
+#[test]
+fn a_command_re_sent_after_a_lost_reply_answers_as_its_first_run() {
+    let proxy = Proxy::start();
+    let node = RedisServer::start_cluster_of_one(proxy.port);
+    proxy.forward_to(node.port);
+    runtime().block_on(async {
+        let url = format!("redis://127.0.0.1:{}/", proxy.port);
+        let store = RedisStore::connect_cluster(&[url.as_str()], "resend", Duration::from_secs(60))
+            .await
+            .unwrap();
+        let scope = Scope::new("t", "resend");
+        proxy.lose_next_reply();
+        assert!(store.insert_if_absent(b"k").await.unwrap());
+        assert_eq!(
+            proxy.lost(),
+            1,
+            "the reply was lost and the command re-sent"
+        );
+        assert!(!store.insert_if_absent(b"k").await.unwrap());
+        proxy.lose_next_reply();
+        let batch = store.insert_many(vec![b"a".to_vec(), b"k".to_vec()]).await;
+        assert_eq!(batch.unwrap(), vec![true, false]);
+        proxy.lose_next_reply();
+        let lease = acquired(store.reserve(&scope, b"r", b"req").await.unwrap());
+        proxy.lose_next_reply();
+        lease.note(b"calling the provider").await.unwrap();
+        proxy.lose_next_reply();
+        let lease = store.take_over(&scope, b"r").await.unwrap().unwrap();
+        proxy.lose_next_reply();
+        lease.complete(b"done").await.unwrap();
+        let Reservation::Completed(record) = store.reserve(&scope, b"r", b"req").await.unwrap()
+        else {
+            panic!("the completion stands");
+        };
+        assert_eq!(record.response(), Some(&b"done"[..]));
+        let lease = acquired(store.reserve(&scope, b"f", b"req").await.unwrap());
+        proxy.lose_next_reply();
+        lease.fail(b"declined").await.unwrap();
+        let lease = acquired(store.reserve(&scope, b"x", b"req").await.unwrap());
+        proxy.lose_next_reply();
+        lease.release().await.unwrap();
+        acquired(store.reserve(&scope, b"x", b"req").await.unwrap());
+        proxy.lose_next_reply();
+        assert_eq!(
+            store.advance(&scope, b"agg", 1).await.unwrap(),
+            Advance::Applied
+        );
+        assert_eq!(proxy.lost(), 9, "every armed reply was lost");
+    });
+}
+
+/// A single-server store does not re-send: a lost reply is `Unavailable` (the write's
+/// outcome unknown, as over any network), never a wrong answer, and the next call is
+/// served on a new connection.
+#[test]
+fn a_lost_reply_on_a_single_server_is_unavailable() {
+    let proxy = Proxy::start();
+    let server = RedisServer::start(false);
+    proxy.forward_to(server.port);
+    runtime().block_on(async {
+        let url = format!("redis://127.0.0.1:{}/", proxy.port);
+        let store = RedisStore::connect(&url, "lost", Duration::from_secs(60))
+            .await
+            .unwrap();
+        proxy.lose_next_reply();
+        assert!(matches!(
+            store.insert_if_absent(b"k").await,
+            Err(Error::Unavailable { .. })
+        ));
+        assert_eq!(proxy.lost(), 1);
+        // The server ran it: the key is taken.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let answer = loop {
+            match store.insert_if_absent(b"k").await {
+                Err(Error::Unavailable { .. }) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                answer => break answer,
+            }
+        };
+        assert!(!answer.unwrap());
     });
 }

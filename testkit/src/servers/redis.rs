@@ -1,7 +1,7 @@
 //! `redis-server` processes: one standalone, or three primaries joined into a cluster.
 
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
 use super::tls::Certificates;
@@ -16,16 +16,25 @@ pub enum Persistence {
     AofAlways,
 }
 
+/// How a server is started, the same on every restart.
+#[derive(Clone, Copy)]
+struct Setup {
+    port: u16,
+    cluster: bool,
+    persistence: Persistence,
+    /// TLS only, no plain port (the certificates are in the server's directory).
+    tls: bool,
+    /// The client port a cluster node tells clients, when they reach it through a proxy.
+    announce_port: Option<u16>,
+}
+
 /// A `redis-server` child, killed on drop.
 pub struct RedisServer {
     child: Child,
     /// The loopback port it listens on.
     pub port: u16,
-    cluster: bool,
-    persistence: Persistence,
+    setup: Setup,
     dir: tempfile::TempDir,
-    /// The authority's certificate file of a server that speaks TLS only.
-    tls: Option<PathBuf>,
 }
 
 impl Drop for RedisServer {
@@ -35,12 +44,12 @@ impl Drop for RedisServer {
     }
 }
 
-fn spawn(port: u16, dir: &Path, cluster: bool, persistence: Persistence) -> Child {
+fn spawn(setup: Setup, dir: &Path) -> Child {
+    let port = setup.port.to_string();
     let mut command = Command::new("redis-server");
-    if dir.join("server.pem").exists() {
-        // TLS only: no plain port.
+    if setup.tls {
         command
-            .args(["--port", "0", "--tls-port", &port.to_string()])
+            .args(["--port", "0", "--tls-port", &port])
             .arg("--tls-cert-file")
             .arg(dir.join("server.pem"))
             .arg("--tls-key-file")
@@ -49,7 +58,7 @@ fn spawn(port: u16, dir: &Path, cluster: bool, persistence: Persistence) -> Chil
             .arg(dir.join("ca.pem"))
             .args(["--tls-auth-clients", "no"]);
     } else {
-        command.args(["--port", &port.to_string()]);
+        command.args(["--port", &port]);
     }
     command
         .args(["--bind", "127.0.0.1"])
@@ -58,11 +67,11 @@ fn spawn(port: u16, dir: &Path, cluster: bool, persistence: Persistence) -> Chil
         .arg(dir)
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-    match persistence {
+    match setup.persistence {
         Persistence::None => command.args(["--appendonly", "no"]),
         Persistence::AofAlways => command.args(["--appendonly", "yes", "--appendfsync", "always"]),
     };
-    if cluster {
+    if setup.cluster {
         command.args([
             "--cluster-enabled",
             "yes",
@@ -72,11 +81,14 @@ fn spawn(port: u16, dir: &Path, cluster: bool, persistence: Persistence) -> Chil
             "2000",
         ]);
     }
+    if let Some(announced) = setup.announce_port {
+        command.args(["--cluster-announce-port", &announced.to_string()]);
+    }
     let child = command
         .spawn()
         .expect("redis-server must be installed (.ci/run installs it)");
     wait_for("redis-server start", || {
-        TcpStream::connect(("127.0.0.1", port)).is_ok()
+        TcpStream::connect(("127.0.0.1", setup.port)).is_ok()
     });
     child
 }
@@ -89,36 +101,63 @@ impl RedisServer {
 
     /// Starts `redis-server` with `persistence`.
     pub fn start_with(cluster: bool, persistence: Persistence) -> RedisServer {
-        let port = free_port();
-        let dir = tempfile::tempdir().unwrap();
-        let child = spawn(port, dir.path(), cluster, persistence);
+        RedisServer::launch(
+            Setup {
+                port: free_port(),
+                cluster,
+                persistence,
+                tls: false,
+                announce_port: None,
+            },
+            tempfile::tempdir().unwrap(),
+        )
+    }
+
+    fn launch(setup: Setup, dir: tempfile::TempDir) -> RedisServer {
+        let child = spawn(setup, dir.path());
         RedisServer {
             child,
-            port,
-            cluster,
-            persistence,
+            port: setup.port,
+            setup,
             dir,
-            tls: None,
         }
     }
 
     /// A standalone server that speaks TLS only, showing the server certificate of
     /// `certificates`.
     pub fn start_tls(certificates: &Certificates) -> RedisServer {
-        let port = free_port();
         let dir = tempfile::tempdir().unwrap();
         certificates.install(dir.path(), None);
-        let ca = dir.path().join("ca.pem");
-        std::fs::copy(certificates.ca_file(), &ca).unwrap();
-        let child = spawn(port, dir.path(), false, Persistence::None);
-        RedisServer {
-            child,
-            port,
+        std::fs::copy(certificates.ca_file(), dir.path().join("ca.pem")).unwrap();
+        let setup = Setup {
+            port: free_port(),
             cluster: false,
             persistence: Persistence::None,
-            dir,
-            tls: Some(ca),
-        }
+            tls: true,
+            announce_port: None,
+        };
+        RedisServer::launch(setup, dir)
+    }
+
+    /// A cluster of one primary holding every slot, which tells clients to reach it on
+    /// `announce_port` (where a proxy in front of it listens).
+    pub fn start_cluster_of_one(announce_port: u16) -> RedisServer {
+        let setup = Setup {
+            port: free_port(),
+            cluster: true,
+            persistence: Persistence::None,
+            tls: false,
+            announce_port: Some(announce_port),
+        };
+        let node = RedisServer::launch(setup, tempfile::tempdir().unwrap());
+        assert!(
+            node.cli(&["CLUSTER", "ADDSLOTSRANGE", "0", "16383"])
+                .contains("OK")
+        );
+        wait_for("cluster_state:ok", || {
+            node.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok")
+        });
+        node
     }
 
     /// SIGKILL: the server dies without a chance to write anything more.
@@ -129,7 +168,7 @@ impl RedisServer {
 
     /// Starts the server again on the same port and directory (after [`kill`]).
     pub fn restart(&mut self) {
-        self.child = spawn(self.port, self.dir.path(), self.cluster, self.persistence);
+        self.child = spawn(self.setup, self.dir.path());
         wait_for("redis-server loading its data", || {
             !self.cli(&["INFO", "persistence"]).contains("loading:1")
                 && self.cli(&["PING"]).contains("PONG")
@@ -138,11 +177,7 @@ impl RedisServer {
 
     /// `redis://127.0.0.1:PORT/`, or `rediss://` for a TLS server.
     pub fn url(&self) -> String {
-        let scheme = if self.tls.is_some() {
-            "rediss"
-        } else {
-            "redis"
-        };
+        let scheme = if self.setup.tls { "rediss" } else { "redis" };
         format!("{scheme}://127.0.0.1:{}/", self.port)
     }
 
@@ -150,8 +185,11 @@ impl RedisServer {
     pub fn cli(&self, args: &[&str]) -> String {
         let mut command = Command::new("redis-cli");
         command.args(["-p", &self.port.to_string()]);
-        if let Some(ca) = &self.tls {
-            command.arg("--tls").arg("--cacert").arg(ca);
+        if self.setup.tls {
+            command
+                .arg("--tls")
+                .arg("--cacert")
+                .arg(self.dir.path().join("ca.pem"));
         }
         let out = command
             .args(args)
