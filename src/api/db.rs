@@ -83,12 +83,13 @@ impl Db {
                 observe::take_over(scope, key, grant.lease_id);
                 Reservation::Acquired(self.lease(scope, key, grant))
             }
+            Reserved::InFlight { since_ms, note } => Reservation::InFlight {
+                since: ms_to_system_time(since_ms),
+                note: note.map(|note| note.to_vec()),
+            },
             Reserved::Existing(record) => match record.status {
-                RecordStatus::InFlight => Reservation::InFlight {
-                    since: record.created_at(),
-                },
-                RecordStatus::Completed => Reservation::Completed(record),
                 RecordStatus::Failed => Reservation::Failed(record),
+                _ => Reservation::Completed(record),
             },
             Reserved::Mismatch => Reservation::Mismatch,
         };

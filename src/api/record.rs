@@ -101,6 +101,11 @@ pub enum Reservation<L = Lease> {
     InFlight {
         /// When that attempt reserved the key.
         since: SystemTime,
+        /// What that attempt's lease holder noted ([`Lease::note`]), if anything: a note
+        /// says the attempt reached a point it recorded (an outcome unknown after a
+        /// provider timeout, say), its absence that it is still running or crashed
+        /// before noting anything.
+        note: Option<Vec<u8>>,
     },
     /// The operation finished; replay the stored response.
     Completed(Record),
@@ -116,7 +121,7 @@ impl<L> Reservation<L> {
     pub fn map_lease<M>(self, f: impl FnOnce(L) -> M) -> Reservation<M> {
         match self {
             Reservation::Acquired(lease) => Reservation::Acquired(f(lease)),
-            Reservation::InFlight { since } => Reservation::InFlight { since },
+            Reservation::InFlight { since, note } => Reservation::InFlight { since, note },
             Reservation::Completed(record) => Reservation::Completed(record),
             Reservation::Failed(record) => Reservation::Failed(record),
             Reservation::Mismatch => Reservation::Mismatch,

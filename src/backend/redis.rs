@@ -71,7 +71,7 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
   return {'acquired', epoch, ARGV[2]}
 end
 local f = redis.call('HMGET', KEYS[1], 'sk', 'req', 'status', 'created', 'response',
-  'finished', 'tok', 'epoch', 'leased', 'taken')
+  'finished', 'tok', 'epoch', 'leased', 'taken', 'note')
 if f[1] ~= ARGV[4] then return {'collision'} end
 if f[3] == 'in_flight' and f[7] == ARGV[5] then return {'acquired', f[8], f[4]} end
 if f[2] ~= ARGV[1] then return {'mismatch'} end
@@ -83,6 +83,7 @@ if f[3] == 'in_flight' and timeout > 0 and tonumber(ARGV[2]) - tonumber(f[9] or 
   redis.call('HSET', KEYS[1], 'epoch', epoch, 'taken', taken, 'leased', ARGV[2], 'tok', ARGV[5])
   return {'acquired', epoch, f[4]}
 end
+if f[3] == 'in_flight' and f[11] then return {'in_flight', f[4], f[11]} end
 if f[3] == 'in_flight' then return {'in_flight', f[4]} end
 return {f[3], f[4], f[5], f[6]}
 ";
@@ -638,6 +639,7 @@ impl Store for RedisStore {
             Some(b"mismatch") => Reservation::Mismatch,
             Some(b"in_flight") => Reservation::InFlight {
                 since: ms_to_system_time(number(reply.get(1), "reserve")?),
+                note: reply.get(2).cloned(),
             },
             Some(b"completed") | Some(b"failed") => {
                 let record = Record {

@@ -463,7 +463,7 @@ impl Engine {
                     new: grant.lease_id,
                     at_ms: now_ms,
                 }])?,
-                Reserved::Existing(_) | Reserved::Mismatch => None,
+                Reserved::InFlight { .. } | Reserved::Existing(_) | Reserved::Mismatch => None,
             };
             (reserved, ticket)
         };

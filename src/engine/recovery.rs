@@ -788,7 +788,7 @@ mod tests {
         clock.forward(std::time::Duration::from_millis(1_000));
         assert!(matches!(
             engine.reserve(key, b"req").unwrap(),
-            Reserved::Existing(_)
+            Reserved::InFlight { .. }
         ));
         clock.forward(std::time::Duration::from_millis(500));
         let Reserved::TakenOver { grant, old } = engine.reserve(key, b"req").unwrap() else {
@@ -800,7 +800,7 @@ mod tests {
         // The new lease was granted just now: not taken over again yet.
         assert!(matches!(
             engine.reserve(key, b"req").unwrap(),
-            Reserved::Existing(_)
+            Reserved::InFlight { .. }
         ));
         drop(engine);
         let engine = Engine::open(&timed()).unwrap();
@@ -811,7 +811,7 @@ mod tests {
         assert!(engine.resume(key, grant.lease_id).is_ok());
         assert!(matches!(
             engine.reserve(key, b"req").unwrap(),
-            Reserved::Existing(_)
+            Reserved::InFlight { .. }
         ));
     }
 

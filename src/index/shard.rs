@@ -6,7 +6,7 @@ use super::counters::Counters;
 use super::marks::MarkMap;
 use super::records::{RecordMap, State, StoredRecord};
 use super::table::{DedupTable, Inserted};
-use crate::base::{Advance, Record, RecordStatus};
+use crate::base::{Advance, Record};
 use crate::base::{Error, Fingerprint, Finish, FullPolicy, Result, Window};
 
 /// Table slots swept per write while a sweep pass is under way.
@@ -27,7 +27,13 @@ pub(crate) enum Reserved {
     /// The key's record was in flight for longer than the lease timeout: it is now
     /// under the grant's lease, and lease `old` is fenced.
     TakenOver { grant: Grant, old: u64 },
-    /// The key's live record, bound to the same request.
+    /// The key's live record is in flight under another lease, bound to the same
+    /// request: reserved at `since_ms`, with its lease holder's note.
+    InFlight {
+        since_ms: u64,
+        note: Option<std::sync::Arc<[u8]>>,
+    },
+    /// The key's finished record (completed or failed), bound to the same request.
     Existing(Record),
     /// The key's live record is bound to another request.
     Mismatch,
@@ -411,6 +417,10 @@ impl Shard {
                     };
                     Reserved::TakenOver { grant, old }
                 }
+                Some(record) if record.state == State::InFlight => Reserved::InFlight {
+                    since_ms: record.created_ms,
+                    note: record.note.clone(),
+                },
                 Some(record) => Reserved::Existing(record.snapshot()),
                 None => {
                     // The id first: if ids ran out, nothing (no early eviction) happened.
@@ -440,9 +450,7 @@ impl Shard {
         match outcome {
             Reserved::Acquired(_) => counters.acquired += 1,
             Reserved::TakenOver { .. } => counters.take_overs += 1,
-            Reserved::Existing(record) if record.status == RecordStatus::InFlight => {
-                counters.in_flight_hits += 1;
-            }
+            Reserved::InFlight { .. } => counters.in_flight_hits += 1,
             Reserved::Existing(_) => counters.replays += 1,
             Reserved::Mismatch => counters.mismatches += 1,
         }

@@ -62,7 +62,7 @@ fn in_flight_is_reported_with_its_start() {
     let lease = acquire(&db, &scope, b"key", b"req");
     clock.forward(Duration::from_secs(5));
     match db.reserve(&scope, b"key", b"req").unwrap() {
-        Reservation::InFlight { since } => assert_eq!(since, started),
+        Reservation::InFlight { since, .. } => assert_eq!(since, started),
         other => panic!("expected InFlight, got {other:?}"),
     }
     assert_eq!(lease.since(), started);

@@ -413,7 +413,7 @@ impl Harness {
                 );
             }
             (Reservation::Mismatch, Reserve::Mismatch) => {}
-            (Reservation::InFlight { since }, Reserve::InFlight { created_ms }) => {
+            (Reservation::InFlight { since, .. }, Reserve::InFlight { created_ms }) => {
                 assert_eq!(
                     since,
                     UNIX_EPOCH + Duration::from_millis(created_ms),

@@ -620,7 +620,7 @@ fn exercise(db: &Db, writes_may_fail: bool) {
                     writes_may_fail,
                 );
             }
-            Some(Reservation::InFlight { since }) => {
+            Some(Reservation::InFlight { since, .. }) => {
                 let _ = since.duration_since(UNIX_EPOCH);
             }
             Some(Reservation::Completed(record) | Reservation::Failed(record)) => {

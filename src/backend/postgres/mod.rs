@@ -354,7 +354,10 @@ impl PostgresStore {
                 return Ok(Reservation::Acquired(lease));
             }
             return Ok(match row.status {
-                RecordStatus::InFlight => Reservation::InFlight { since: row.created },
+                RecordStatus::InFlight => Reservation::InFlight {
+                    since: row.created,
+                    note: row.note,
+                },
                 RecordStatus::Completed => Reservation::Completed(row.record()),
                 RecordStatus::Failed => Reservation::Failed(row.record()),
             });
@@ -428,6 +431,8 @@ struct Row {
     response: Option<Vec<u8>>,
     created: SystemTime,
     finished: Option<SystemTime>,
+    /// What the lease holder noted while in flight.
+    note: Option<Vec<u8>>,
 }
 
 impl Row {
@@ -439,6 +444,7 @@ impl Row {
             response: column(row, "response_body")?,
             created: column(row, "created_at")?,
             finished: column(row, "finished_at")?,
+            note: column(row, "note")?,
         })
     }
 

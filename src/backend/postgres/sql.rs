@@ -49,7 +49,7 @@ RETURNING epoch, created_at";
 
 /// The live record.
 pub(super) const GET: &str = concat!(
-    "SELECT request_hash, status, response_body, created_at, finished_at
+    "SELECT request_hash, status, response_body, created_at, finished_at, note
      FROM idempotency_records WHERE",
     scoped_key!("idempotency_key"),
     "AND expires_at > now()"

@@ -202,7 +202,18 @@ async fn replay_is_byte_exact<S: Store>(store: &S) {
 async fn in_flight<S: Store>(store: &S) {
     let scope = Scope::new("t", "in_flight");
     let lease = acquired(store.reserve(&scope, b"stuck", b"req").await.unwrap());
+    // A retry sees the attempt in flight, and its note once it has one.
+    let Reservation::InFlight { note, .. } = store.reserve(&scope, b"stuck", b"req").await.unwrap()
+    else {
+        panic!("a retry of a record in flight gets InFlight");
+    };
+    assert_eq!(note, None);
     lease.note(b"charged? unknown").await.unwrap();
+    let Reservation::InFlight { note, .. } = store.reserve(&scope, b"stuck", b"req").await.unwrap()
+    else {
+        panic!("a retry of a record in flight gets InFlight");
+    };
+    assert_eq!(note.as_deref(), Some(&b"charged? unknown"[..]));
     let done = acquired(store.reserve(&scope, b"done", b"req").await.unwrap());
     done.complete(b"ok").await.unwrap();
     let listed = store.in_flight(Duration::ZERO).await.unwrap();
