@@ -13,7 +13,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::routing::post;
 use criterion::{Criterion, criterion_group, criterion_main};
-use oncedb::http::{IdempotencyConfig, IdempotencyLayer};
+use oncedb::http::IdempotencyLayer;
 use oncedb::{Db, Durability, Options};
 use tower::ServiceExt;
 
@@ -27,10 +27,9 @@ async fn created() -> (StatusCode, [(&'static str, &'static str); 1], &'static s
 
 fn app(store: Option<Db>) -> Router {
     let route = match store {
-        Some(db) => post(created).route_layer(IdempotencyLayer::new(
-            db,
-            IdempotencyConfig::new(|_| Some("org_123".to_owned())),
-        )),
+        Some(db) => {
+            post(created).route_layer(IdempotencyLayer::new(db, |_| Some("org_123".to_owned())))
+        }
         None => post(created),
     };
     Router::new().route("/v1/payments", route)

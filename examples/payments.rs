@@ -39,9 +39,7 @@ use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, LOCATION, RETRY_AFTER};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use axum::routing::{get, post};
-use oncedb::http::{
-    IdempotencyConfig, IdempotencyContext, IdempotencyLayer, SideEffect, StoredResponse,
-};
+use oncedb::http::{IdempotencyContext, IdempotencyLayer, SideEffect, StoredResponse};
 use oncedb::{Db, Durability, Options, Store, StoreLease};
 
 /// How long a request may stay in flight before reconciliation looks at it.
@@ -308,7 +306,7 @@ async fn reconcile<S: Store + Clone>(store: S, provider: Arc<Provider>) {
 
 async fn serve<S: Store + Clone>(store: S, addr: SocketAddr, with_layer: bool) {
     let provider = Arc::new(Provider::default());
-    let config = IdempotencyConfig::new(tenant)
+    let layer = IdempotencyLayer::new(store.clone(), tenant)
         .max_body_bytes(MAX_BODY_BYTES)
         .replay_headers(vec![
             CONTENT_TYPE,
@@ -317,7 +315,7 @@ async fn serve<S: Store + Clone>(store: S, addr: SocketAddr, with_layer: bool) {
         ])
         .expect("the replayed headers carry no credentials");
     let payments = if with_layer {
-        post(create_payment).route_layer(IdempotencyLayer::new(store.clone(), config))
+        post(create_payment).route_layer(layer)
     } else {
         post(create_payment)
     };

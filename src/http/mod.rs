@@ -10,26 +10,30 @@
 //! | a body longer than the limit | `413`, before it is buffered |
 //! | no tenant from the extractor | `401` with `WWW-Authenticate` |
 //! | the key with another fingerprint (method, path, canonical body) | `422` |
-//! | a retry while the first attempt runs | `409` with `Retry-After` |
+//! | a retry while the first attempt runs | `409` `request_in_progress`, with `Retry-After` |
+//! | a retry after an attempt whose outcome is unknown (its record noted) | `409` `request_outcome_unknown`, with `Retry-After` |
 //! | a retry after a `2xx` or `4xx` | the stored status, allow-listed headers and body, byte for byte, plus `Idempotent-Replayed: true` |
 //! | the store unreachable | `503` with `Retry-After` (fail closed; wrap the store in [`Guarded`](crate::Guarded) to choose) |
 //!
 //! The layer's own answers are RFC 9457 problem details ([`problem_details`]), with
-//! `type` `urn:oncedb:problem:<code>`; [`IdempotencyConfig::problem`] reshapes them.
+//! `type` `urn:oncedb:problem:<code>`; [`IdempotencyLayer::problem`] reshapes them.
 //!
 //! What the handler's outcome does to the record (each configurable; `docs/http.md` has
 //! the whole table):
 //!
 //! - `2xx` (and `3xx`): completed; replayed.
-//! - `401`, `403`, `408`, `429` ([`IdempotencyConfig::release_statuses`]): nothing
+//! - `401`, `403`, `408`, `429` ([`IdempotencyLayer::release_statuses`]): nothing
 //!   happened yet, so the key is released and a retry runs.
 //! - any other `4xx`: failed (a deterministic refusal); replayed.
 //! - `5xx`: stored as failed and replayed ([`ServerErrors::Store`], the default), unless
 //!   the handler put [`SideEffect::Unknown`] in the response's extensions (kept in flight
 //!   with a note, for reconciliation: retries get `409`) or [`SideEffect::NotPerformed`]
 //!   (released).
+//! - No answer: the inner service returned an error (any error type that displays; axum
+//!   routes have none): kept in flight with the note `service error: <error>`, the
+//!   error passed on.
 //! - A request that acquired its key runs to the end even when the client goes away
-//!   ([`IdempotencyConfig::detached`]): a retry replays its outcome. A handler that panics
+//!   ([`IdempotencyLayer::detached`]): a retry replays its outcome. A handler that panics
 //!   drops the lease: the record stays in flight, never completed with a partial response.
 //!
 //! The scope of a key is the tenant (from the extractor: authentication, never the body),
@@ -39,7 +43,6 @@
 mod fingerprint;
 mod stored;
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::ops::RangeInclusive;
 use std::pin::Pin;
@@ -56,7 +59,7 @@ pub use fingerprint::canonical_request;
 pub use stored::StoredResponse;
 
 use crate::api::{Reservation, Scope};
-use crate::base::Error;
+use crate::base::{Error, MAX_NOTE_BYTES};
 use crate::store::{Store, StoreLease};
 
 /// The request header.
@@ -120,9 +123,9 @@ type TenantFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
 type FingerprintFn = dyn Fn(&Parts, &[u8]) -> Vec<u8> + Send + Sync;
 type ProblemFn = dyn Fn(&Problem) -> Response<Body> + Send + Sync;
 
-/// The layer's settings.
+/// The layer's settings, set through [`IdempotencyLayer`]'s builder methods.
 #[derive(Clone)]
-pub struct IdempotencyConfig {
+struct Settings {
     required: bool,
     key_bytes: RangeInclusive<usize>,
     max_body_bytes: usize,
@@ -138,9 +141,9 @@ pub struct IdempotencyConfig {
     fingerprint: Arc<FingerprintFn>,
 }
 
-impl std::fmt::Debug for IdempotencyConfig {
+impl std::fmt::Debug for Settings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("IdempotencyConfig")
+        f.debug_struct("Settings")
             .field("required", &self.required)
             .field("key_bytes", &self.key_bytes)
             .field("max_body_bytes", &self.max_body_bytes)
@@ -150,12 +153,10 @@ impl std::fmt::Debug for IdempotencyConfig {
     }
 }
 
-impl IdempotencyConfig {
-    /// Keys required, 16..=255 bytes, bodies up to 1 MiB, POST and PATCH guarded,
-    /// `content-type` and `location` replayed, `Retry-After: 1`, the default
-    /// fingerprint ([`canonical_request`]), and `tenant` telling each request's tenant.
-    pub fn new(tenant: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static) -> Self {
-        IdempotencyConfig {
+impl Settings {
+    /// The defaults [`IdempotencyLayer::new`] documents.
+    fn new(tenant: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static) -> Self {
+        Settings {
             required: true,
             key_bytes: 16..=255,
             max_body_bytes: 1 << 20,
@@ -176,28 +177,58 @@ impl IdempotencyConfig {
             fingerprint: Arc::new(canonical_request),
         }
     }
+}
+
+/// The [`tower::Layer`]: wrap routes that create side effects.
+#[derive(Debug, Clone)]
+pub struct IdempotencyLayer<S> {
+    store: S,
+    settings: Arc<Settings>,
+}
+
+impl<S: Store + Clone> IdempotencyLayer<S> {
+    /// A layer keeping its records in `store`, with `tenant` telling each request's
+    /// tenant (from authentication, never the body; `None` answers `401`). Keys
+    /// required, 16..=255 bytes, bodies up to 1 MiB, POST and PATCH guarded,
+    /// `content-type` and `location` replayed, `Retry-After: 1`, the default fingerprint
+    /// ([`canonical_request`]); the methods below change each.
+    pub fn new(
+        store: S,
+        tenant: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        IdempotencyLayer {
+            store,
+            settings: Arc::new(Settings::new(tenant)),
+        }
+    }
+
+    /// The settings to change: shared with the services already built only until the
+    /// first change (copy on write).
+    fn settings_mut(&mut self) -> &mut Settings {
+        Arc::make_mut(&mut self.settings)
+    }
 
     /// Whether a guarded request without a key is refused (`true`) or passed through.
     pub fn required(mut self, required: bool) -> Self {
-        self.required = required;
+        self.settings_mut().required = required;
         self
     }
 
     /// Accepted key lengths in bytes.
     pub fn key_bytes(mut self, range: RangeInclusive<usize>) -> Self {
-        self.key_bytes = range;
+        self.settings_mut().key_bytes = range;
         self
     }
 
     /// The largest request body accepted, in bytes.
     pub fn max_body_bytes(mut self, max: usize) -> Self {
-        self.max_body_bytes = max;
+        self.settings_mut().max_body_bytes = max;
         self
     }
 
     /// The methods guarded; others pass through.
     pub fn methods(mut self, methods: Vec<Method>) -> Self {
-        self.methods = methods;
+        self.settings_mut().methods = methods;
         self
     }
 
@@ -225,14 +256,14 @@ impl IdempotencyConfig {
                 "the header {refused} must not be replayed"
             )));
         }
-        self.replay_headers = headers;
+        self.settings_mut().replay_headers = headers;
         Ok(self)
     }
 
     /// The `Retry-After` of a `409` or `503`, in whole seconds (rounded up). Default 1 s.
     pub fn retry_after(mut self, after: std::time::Duration) -> Self {
         let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
-        self.retry_after_secs = u32::try_from(secs).unwrap_or(u32::MAX);
+        self.settings_mut().retry_after_secs = u32::try_from(secs).unwrap_or(u32::MAX);
         self
     }
 
@@ -240,20 +271,20 @@ impl IdempotencyConfig {
     /// answers that say nothing happened yet. Default `401`, `403`, `408`, `429`. Every
     /// other `4xx` is stored and replayed.
     pub fn release_statuses(mut self, statuses: Vec<StatusCode>) -> Self {
-        self.release_statuses = statuses;
+        self.settings_mut().release_statuses = statuses;
         self
     }
 
     /// What a `5xx` does to the record; see [`ServerErrors`]. Default
     /// [`ServerErrors::Store`].
     pub fn server_errors(mut self, policy: ServerErrors) -> Self {
-        self.server_errors = policy;
+        self.settings_mut().server_errors = policy;
         self
     }
 
     /// The `WWW-Authenticate` of a `401` (no tenant). Default `Bearer`.
     pub fn www_authenticate(mut self, challenge: HeaderValue) -> Self {
-        self.www_authenticate = challenge;
+        self.settings_mut().www_authenticate = challenge;
         self
     }
 
@@ -264,7 +295,7 @@ impl IdempotencyConfig {
         mut self,
         render: impl Fn(&Problem) -> Response<Body> + Send + Sync + 'static,
     ) -> Self {
-        self.problem = Some(Arc::new(render));
+        self.settings_mut().problem = Some(Arc::new(render));
         self
     }
 
@@ -273,7 +304,7 @@ impl IdempotencyConfig {
     /// runtime, so a retry finds the outcome instead of a record left in flight. With
     /// `false`, a dropped request drops the lease and the record stays in flight.
     pub fn detached(mut self, detached: bool) -> Self {
-        self.detached = detached;
+        self.settings_mut().detached = detached;
         self
     }
 
@@ -282,25 +313,8 @@ impl IdempotencyConfig {
         mut self,
         fingerprint: impl Fn(&Parts, &[u8]) -> Vec<u8> + Send + Sync + 'static,
     ) -> Self {
-        self.fingerprint = Arc::new(fingerprint);
+        self.settings_mut().fingerprint = Arc::new(fingerprint);
         self
-    }
-}
-
-/// The [`tower::Layer`]: wrap routes that create side effects.
-#[derive(Debug, Clone)]
-pub struct IdempotencyLayer<S> {
-    store: S,
-    config: Arc<IdempotencyConfig>,
-}
-
-impl<S: Store + Clone> IdempotencyLayer<S> {
-    /// A layer keeping its records in `store`.
-    pub fn new(store: S, config: IdempotencyConfig) -> Self {
-        IdempotencyLayer {
-            store,
-            config: Arc::new(config),
-        }
     }
 }
 
@@ -310,7 +324,7 @@ impl<S: Store + Clone, I> tower::Layer<I> for IdempotencyLayer<S> {
     fn layer(&self, inner: I) -> Self::Service {
         Idempotency {
             store: self.store.clone(),
-            config: Arc::clone(&self.config),
+            settings: Arc::clone(&self.settings),
             inner,
         }
     }
@@ -320,7 +334,7 @@ impl<S: Store + Clone, I> tower::Layer<I> for IdempotencyLayer<S> {
 #[derive(Debug, Clone)]
 pub struct Idempotency<S, I> {
     store: S,
-    config: Arc<IdempotencyConfig>,
+    settings: Arc<Settings>,
     inner: I,
 }
 
@@ -331,19 +345,17 @@ type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 impl<S, I, B> tower::Service<Request<B>> for Idempotency<S, I>
 where
     S: Store + Clone,
-    I: tower::Service<Request<Body>, Response = Response<Body>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
+    I: tower::Service<Request<Body>, Response = Response<Body>> + Clone + Send + 'static,
+    I::Error: std::fmt::Display + Send + 'static,
     I::Future: Send + 'static,
     B: HttpBody<Data = Bytes> + Send + 'static,
     B::Error: Into<axum::BoxError>,
 {
     type Response = Response<Body>;
-    type Error = Infallible;
-    type Future = BoxFuture<Result<Response<Body>, Infallible>>;
+    type Error = I::Error;
+    type Future = BoxFuture<Result<Response<Body>, I::Error>>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), I::Error>> {
         self.inner.poll_ready(cx)
     }
 
@@ -352,30 +364,30 @@ where
         // The readied service serves this call; a clone waits for the next one.
         let ready = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, ready);
-        let (store, config) = (self.store.clone(), Arc::clone(&self.config));
-        if !config.detached {
+        let (store, settings) = (self.store.clone(), Arc::clone(&self.settings));
+        if !settings.detached {
             return Box::pin(async move {
-                let response = guard(store, Arc::clone(&config), inner, request).await;
-                Ok(present(&config, response))
+                let response = guard(store, Arc::clone(&settings), inner, request).await?;
+                Ok(present(&settings, response))
             });
         }
         // Spawned: a client that goes away drops this future, not the guarded request,
         // which finishes (reserve, handler, stored answer) on its own. A reserve whose
         // client left is followed by its handler, so no record is left for a handler that
         // never ran.
-        let task = tokio::spawn(guard(store, Arc::clone(&config), inner, request));
+        let task = tokio::spawn(guard(store, Arc::clone(&settings), inner, request));
         Box::pin(async move {
             let response = task.await.unwrap_or_else(|_| {
                 // The handler panicked: its lease dropped, the record stays in flight.
-                refuse(StatusCode::INTERNAL_SERVER_ERROR, "handler_failed")
-            });
-            Ok(present(&config, response))
+                Ok(refuse(StatusCode::INTERNAL_SERVER_ERROR, "handler_failed"))
+            })?;
+            Ok(present(&settings, response))
         })
     }
 }
 
 /// An answer the layer gives itself (never one of the handler's), in the response's
-/// extensions: what [`IdempotencyConfig::problem`] renders.
+/// extensions: what [`IdempotencyLayer::problem`] renders.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Problem {
     /// The status.
@@ -399,6 +411,9 @@ fn title(code: &str) -> &'static str {
         "route_too_long" => "The route is too long to scope a key",
         "idempotency_key_reused" => "The key was used with a different request",
         "request_in_progress" => "A request with this key is still being processed",
+        "request_outcome_unknown" => {
+            "The first request with this key has an unknown outcome, awaiting reconciliation"
+        }
         "idempotency_store_unavailable" => "The idempotency store cannot be reached",
         "idempotency_store_full" => "The idempotency store is full",
         "stored_response_unreadable" => "The stored response cannot be read",
@@ -410,7 +425,7 @@ fn title(code: &str) -> &'static str {
 
 /// The layer's own answer: RFC 9457 problem details (`application/problem+json`, with
 /// `type`, `title`, `status`), the [`Problem`] in its extensions for
-/// [`IdempotencyConfig::problem`] to re-render.
+/// [`IdempotencyLayer::problem`] to re-render.
 fn refuse(status: StatusCode, code: &'static str) -> Response<Body> {
     let problem = Problem {
         status,
@@ -441,12 +456,12 @@ pub fn problem_details(problem: &Problem) -> Response<Body> {
 
 /// The layer's own answers as the application wants them: re-rendered by its hook, with
 /// its `WWW-Authenticate` on a `401`, and a `Retry-After` kept.
-fn present(config: &IdempotencyConfig, response: Response<Body>) -> Response<Body> {
+fn present(settings: &Settings, response: Response<Body>) -> Response<Body> {
     let Some(problem) = response.extensions().get::<Problem>().cloned() else {
         return response;
     };
     let retry_after = response.headers().get(RETRY_AFTER).cloned();
-    let mut response = match &config.problem {
+    let mut response = match &settings.problem {
         Some(render) => render(&problem),
         None => response,
     };
@@ -456,7 +471,7 @@ fn present(config: &IdempotencyConfig, response: Response<Body>) -> Response<Bod
     if problem.status == StatusCode::UNAUTHORIZED {
         response.headers_mut().insert(
             axum::http::header::WWW_AUTHENTICATE,
-            config.www_authenticate.clone(),
+            settings.www_authenticate.clone(),
         );
     }
     response
@@ -480,7 +495,7 @@ impl Refusal {
 }
 
 /// The key from the header: a structured-field string (quoted) or a bare token.
-fn read_key(parts: &Parts, config: &IdempotencyConfig) -> Result<Option<String>, Refusal> {
+fn read_key(parts: &Parts, settings: &Settings) -> Result<Option<String>, Refusal> {
     let mut values = parts.headers.get_all(IDEMPOTENCY_KEY).iter();
     let Some(value) = values.next() else {
         return Ok(None);
@@ -499,59 +514,56 @@ fn read_key(parts: &Parts, config: &IdempotencyConfig) -> Result<Option<String>,
         .and_then(|rest| rest.strip_suffix('"'))
         .unwrap_or(text);
     let allowed = |c: char| c.is_ascii_graphic() && c != '"' && c != '\\';
-    if !config.key_bytes.contains(&key.len()) || !key.chars().all(allowed) {
+    if !settings.key_bytes.contains(&key.len()) || !key.chars().all(allowed) {
         return Err(bad());
     }
     Ok(Some(key.to_owned()))
 }
 
 /// Reads the body, refusing one over the limit before buffering it.
-async fn read_body(
-    parts: &Parts,
-    body: Body,
-    config: &IdempotencyConfig,
-) -> Result<Bytes, Refusal> {
+async fn read_body(parts: &Parts, body: Body, settings: &Settings) -> Result<Bytes, Refusal> {
     let too_large = || Refusal(StatusCode::PAYLOAD_TOO_LARGE, "request_body_too_large");
     let declared = parts
         .headers
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    if declared.is_some_and(|len| len > config.max_body_bytes as u64) {
+    if declared.is_some_and(|len| len > settings.max_body_bytes as u64) {
         return Err(too_large());
     }
-    axum::body::to_bytes(body, config.max_body_bytes)
+    axum::body::to_bytes(body, settings.max_body_bytes)
         .await
         .map_err(|_| too_large())
 }
 
 async fn guard<S, I>(
     store: S,
-    config: Arc<IdempotencyConfig>,
+    settings: Arc<Settings>,
     mut inner: I,
     request: Request<Body>,
-) -> Response<Body>
+) -> Result<Response<Body>, I::Error>
 where
     S: Store,
-    I: tower::Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
+    I: tower::Service<Request<Body>, Response = Response<Body>>,
+    I::Error: std::fmt::Display,
 {
-    if !config.methods.contains(request.method()) {
-        return pass(&mut inner, request).await;
+    if !settings.methods.contains(request.method()) {
+        return inner.call(request).await;
     }
     let (mut parts, body) = request.into_parts();
-    let key = match read_key(&parts, &config) {
+    let key = match read_key(&parts, &settings) {
         Ok(Some(key)) => key,
-        Ok(None) if config.required => {
-            return refuse(StatusCode::BAD_REQUEST, "idempotency_key_required");
+        Ok(None) if settings.required => {
+            return Ok(refuse(StatusCode::BAD_REQUEST, "idempotency_key_required"));
         }
-        Ok(None) => return pass(&mut inner, Request::from_parts(parts, body)).await,
-        Err(refusal) => return refusal.response(),
+        Ok(None) => return inner.call(Request::from_parts(parts, body)).await,
+        Err(refusal) => return Ok(refusal.response()),
     };
-    let Some(tenant) = (config.tenant)(&parts) else {
-        return refuse(StatusCode::UNAUTHORIZED, "unauthorized");
+    let Some(tenant) = (settings.tenant)(&parts) else {
+        return Ok(refuse(StatusCode::UNAUTHORIZED, "unauthorized"));
     };
-    let body = match read_body(&parts, body, &config).await {
+    let body = match read_body(&parts, body, &settings).await {
         Ok(body) => body,
-        Err(refusal) => return refusal.response(),
+        Err(refusal) => return Ok(refusal.response()),
     };
     let route = parts
         .extensions
@@ -559,31 +571,40 @@ where
         .map_or_else(|| parts.uri.path().to_owned(), |m| m.as_str().to_owned());
     let operation = format!("{} {route}", parts.method);
     if tenant.len() > crate::base::MAX_SCOPE_PART_BYTES {
-        return refuse(StatusCode::BAD_REQUEST, "invalid_tenant");
+        return Ok(refuse(StatusCode::BAD_REQUEST, "invalid_tenant"));
     }
     if operation.len() > crate::base::MAX_SCOPE_PART_BYTES {
-        return refuse(StatusCode::INTERNAL_SERVER_ERROR, "route_too_long");
+        return Ok(refuse(StatusCode::INTERNAL_SERVER_ERROR, "route_too_long"));
     }
     let scope = Scope::new(&tenant, &operation);
-    let fingerprint = (config.fingerprint)(&parts, &body);
+    let fingerprint = (settings.fingerprint)(&parts, &body);
     let reserved = match store.reserve(&scope, key.as_bytes(), &fingerprint).await {
         Ok(reserved) => reserved,
-        Err(err) => return store_error(&err, &config),
+        Err(err) => return Ok(store_error(&err, &settings)),
     };
     let lease = match reserved {
         Reservation::Acquired(lease) => lease,
-        Reservation::InFlight { .. } => {
-            return retry_later(
+        Reservation::InFlight { note, .. } => {
+            // A note is the layer's (or a reconciler's) mark of an outcome unknown; without
+            // one the first attempt is still running, or died before it could say.
+            let code = match note {
+                Some(_) => "request_outcome_unknown",
+                None => "request_in_progress",
+            };
+            return Ok(retry_later(
                 StatusCode::CONFLICT,
-                "request_in_progress",
-                config.retry_after_secs,
-            );
+                code,
+                settings.retry_after_secs,
+            ));
         }
         Reservation::Completed(record) | Reservation::Failed(record) => {
-            return replay(record.response().unwrap_or_default());
+            return Ok(replay(record.response().unwrap_or_default()));
         }
         Reservation::Mismatch => {
-            return refuse(StatusCode::UNPROCESSABLE_ENTITY, "idempotency_key_reused");
+            return Ok(refuse(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "idempotency_key_reused",
+            ));
         }
     };
     parts.extensions.insert(IdempotencyContext {
@@ -591,31 +612,41 @@ where
         operation,
         key,
     });
-    let response = pass(&mut inner, Request::from_parts(parts, Body::from(body))).await;
-    finish(lease, response, &config, store.max_response_bytes()).await
-}
-
-async fn pass<I>(inner: &mut I, request: Request<Body>) -> Response<Body>
-where
-    I: tower::Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
-{
-    match inner.call(request).await {
-        Ok(response) => response,
-        Err(never) => match never {},
+    match inner
+        .call(Request::from_parts(parts, Body::from(body)))
+        .await
+    {
+        Ok(response) => Ok(finish(lease, response, &settings, store.max_response_bytes()).await),
+        Err(err) => {
+            // No answer, so nothing to store and no telling what happened downstream:
+            // in flight with a note (outcome unknown), and the error to the caller.
+            let note = format!("service error: {err}");
+            if let Err(noted) = lease
+                .note(
+                    note.as_bytes()
+                        .get(..note.len().min(MAX_NOTE_BYTES))
+                        .unwrap_or_default(),
+                )
+                .await
+            {
+                log::warn!("idempotency: noting a service error: {noted}");
+            }
+            Err(err)
+        }
     }
 }
 
-fn store_error(err: &Error, config: &IdempotencyConfig) -> Response<Body> {
+fn store_error(err: &Error, settings: &Settings) -> Response<Body> {
     match err {
         Error::Unavailable { .. } => retry_later(
             StatusCode::SERVICE_UNAVAILABLE,
             "idempotency_store_unavailable",
-            config.retry_after_secs,
+            settings.retry_after_secs,
         ),
         Error::Full => retry_later(
             StatusCode::SERVICE_UNAVAILABLE,
             "idempotency_store_full",
-            config.retry_after_secs,
+            settings.retry_after_secs,
         ),
         Error::KeyTooLong { .. } | Error::ScopeTooLong { .. } | Error::EmptyKey => {
             refuse(StatusCode::BAD_REQUEST, "invalid_idempotency_key")
@@ -645,7 +676,7 @@ fn replay(stored: &[u8]) -> Response<Body> {
 async fn finish<L: StoreLease>(
     lease: L,
     response: Response<Body>,
-    config: &IdempotencyConfig,
+    settings: &Settings,
     max_response: usize,
 ) -> Response<Body> {
     let status = response.status();
@@ -653,8 +684,8 @@ async fn finish<L: StoreLease>(
     let action = match marked {
         Some(SideEffect::NotPerformed) => Some(ServerErrors::Release),
         Some(SideEffect::Unknown) => Some(ServerErrors::KeepInFlight),
-        None if config.release_statuses.contains(&status) => Some(ServerErrors::Release),
-        None if status.is_server_error() => Some(config.server_errors),
+        None if settings.release_statuses.contains(&status) => Some(ServerErrors::Release),
+        None if status.is_server_error() => Some(settings.server_errors),
         None => None,
     };
     match action {
@@ -674,7 +705,7 @@ async fn finish<L: StoreLease>(
         Some(ServerErrors::Store) | None => {}
     }
     let (parts, body) = response.into_parts();
-    let limit = body_limit(&parts, &config.replay_headers, max_response);
+    let limit = body_limit(&parts, &settings.replay_headers, max_response);
     let hint = body.size_hint();
     let Some(upper) = hint.upper() else {
         // A streaming body (server-sent events): never buffered, never stored. Nothing
@@ -689,7 +720,7 @@ async fn finish<L: StoreLease>(
         // Too large for the store: the response goes out unbuffered, and the record keeps
         // its status and headers with an empty body and `Idempotent-Body-Omitted`, so a
         // retry learns the outcome without running the handler again.
-        let mut omitted = StoredResponse::capture(&parts, &[], &config.replay_headers);
+        let mut omitted = StoredResponse::capture(&parts, &[], &settings.replay_headers);
         omitted.headers.push((
             HeaderName::from_static(IDEMPOTENT_BODY_OMITTED),
             HeaderValue::from_static("true"),
@@ -702,7 +733,7 @@ async fn finish<L: StoreLease>(
         // the record stays in flight (outcome unknown) for reconciliation.
         return refuse(StatusCode::INTERNAL_SERVER_ERROR, "response_unreadable");
     };
-    let stored = StoredResponse::capture(&parts, &body, &config.replay_headers);
+    let stored = StoredResponse::capture(&parts, &body, &settings.replay_headers);
     save(lease, status, &stored.encode()).await;
     Response::from_parts(parts, Body::from(body))
 }
@@ -737,19 +768,21 @@ fn body_limit(
 mod tests {
     use axum::http::header::{CONTENT_TYPE, HeaderName, SET_COOKIE};
 
-    use crate::http::IdempotencyConfig;
+    use crate::http::IdempotencyLayer;
+    use crate::{Db, Options};
 
     #[test]
     fn credentials_and_hop_by_hop_headers_are_never_replayed() {
-        let config = || IdempotencyConfig::new(|_| Some("t".to_owned()));
-        assert!(config().replay_headers(vec![CONTENT_TYPE]).is_ok());
+        let db = Db::open(Options::in_memory()).unwrap();
+        let settings = || IdempotencyLayer::new(db.clone(), |_| Some("t".to_owned()));
+        assert!(settings().replay_headers(vec![CONTENT_TYPE]).is_ok());
         for refused in [
             SET_COOKIE,
             HeaderName::from_static("authorization"),
             HeaderName::from_static("connection"),
             HeaderName::from_static("transfer-encoding"),
         ] {
-            let answer = config().replay_headers(vec![CONTENT_TYPE, refused.clone()]);
+            let answer = settings().replay_headers(vec![CONTENT_TYPE, refused.clone()]);
             assert!(answer.is_err(), "{refused} accepted");
         }
     }

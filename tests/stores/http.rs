@@ -11,7 +11,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Extension, State};
 use axum::http::{HeaderValue, Request, Response, StatusCode};
 use axum::routing::post;
-use oncedb::http::{IdempotencyConfig, IdempotencyContext, IdempotencyLayer, SideEffect};
+use oncedb::http::{IdempotencyContext, IdempotencyLayer, SideEffect};
 use oncedb::{Db, Durability, Options, Store};
 use tower::ServiceExt;
 
@@ -84,16 +84,13 @@ fn app<S: Store + Clone>(store: S, handler: Arc<Handler>) -> Router {
 }
 
 fn app_with<S: Store + Clone>(store: S, handler: Arc<Handler>, max_body: usize) -> Router {
-    let config = IdempotencyConfig::new(|parts| {
+    let layer = IdempotencyLayer::new(store, |parts| {
         let auth = parts.headers.get("authorization")?.to_str().ok()?;
         auth.strip_prefix("Bearer ").map(str::to_owned)
     })
     .max_body_bytes(max_body);
     Router::new()
-        .route(
-            "/things",
-            post(handle).route_layer(IdempotencyLayer::new(store, config)),
-        )
+        .route("/things", post(handle).route_layer(layer))
         .with_state(handler)
 }
 
@@ -245,6 +242,8 @@ async fn a_retry_during_the_first_attempt_gets_409() {
     let retry = send(&app, request(Some(KEY), "wait", "{}")).await;
     assert_eq!(retry.0, StatusCode::CONFLICT);
     assert_eq!(header(&retry.1, "retry-after"), Some("1"));
+    // Still running: not an unknown outcome.
+    assert!(String::from_utf8_lossy(&retry.2).contains("urn:oncedb:problem:request_in_progress"));
     handler.gate.notify_one();
     assert_eq!(first.await.unwrap().0, StatusCode::CREATED);
     assert_eq!(handler.calls.load(Ordering::SeqCst), 1);
@@ -270,6 +269,10 @@ async fn the_response_policy_decides_what_a_retry_gets() {
     assert_eq!(unknown.0, StatusCode::BAD_GATEWAY);
     let again = send(&app, request(Some("unknown-00000000001"), "unknown", "{}")).await;
     assert_eq!(again.0, StatusCode::CONFLICT);
+    assert!(
+        String::from_utf8_lossy(&again.2).contains("urn:oncedb:problem:request_outcome_unknown"),
+        "the retry learns the first attempt's outcome is unknown, not that it runs"
+    );
     let stuck = db.in_flight(Duration::ZERO);
     assert_eq!(stuck.len(), 1);
     assert_eq!(
@@ -469,19 +472,15 @@ async fn the_layers_answers_are_problem_details() {
     assert_eq!(answer.0, StatusCode::BAD_REQUEST);
     assert!(String::from_utf8_lossy(&answer.2).contains("invalid_tenant"));
     // The application's own rendering.
-    let config = IdempotencyConfig::new(|_| None).problem(|problem| {
-        let mut response = Response::new(Body::from(format!("custom {}", problem.code)));
-        *response.status_mut() = problem.status;
-        response
-    });
+    let layer = IdempotencyLayer::new(Db::open(Options::in_memory()).unwrap(), |_| None).problem(
+        |problem| {
+            let mut response = Response::new(Body::from(format!("custom {}", problem.code)));
+            *response.status_mut() = problem.status;
+            response
+        },
+    );
     let custom = Router::new()
-        .route(
-            "/things",
-            post(handle).route_layer(IdempotencyLayer::new(
-                Db::open(Options::in_memory()).unwrap(),
-                config,
-            )),
-        )
+        .route("/things", post(handle).route_layer(layer))
         .with_state(Arc::clone(&handler));
     let answer = send(&custom, request(Some(KEY), "", "{}")).await;
     assert_eq!(
@@ -521,10 +520,11 @@ fn operation_ids_never_collide() {
 async fn the_layer_composes_inside_a_request_body_limit() {
     let store = Db::open(Options::in_memory()).unwrap();
     let handler = Arc::new(Handler::default());
-    let config = IdempotencyConfig::new(|_| Some("tenant_a".to_owned()));
     let guarded = tower::ServiceBuilder::new()
         .layer(tower_http::limit::RequestBodyLimitLayer::new(16))
-        .layer(IdempotencyLayer::new(store, config));
+        .layer(IdempotencyLayer::new(store, |_| {
+            Some("tenant_a".to_owned())
+        }));
     let app = Router::new()
         .route("/things", post(handle).route_layer(guarded))
         .with_state(Arc::clone(&handler));
@@ -550,4 +550,38 @@ async fn the_layer_composes_inside_a_request_body_limit() {
     assert_eq!(status, StatusCode::CREATED);
     assert_eq!(header(&headers, "idempotent-replayed"), None);
     assert_eq!(handler.calls.load(Ordering::SeqCst), 2);
+}
+
+/// An inner service that fails (a tower service, not an axum route, whose routes cannot):
+/// the error goes to the caller, and the record stays in flight with the error as its
+/// note, so a retry gets `409 request_outcome_unknown` and never runs the service again
+/// while the outcome is unknown. Checked with and without detached execution.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inner_service_error_leaves_the_outcome_unknown() {
+    use tower::{Layer, ServiceExt};
+    for detached in [true, false] {
+        let store = Db::open(Options::in_memory()).unwrap();
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = Arc::clone(&calls);
+        let failing = tower::service_fn(move |_: Request<Body>| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async { Err::<Response<Body>, _>(std::io::Error::other("database gone")) }
+        });
+        let service = IdempotencyLayer::new(store.clone(), |_| Some("t".to_owned()))
+            .detached(detached)
+            .layer(failing);
+        let err = service.clone().oneshot(request(Some(KEY), "", "{}")).await;
+        assert_eq!(err.unwrap_err().to_string(), "database gone");
+        let stuck = store.in_flight(Duration::ZERO);
+        assert_eq!(stuck.len(), 1);
+        assert_eq!(
+            stuck[0].note.as_deref(),
+            Some(&b"service error: database gone"[..])
+        );
+        let retry = service.oneshot(request(Some(KEY), "", "{}")).await.unwrap();
+        assert_eq!(retry.status(), StatusCode::CONFLICT);
+        let body = axum::body::to_bytes(retry.into_body(), 4096).await.unwrap();
+        assert!(String::from_utf8_lossy(&body).contains("request_outcome_unknown"));
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "detached: {detached}");
+    }
 }
