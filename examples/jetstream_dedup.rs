@@ -52,6 +52,8 @@ struct Args {
     mode: Mode,
     /// Await each confirmation before the next publish.
     one_by_one: bool,
+    /// Wait this long before each publish, as a slow downstream would.
+    forward_delay: Duration,
     /// Create missing streams: `input_stream` on `input_subject`, `output_stream` on
     /// `output_subject`.
     create_streams: bool,
@@ -85,6 +87,7 @@ fn args() -> Result<Args, String> {
         ack_wait: Duration::from_secs(30),
         mode: Mode::Reserve,
         one_by_one: false,
+        forward_delay: Duration::ZERO,
         create_streams: false,
         input_subject: None,
         output_stream: None,
@@ -124,6 +127,9 @@ fn args() -> Result<Args, String> {
                     .ok_or(format!("--batch must be within 1..={MAX_BATCH}"))?;
             }
             "--ack-wait-ms" => parsed.ack_wait = Duration::from_millis(number("--ack-wait-ms")?),
+            "--forward-delay-ms" => {
+                parsed.forward_delay = Duration::from_millis(number("--forward-delay-ms")?);
+            }
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -212,7 +218,7 @@ async fn main() {
         Err(err) => {
             eprintln!(
                 "jetstream_dedup: {err}\nusage: jetstream_dedup --server URL --input-stream NAME \
-                 --output-subject SUBJECT --dir DIR [--idle-exit SECONDS] [--batch N] [--ack-wait-ms MS] [--naive | --passthrough] [--one-by-one] \
+                 --output-subject SUBJECT --dir DIR [--idle-exit SECONDS] [--batch N] [--ack-wait-ms MS] [--naive | --passthrough] [--one-by-one] [--forward-delay-ms MS] \
                  [--create-streams --input-subject SUBJECT --output-stream NAME]"
             );
             std::process::exit(2);
@@ -331,6 +337,10 @@ async fn run(args: &Args) -> Result<(), async_nats::Error> {
                 Step::Forward(lease) => Some(lease),
                 Step::ForwardUnleased => None,
             };
+            if !args.forward_delay.is_zero() {
+                // A slow downstream: the time between deciding and forwarding grows.
+                tokio::time::sleep(args.forward_delay).await;
+            }
             let mut headers = HeaderMap::new();
             headers.insert(async_nats::header::NATS_MESSAGE_ID, key.as_str());
             let confirmation = js

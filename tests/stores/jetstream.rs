@@ -340,14 +340,18 @@ async fn remember_then_forward_loses_messages_under_the_same_kills() {
     // Both patterns forward one message at a time, each confirmed before the next, under
     // the same kill schedule: reserve-forward-complete loses nothing, remember-then-
     // forward loses the messages remembered but not yet forwarded when a kill lands.
-    // A kill loses messages only when it lands between remembering and forwarding: a
-    // few kill schedules in four miss that window, so up to five are tried.
+    // A kill loses messages only when it lands between remembering and forwarding, so
+    // the forward is made slow (1 ms per message, a slow downstream): a batch's forwards
+    // then take most of a run, and a kill mid-stream lands among them. Up to three kill
+    // schedules are tried in case every kill of one lands between batches.
     let mut lost = 0;
-    for _ in 0..5 {
+    for _ in 0..3 {
         let seed = seed();
-        let (out, runs, _dir) = kill_run(&["--one-by-one"], seed, false).await;
+        let slow = ["--one-by-one", "--forward-delay-ms", "1"];
+        let (out, runs, _dir) = kill_run(&slow, seed, false).await;
         assert_exactly_once(&out, &runs, seed);
-        let (out, naive, _dir) = kill_run(&["--one-by-one", "--naive"], seed, false).await;
+        let naive_flags = ["--one-by-one", "--forward-delay-ms", "1", "--naive"];
+        let (out, naive, _dir) = kill_run(&naive_flags, seed, false).await;
         lost = MESSAGES - out.len();
         println!(
             "seed {seed}: reserve lost 0 with {} busy kills; naive lost {lost} of {MESSAGES} with {} busy kills",
