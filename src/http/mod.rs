@@ -768,8 +768,8 @@ fn body_limit(
 mod tests {
     use axum::http::header::{CONTENT_TYPE, HeaderName, SET_COOKIE};
 
+    use crate::api::{Db, Options};
     use crate::http::IdempotencyLayer;
-    use crate::{Db, Options};
 
     #[test]
     fn credentials_and_hop_by_hop_headers_are_never_replayed() {
