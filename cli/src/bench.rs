@@ -16,7 +16,6 @@
 
 use crate::output::Failure;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use clap::{Args, ValueEnum};
@@ -24,7 +23,7 @@ use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
 use oncedb::{Db, Durability, ManualClock, Options, Reservation, Scope, Stats};
 
-use oncedb_testkit::workload::{id_stream, idempotency_keys, response_body, rss_bytes};
+use oncedb_testkit::workload::{KeyStream, peak_rss_bytes, response_body_of, rss_bytes};
 
 /// Flags of `oncedb bench`.
 #[derive(Args, Debug, Clone)]
@@ -48,12 +47,15 @@ pub struct BenchArgs {
     /// reserve + complete with a 256-byte response).
     #[arg(long, value_enum)]
     workload: Option<Workload>,
-    /// Window length in seconds.
-    #[arg(long, default_value_t = 86_400)]
-    window: u64,
-    /// Bucket width in seconds.
-    #[arg(long, default_value_t = 900)]
-    bucket: u64,
+    /// Window length: a duration (`24h`, `90s`, `7d`), or a bare number of seconds.
+    #[arg(long, default_value = "24h", value_parser = parse_span)]
+    window: Duration,
+    /// Bucket width, as --window.
+    #[arg(long, default_value = "15m", value_parser = parse_span)]
+    bucket: Duration,
+    /// Bytes of each stored response in the records workload.
+    #[arg(long, default_value_t = 256)]
+    response_bytes: usize,
     /// Parent directory for durable stores (default: the system temp directory).
     #[arg(long)]
     dir: Option<PathBuf>,
@@ -115,6 +117,7 @@ struct Outcome {
     latency: Histogram<u64>,
     stats: Stats,
     rss_growth: u64,
+    peak_rss: u64,
     reopen: Option<Duration>,
 }
 
@@ -126,7 +129,7 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
             args.tasks,
             args.batch,
             args.dup_rate,
-            Duration::from_secs(args.window),
+            args.window,
         );
     }
     let scenarios = if args.keys.is_none()
@@ -140,9 +143,9 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
         vec![scenario_from(args)?]
     };
     outln!(
-        "oncedb bench: window {} s, bucket {} s, dup rate {:.0}%",
-        args.window,
-        args.bucket,
+        "oncedb bench: window {} s, bucket {} s, dup rate {:.0}%, keys generated as they go",
+        args.window.as_secs_f64(),
+        args.bucket.as_secs_f64(),
         args.dup_rate * 100.0
     )?;
     let mut outcomes = Vec::new();
@@ -205,6 +208,15 @@ fn default_suite(args: &BenchArgs) -> Vec<Scenario> {
     ]
 }
 
+/// A duration flag: `24h`, `15m`, `500ms`, or a bare number of seconds.
+fn parse_span(text: &str) -> Result<Duration, String> {
+    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        let secs = text.parse().map_err(|_| format!("`{text}` is too large"))?;
+        return Ok(Duration::from_secs(secs));
+    }
+    crate::duration::parse(text)
+}
+
 fn parse_durability(text: &str) -> Result<Option<Durability>, String> {
     match text {
         "memory" => Ok(None),
@@ -259,8 +271,13 @@ fn options(
     };
     let base = base
         .huge_pages(!args.small_pages)
-        .window(Duration::from_secs(args.window))
-        .bucket_width(Duration::from_secs(args.bucket));
+        .window(args.window)
+        .bucket_width(args.bucket);
+    let base = if args.response_bytes > 1 << 20 {
+        base.max_response_bytes(args.response_bytes)
+    } else {
+        base
+    };
     match clock {
         Some(clock) => base.clock(clock.clone()),
         None => base,
@@ -272,7 +289,7 @@ fn new_histogram() -> Histogram<u64> {
 }
 
 fn run_scenario(args: &BenchArgs, scenario: Scenario) -> Result<Outcome, String> {
-    noteln!("== {}: generating {} keys", scenario.name, scenario.keys);
+    noteln!("== {}: {} operations", scenario.name, scenario.keys);
     let dir = scenario.durability.map(|_| {
         args.dir
             .clone()
@@ -286,16 +303,6 @@ fn run_scenario(args: &BenchArgs, scenario: Scenario) -> Result<Outcome, String>
     if let Some(dir) = &dir {
         let _ = std::fs::remove_dir_all(dir);
     }
-    let ids = Arc::new(match scenario.workload {
-        Workload::Ids => id_stream(scenario.keys, scenario.dup_rate, 42)
-            .into_iter()
-            .map(|id| id.to_vec())
-            .collect::<Vec<_>>(),
-        Workload::Records => idempotency_keys(scenario.keys, scenario.dup_rate, 42)
-            .into_iter()
-            .map(String::into_bytes)
-            .collect(),
-    });
     let clock = (args.advance_every > 0).then(|| ManualClock::new(SystemTime::now()));
     let rss_before = rss_bytes();
     let db = Db::open(
@@ -314,9 +321,11 @@ fn run_scenario(args: &BenchArgs, scenario: Scenario) -> Result<Outcome, String>
         sample_every: args.sample_every.max(1),
         clock: clock
             .as_ref()
-            .map(|clock| (clock, args.advance_every, Duration::from_secs(args.bucket))),
+            .map(|clock| (clock, args.advance_every, args.bucket)),
+        response: response_body_of(args.response_bytes, 7),
     };
-    let latencies = run_threads(&db, &ids, &driver)?;
+    let latencies = run_threads(&db, &driver)?;
+    check_admitted(args, &scenario, &latencies, started.elapsed())?;
     if !latencies.after_advance.is_empty() {
         for (label, histogram) in [
             ("first calls after an advance", &latencies.after_advance),
@@ -337,6 +346,7 @@ fn run_scenario(args: &BenchArgs, scenario: Scenario) -> Result<Outcome, String>
     progress.finish_and_clear();
     let stats = db.stats();
     let rss_growth = rss_bytes().saturating_sub(rss_before);
+    let peak_rss = peak_rss_bytes();
     let reopen = if scenario.reopen && dir.is_some() {
         drop(db);
         let started = Instant::now();
@@ -364,8 +374,46 @@ fn run_scenario(args: &BenchArgs, scenario: Scenario) -> Result<Outcome, String>
         latency,
         stats,
         rss_growth,
+        peak_rss,
         reopen,
     })
+}
+
+/// The run's answers are exact: the store admitted (or acquired) each distinct key of
+/// the stream once. Checked unless keys could expire during the run (the clock moved by a
+/// window or more), when a repeat of an expired key is admitted again by design.
+fn check_admitted(
+    args: &BenchArgs,
+    scenario: &Scenario,
+    latencies: &Latencies,
+    elapsed: Duration,
+) -> Result<(), String> {
+    let advances = if args.advance_every > 0 {
+        scenario.keys.div_ceil(args.advance_every) as u32
+    } else {
+        0
+    };
+    let moved = args.bucket.saturating_mul(advances).max(elapsed);
+    if moved >= args.window {
+        noteln!(
+            "   admitted {} of {} distinct keys: not checked, keys expired during the run",
+            latencies.admitted,
+            latencies.distinct
+        );
+        return Ok(());
+    }
+    if latencies.admitted != latencies.distinct {
+        return Err(format!(
+            "{}: admitted {} keys of a stream with {} distinct ones",
+            scenario.name, latencies.admitted, latencies.distinct
+        ));
+    }
+    noteln!(
+        "   admitted {} of {} distinct keys: exact",
+        latencies.admitted,
+        latencies.distinct
+    );
+    Ok(())
 }
 
 /// What every writer thread shares.
@@ -375,6 +423,8 @@ struct Driver<'a> {
     /// The manual clock, how many operations between advances, and by how much.
     clock: Option<(&'a ManualClock, usize, Duration)>,
     sample_every: usize,
+    /// What a records run stores per completed key.
+    response: Vec<u8>,
 }
 
 /// Latencies of all timed calls, of the first call after each clock advance (the one that
@@ -383,14 +433,21 @@ struct Latencies {
     all: Histogram<u64>,
     after_advance: Histogram<u64>,
     others: Histogram<u64>,
+    /// Keys the store admitted (ids) or acquired (records).
+    admitted: u64,
+    /// Distinct keys of the stream.
+    distinct: u64,
 }
 
-fn run_threads(db: &Db, ids: &Arc<Vec<Vec<u8>>>, driver: &Driver<'_>) -> Result<Latencies, String> {
-    let per_thread = ids.len().div_ceil(driver.scenario.threads);
+fn run_threads(db: &Db, driver: &Driver<'_>) -> Result<Latencies, String> {
+    let (keys, threads) = (driver.scenario.keys, driver.scenario.threads);
+    let per_thread = keys.div_ceil(threads).max(1);
     let results: Vec<Result<Latencies, String>> = std::thread::scope(|s| {
-        let handles: Vec<_> = ids
-            .chunks(per_thread.max(1))
-            .map(|chunk| s.spawn(move || run_chunk(db, chunk, driver)))
+        let handles: Vec<_> = (0..threads)
+            .map(|lane| {
+                let ops = per_thread.min(keys.saturating_sub(lane * per_thread));
+                s.spawn(move || run_lane(db, lane as u64, ops, driver))
+            })
             .collect();
         handles
             .into_iter()
@@ -401,6 +458,8 @@ fn run_threads(db: &Db, ids: &Arc<Vec<Vec<u8>>>, driver: &Driver<'_>) -> Result<
         all: new_histogram(),
         after_advance: new_histogram(),
         others: new_histogram(),
+        admitted: 0,
+        distinct: 0,
     };
     for result in results {
         let latencies = result?;
@@ -413,12 +472,22 @@ fn run_threads(db: &Db, ids: &Arc<Vec<Vec<u8>>>, driver: &Driver<'_>) -> Result<
             .others
             .add(latencies.others)
             .map_err(|e| e.to_string())?;
+        merged.admitted += latencies.admitted;
+        merged.distinct += latencies.distinct;
     }
     Ok(merged)
 }
 
-fn run_chunk(db: &Db, chunk: &[Vec<u8>], driver: &Driver<'_>) -> Result<Latencies, String> {
+/// One batch of a lane's stream: generated outside the timed call.
+enum Batch {
+    Ids(Vec<[u8; 16]>),
+    Keys(Vec<String>),
+}
+
+/// One writer thread: `ops` operations of key stream `lane`, generated batch by batch.
+fn run_lane(db: &Db, lane: u64, ops: usize, driver: &Driver<'_>) -> Result<Latencies, String> {
     let (scenario, progress) = (driver.scenario, driver.progress);
+    let mut stream = KeyStream::new(scenario.dup_rate, 42, lane);
     let mut since_advance = 0;
     let mut just_advanced = false;
     let mut after_advance = new_histogram();
@@ -426,29 +495,34 @@ fn run_chunk(db: &Db, chunk: &[Vec<u8>], driver: &Driver<'_>) -> Result<Latencie
     let mut latency = new_histogram();
     let mut answers = Vec::with_capacity(scenario.batch);
     let scope = Scope::new("bench", "create_payment");
-    let response = response_body(7);
     let step = scenario.batch.max(1);
-    let mut since_report = 0;
-    for (call, batch) in chunk.chunks(step).enumerate() {
+    let mut batch = match scenario.workload {
+        Workload::Ids => Batch::Ids(Vec::with_capacity(step)),
+        Workload::Records => Batch::Keys(Vec::with_capacity(step)),
+    };
+    let (mut since_report, mut admitted, mut done) = (0, 0u64, 0);
+    for call in 0.. {
+        let len = step.min(ops - done);
+        if len == 0 {
+            break;
+        }
+        match &mut batch {
+            Batch::Ids(ids) => stream.fill_ids(len, ids),
+            Batch::Keys(keys) => stream.fill_idempotency_keys(len, keys),
+        }
         let timed = step > 1 || just_advanced || call % driver.sample_every == 0;
         let started = timed.then(Instant::now);
-        match (scenario.workload, step) {
-            (Workload::Records, _) => {
-                for key in batch {
-                    if let Reservation::Acquired(lease) =
-                        db.reserve(&scope, key, key).map_err(|e| e.to_string())?
-                    {
-                        lease.complete(&response).map_err(|e| e.to_string())?;
-                    }
-                }
+        admitted += match &batch {
+            Batch::Keys(keys) => reserve_all(db, &scope, keys, &driver.response)?,
+            Batch::Ids(ids) if step == 1 => {
+                u64::from(db.insert_if_absent(&ids[0]).map_err(|e| e.to_string())?)
             }
-            (Workload::Ids, 1) => {
-                db.insert_if_absent(&batch[0]).map_err(|e| e.to_string())?;
+            Batch::Ids(ids) => {
+                db.insert_many_into(ids, &mut answers)
+                    .map_err(|e| e.to_string())?;
+                answers.iter().filter(|&&new| new).count() as u64
             }
-            (Workload::Ids, _) => db
-                .insert_many_into(batch, &mut answers)
-                .map_err(|e| e.to_string())?,
-        }
+        };
         if let Some(started) = started {
             let nanos = started.elapsed().as_nanos() as u64;
             latency.saturating_record(nanos);
@@ -459,8 +533,9 @@ fn run_chunk(db: &Db, chunk: &[Vec<u8>], driver: &Driver<'_>) -> Result<Latencie
             }
         }
         just_advanced = false;
-        since_report += batch.len();
-        since_advance += batch.len();
+        done += len;
+        since_report += len;
+        since_advance += len;
         if let Some((clock, every, by)) = driver.clock
             && since_advance >= every
         {
@@ -478,7 +553,24 @@ fn run_chunk(db: &Db, chunk: &[Vec<u8>], driver: &Driver<'_>) -> Result<Latencie
         all: latency,
         after_advance,
         others,
+        admitted,
+        distinct: stream.distinct(),
     })
+}
+
+/// Reserve + complete for each key; returns how many were acquired.
+fn reserve_all(db: &Db, scope: &Scope, keys: &[String], response: &[u8]) -> Result<u64, String> {
+    let mut acquired = 0;
+    for key in keys {
+        if let Reservation::Acquired(lease) = db
+            .reserve(scope, key.as_bytes(), key.as_bytes())
+            .map_err(|e| e.to_string())?
+        {
+            lease.complete(response).map_err(|e| e.to_string())?;
+            acquired += 1;
+        }
+    }
+    Ok(acquired)
 }
 
 fn micros(ns: u64) -> String {
@@ -487,24 +579,26 @@ fn micros(ns: u64) -> String {
 
 fn print_table(outcomes: &[Outcome]) -> Result<(), Failure> {
     outln!(
-        "{:<42} {:>10} {:>9} {:>9} {:>9} {:>10} {:>8} {:>8} {:>9} {:>9}",
+        "{:<42} {:>10} {:>9} {:>9} {:>9} {:>10} {:>8} {:>9} {:>8} {:>9} {:>9} {:>8}",
         "scenario",
         "Mops/s",
         "p50 us",
         "p99 us",
         "p99.9 us",
         "max us",
-        "B/key",
+        "B/live",
+        "peak MiB",
         "fsyncs",
         "ops/fsync",
-        "reopen s"
+        "reopen s",
+        "probes"
     )?;
     for outcome in outcomes {
         let scenario = &outcome.scenario;
         let ops_per_sec = scenario.keys as f64 / outcome.elapsed.as_secs_f64();
         let latency = &outcome.latency;
         let live = outcome.stats.live_keys + outcome.stats.live_records;
-        let bytes_per_key = if live > 0 && scenario.durability.is_none() {
+        let bytes_per_key = if live > 0 {
             format!("{:.1}", outcome.rss_growth as f64 / live as f64)
         } else {
             "-".into()
@@ -517,7 +611,7 @@ fn print_table(outcomes: &[Outcome]) -> Result<(), Failure> {
             ),
         };
         outln!(
-            "{:<42} {:>10.3} {:>9} {:>9} {:>9} {:>10} {:>8} {:>8} {:>9} {:>9} {:>8.2}",
+            "{:<42} {:>10.3} {:>9} {:>9} {:>9} {:>10} {:>8} {:>9} {:>8} {:>9} {:>9} {:>8.2}",
             scenario.name,
             ops_per_sec / 1e6,
             micros(latency.value_at_quantile(0.5)),
@@ -525,6 +619,7 @@ fn print_table(outcomes: &[Outcome]) -> Result<(), Failure> {
             micros(latency.value_at_quantile(0.999)),
             micros(latency.max()),
             bytes_per_key,
+            outcome.peak_rss / (1 << 20),
             fsyncs,
             per_fsync,
             outcome
@@ -534,6 +629,6 @@ fn print_table(outcomes: &[Outcome]) -> Result<(), Failure> {
         )?;
     }
     outln!(
-        "latency is per call: one key (sampled per --sample-every), one batch, or one reserve + complete; probes: table slots read per op"
+        "latency is per call: one key (sampled per --sample-every), one batch, or one reserve + complete; B/live: resident bytes the run added per live key or record; peak MiB: the process's peak resident set; probes: table slots read per op"
     )
 }

@@ -305,3 +305,49 @@ fn a_store_in_use_is_refused() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("locked"), "{err}");
 }
+
+/// `oncedb bench` checks its own answers: each workload admits exactly the distinct keys
+/// of its stream (generated as it goes), and says so; windows and buckets take durations
+/// or bare seconds, and a bad one is one error line.
+#[test]
+fn bench_checks_that_it_admitted_exactly_the_distinct_keys() {
+    let _serial = serial();
+    for workload in ["ids", "records"] {
+        let out = oncedb(
+            &[
+                "bench",
+                "--keys",
+                "20000",
+                "--threads",
+                "2",
+                "--batch",
+                "64",
+                "--workload",
+                workload,
+                "--window",
+                "24h",
+                "--bucket",
+                "900",
+                "--response-bytes",
+                "1000",
+            ],
+            b"",
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{workload}: {stderr}");
+        let line = stderr
+            .lines()
+            .find(|line| line.contains("distinct keys"))
+            .unwrap_or_else(|| panic!("{workload}: no admission line in {stderr}"));
+        assert!(line.ends_with(": exact"), "{line}");
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let (admitted, distinct) = (words[1], words[3]);
+        assert_eq!(admitted, distinct, "{line}");
+        let distinct: u64 = distinct.parse().unwrap();
+        assert!((15_000..17_000).contains(&distinct), "20% repeats: {line}");
+        assert!(String::from_utf8_lossy(&out.stdout).contains("peak MiB"));
+    }
+    let bad = oncedb(&["bench", "--keys", "10", "--window", "5x"], b"");
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("5x"));
+}
