@@ -75,7 +75,7 @@ mod wal;
 
 pub use api::{
     Advance, BucketInfo, Db, InFlight, Lease, LeaseError, Options, Record, RecordStatus,
-    Reservation, Scope, Stats, verify, verify_with,
+    Reservation, Scope, Stats, is_archive, verify, verify_with,
 };
 #[cfg(feature = "postgres")]
 pub use backend::postgres;

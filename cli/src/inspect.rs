@@ -35,8 +35,12 @@ fn lossy(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-/// Opens the store (taking its lock, like any open) and prints what it holds.
+/// Opens the store (taking its lock, like any open) and prints what it holds; an archive
+/// of expired segments is read without opening it, segment by segment.
 pub fn run(args: &InspectArgs) -> Result<(), Failure> {
+    if oncedb::is_archive(&args.dir).map_err(|err| err.to_string())? {
+        return archive(args);
+    }
     let options = Options::from_dir(&args.dir).map_err(|err| err.to_string())?;
     let db = Db::open(options).map_err(|err| err.to_string())?;
     let (window, bucket) = (db.window(), db.bucket_width());
@@ -122,6 +126,69 @@ pub fn run(args: &InspectArgs) -> Result<(), Failure> {
                 .as_deref()
                 .map(|note| format!(", note {:?}", lossy(note)))
                 .unwrap_or_default()
+        )?;
+    }
+    Ok(())
+}
+
+/// An archive: what each expired segment holds, as `verify` reads it.
+fn archive(args: &InspectArgs) -> Result<(), Failure> {
+    let report = oncedb::verify(&args.dir).map_err(|err| err.to_string())?;
+    if args.json {
+        let segments: Vec<_> = report
+            .segments
+            .iter()
+            .map(|s| {
+                json!({
+                    "bucket": s.bucket,
+                    "seq": s.seq,
+                    "bytes": s.bytes,
+                    "keys": s.keys,
+                    "records": s.records,
+                    "finishes": s.finishes,
+                    "versions": s.versions,
+                    "sealed": s.sealed,
+                })
+            })
+            .collect();
+        let report = json!({
+            "archive": args.dir.display().to_string(),
+            "clean": report.is_clean(),
+            "segments": segments,
+        });
+        outln!("{report:#}")?;
+        return Ok(());
+    }
+    outln!(
+        "archive {} ({} segments, {})",
+        args.dir.display(),
+        report.segments.len(),
+        if report.is_clean() {
+            "clean"
+        } else {
+            "damaged: run oncedb verify"
+        }
+    )?;
+    outln!(
+        "  {:>20} {:>10} {:>12} {:>10} {:>8} {:>9} {:>9}",
+        "bucket",
+        "seq",
+        "bytes",
+        "keys",
+        "records",
+        "finishes",
+        "versions"
+    )?;
+    for s in &report.segments {
+        outln!(
+            "  {:>20} {:>10} {:>12} {:>10} {:>8} {:>9} {:>9}",
+            s.bucket,
+            s.seq,
+            s.bytes,
+            s.keys,
+            s.records,
+            s.finishes,
+            s.versions
         )?;
     }
     Ok(())

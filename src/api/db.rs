@@ -270,6 +270,12 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<VerifyReport> {
     crate::engine::verify_with(&crate::engine::StdStorage, dir.as_ref())
 }
 
+/// Whether `dir` is an archive of expired segments ([`Options::archive_dir`]) rather
+/// than a store: [`verify`] reads both, `Db::open` refuses an archive.
+pub fn is_archive(dir: impl AsRef<Path>) -> Result<bool> {
+    crate::engine::is_archive(&crate::engine::StdStorage, dir.as_ref())
+}
+
 /// [`verify`] through a given storage layer (for tests on a simulated disk).
 pub fn verify_with(
     storage: &dyn crate::engine::Storage,

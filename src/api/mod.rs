@@ -9,7 +9,7 @@ mod record;
 mod stats;
 
 pub use crate::base::{Advance, Record, RecordStatus};
-pub use db::{BucketInfo, Db, verify, verify_with};
+pub use db::{BucketInfo, Db, is_archive, verify, verify_with};
 pub use options::Options;
 pub use record::{InFlight, Lease, LeaseError, Reservation, Scope};
 pub use stats::Stats;

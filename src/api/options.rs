@@ -92,6 +92,22 @@ impl Options {
         self
     }
 
+    /// Moves the segments of expired buckets into `dir` instead of unlinking them: an
+    /// audit trail of every key and record, in the documented segment format, readable
+    /// with `oncedb verify` and `oncedb inspect` (the archive holds a copy of the
+    /// manifest, whose secret keys the checksums). Off by default.
+    ///
+    /// `dir` must be on the store's file system (each segment moves by one rename; open
+    /// refuses a directory that cannot take one) and belong to this store alone (open
+    /// refuses an archive of another store). The archive is never expired, compacted or
+    /// read by the store: it grows until the application prunes it. `Db::open` refuses
+    /// an archive directory, since opening it as a store would expire it. Durable stores
+    /// only.
+    pub fn archive_dir(mut self, dir: impl AsRef<Path>) -> Self {
+        self.config.archive_dir = Some(dir.as_ref().to_path_buf());
+        self
+    }
+
     /// The largest forward step of the clock the store adopts at once. A reading further
     /// ahead of the store's time (the newest bucket it has seen) is held back: it neither
     /// expires keys nor stamps new ones in a far-future bucket, it is counted in

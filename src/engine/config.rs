@@ -41,6 +41,8 @@ pub(crate) struct Config {
     pub(crate) custom_clock: bool,
     /// A reserve that finds a record in flight this long takes it over.
     pub(crate) lease_timeout_ms: Option<u64>,
+    /// Where expired segments are moved instead of unlinked.
+    pub(crate) archive_dir: Option<PathBuf>,
 }
 
 /// The largest forward step of the clock the store adopts; see `Options::max_clock_step`.
@@ -78,6 +80,7 @@ impl Default for Config {
             clock_step: ClockStep::Default,
             custom_clock: false,
             lease_timeout_ms: None,
+            archive_dir: None,
         }
     }
 }
@@ -152,6 +155,9 @@ impl Config {
         let invalid = |why: String| Err(Error::InvalidOptions(why));
         if self.bucket_width_ms == 0 {
             return invalid("bucket_width must be at least 1 ms".into());
+        }
+        if self.archive_dir.is_some() && self.dir.is_none() {
+            return invalid("archive_dir needs a durable store (Options::new)".into());
         }
         if self.window_ms == 0 {
             return invalid("window must be at least 1 ms".into());

@@ -20,7 +20,7 @@ pub(crate) use crate::index::{Grant, InFlightRecord, Reserved};
 use crate::index::{Index, IndexStats, Shard, ShardGroups, for_each_prefetched};
 pub(crate) use crate::io::{StdStorage, Storage};
 use crate::wal::{Journal, JournalStats, LogEntry, MANIFEST_LEN, Manifest, Ticket};
-pub(crate) use crate::wal::{RecoveryReport, VerifyReport, verify_with};
+pub(crate) use crate::wal::{RecoveryReport, VerifyReport, is_archive, verify_with};
 
 /// Lease ids reserved by one raise of the floor: 2^24, so the 2^62 ids last 2^38 raises,
 /// and a store raising once per restart never runs out.

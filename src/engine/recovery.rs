@@ -14,8 +14,8 @@ use crate::io::Storage;
 use crate::wal::{
     DecodedEntry, DecodedFinish, Journal, JournalConfig, LOCK_NAME, MANIFEST_NAME,
     MANIFEST_TEMP_NAME, MAX_SEGMENT_FILE_BYTES, Manifest, RecoveryReport, SEGMENT_HEADER_LEN, Scan,
-    SkippedRange, TornTail, Verdict, encode_mark, frame_seed, header_problem, is_prepared_name,
-    parse_segment_name, scan, segment_path,
+    SkippedRange, TornTail, Verdict, create_dir_durably, encode_mark, frame_seed, header_problem,
+    is_archive, is_prepared_name, parse_segment_name, prepare_archive, retire, scan, segment_path,
 };
 
 /// One live segment to replay.
@@ -48,29 +48,18 @@ fn names_left(bucket: u64, seq: u32) -> u128 {
     u128::from(u64::MAX - bucket) * (u128::from(u32::MAX) + 1) + u128::from(u32::MAX - seq)
 }
 
-/// Creates `dir` and its missing parents so that a power loss cannot take them: each new
-/// directory's entry is fsynced in its parent, top down. An existing `dir` costs one
-/// listing and no fsync.
-fn create_dir_durably(storage: &dyn Storage, dir: &std::path::Path) -> Result<()> {
-    let missing: Vec<&std::path::Path> = dir
-        .ancestors()
-        .take_while(|at| at.parent().is_some() && storage.list(at).is_err())
-        .collect();
-    storage.create_dir_all(dir)?;
-    for created in missing.iter().rev() {
-        if let Some(parent) = created.parent().filter(|p| !p.as_os_str().is_empty()) {
-            storage.sync_dir(parent)?;
-        }
-    }
-    Ok(())
-}
-
 /// Opens the durable store of `config.dir`.
 pub(crate) fn open(config: &Config) -> Result<Engine> {
     let Some(dir) = config.dir.clone() else {
         unreachable!("recovery is only called for durable stores");
     };
     let storage: &dyn Storage = &*config.storage;
+    if is_archive(storage, &dir)? {
+        return Err(Error::InvalidOptions(format!(
+            "{} is an archive of expired segments, not a store: read it with `oncedb verify` or `oncedb inspect`",
+            dir.display()
+        )));
+    }
     create_dir_durably(storage, &dir)?;
     let lock = storage.lock(&dir.join(LOCK_NAME)).map_err(|err| {
         if err.kind() == ErrorKind::WouldBlock {
@@ -90,7 +79,19 @@ pub(crate) fn open(config: &Config) -> Result<Engine> {
         mode: config.recovery_mode,
         ..RecoveryReport::default()
     };
-    let live = delete_expired(storage, &dir, &segments, window, high_water, &mut report)?;
+    let archive = config.archive_dir.as_deref();
+    if let Some(archive) = archive {
+        prepare_archive(storage, &dir, archive, &manifest)?;
+    }
+    let live = delete_expired(
+        storage,
+        &dir,
+        archive,
+        &segments,
+        window,
+        high_water,
+        &mut report,
+    )?;
     let start = live.first().map_or(high_water, |&(bucket, _)| bucket);
     let seed = frame_seed(manifest.secret);
     let logged = count_logged_keys(storage, &dir, &live, seed);
@@ -133,6 +134,7 @@ pub(crate) fn open(config: &Config) -> Result<Engine> {
     let journal = Journal::new(JournalConfig {
         storage: Arc::clone(&config.storage),
         dir,
+        archive: config.archive_dir.clone(),
         durability: config.durability,
         window,
         manifest,
@@ -241,10 +243,11 @@ fn load_or_create_manifest(
     Ok(manifest)
 }
 
-/// Unlinks segments whose bucket has left the window; returns the rest.
+/// Unlinks (or archives) segments whose bucket has left the window; returns the rest.
 fn delete_expired(
     storage: &dyn Storage,
     dir: &Path,
+    archive: Option<&Path>,
     segments: &[(u64, u32)],
     window: Window,
     current: u64,
@@ -253,13 +256,10 @@ fn delete_expired(
     let (expired, live): (Vec<_>, Vec<_>) = segments
         .iter()
         .partition(|&&(bucket, _)| !window.is_live(bucket, current));
-    for &(bucket, seq) in &expired {
-        storage.remove(&segment_path(dir, bucket, seq))?;
-        report.segments_deleted += 1;
-    }
-    if !expired.is_empty() {
-        storage.sync_dir(dir)?;
-    }
+    retire(storage, dir, archive, &expired, &mut |d| {
+        storage.sync_dir(d)
+    })?;
+    report.segments_deleted += expired.len() as u64;
     Ok(live)
 }
 
@@ -561,6 +561,7 @@ mod tests {
             clock_step: ClockStep::Default,
             custom_clock: true,
             lease_timeout_ms: None,
+            archive_dir: None,
         }
     }
 

@@ -5,6 +5,7 @@
 //! Below the engine, above `base` and `io`: it knows fingerprints, buckets and lease
 //! endings, and nothing of the index or the API.
 
+mod archive;
 mod entry;
 mod format;
 mod journal;
@@ -14,6 +15,8 @@ mod report;
 mod scan;
 mod verify;
 
+pub(crate) use archive::prepare as prepare_archive;
+pub(crate) use archive::{create_dir_durably, is_archive, retire};
 pub(crate) use entry::{DecodedEntry, DecodedFinish, LogEntry, encode_mark};
 pub(crate) use format::{MAX_SEGMENT_FILE_BYTES, SEGMENT_HEADER_LEN, frame_seed};
 pub(crate) use journal::{Journal, JournalConfig, JournalStats, Ticket};

@@ -4,6 +4,7 @@
 use std::io::ErrorKind;
 use std::path::Path;
 
+use super::archive::ARCHIVE_MARKER;
 use super::entry::DecodedEntry;
 use super::format::{MAX_SEGMENT_FILE_BYTES, frame_seed};
 use super::manifest::{MANIFEST_NAME, Manifest};
@@ -35,7 +36,7 @@ pub(crate) fn verify_with(storage: &dyn Storage, dir: &Path) -> Result<VerifyRep
         match parse_segment_name(&path) {
             Some(id) => segments.push(id),
             None => {
-                let known = [LOCK_NAME, MANIFEST_NAME, MANIFEST_TEMP_NAME];
+                let known = [LOCK_NAME, MANIFEST_NAME, MANIFEST_TEMP_NAME, ARCHIVE_MARKER];
                 if !is_prepared_name(&path)
                     && !path
                         .file_name()

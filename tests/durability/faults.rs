@@ -8,8 +8,21 @@ use crate::support::{BUCKET, WINDOW, manual_clock};
 use oncedb::io::{FaultyStorage, MemStorage, Storage};
 use oncedb::{Db, Durability, Error, ManualClock, Options, RecordStatus, Reservation, Scope};
 
+/// Where the archived runs keep expired segments.
+const ARCHIVE: &str = "/archive";
+
 fn options(storage: Arc<dyn Storage>, clock: &ManualClock) -> Options {
-    Options::new("/db")
+    archived(storage, clock, false)
+}
+
+/// The store's options, with an archive directory if `archive`.
+fn archived(storage: Arc<dyn Storage>, clock: &ManualClock, archive: bool) -> Options {
+    let options = if archive {
+        Options::new("/db").archive_dir(ARCHIVE)
+    } else {
+        Options::new("/db")
+    };
+    options
         .window(WINDOW)
         .bucket_width(BUCKET)
         .clock(clock.clone())
@@ -57,8 +70,25 @@ fn workload(db: &Db, clock: &ManualClock, acked: &mut Acked) -> Result<(), Error
     db.flush()
 }
 
-fn verify(storage: Arc<dyn Storage>, clock: &ManualClock, acked: &Acked) {
-    let db = Db::open(options(storage, clock)).expect("reopen after a fault must succeed");
+fn verify(storage: Arc<dyn Storage>, clock: &ManualClock, acked: &Acked, archive: bool) {
+    if archive {
+        // Nothing acknowledged ever leaves the disk: its key is in a segment of the store
+        // or of the archive (a segment whose move a power loss half undid is in both).
+        let keys = |dir: &str| match oncedb::verify_with(&*storage, dir) {
+            Ok(report) => report.segments.iter().map(|s| s.keys).sum::<u64>(),
+            // Not created before the fault.
+            Err(Error::Io(err)) if err.kind() == std::io::ErrorKind::NotFound => 0,
+            Err(err) => panic!("{dir}: {err}"),
+        };
+        let on_disk = keys("/db") + keys(ARCHIVE);
+        assert!(
+            on_disk >= acked.keys.len() as u64,
+            "{on_disk} keys on disk, {} acknowledged",
+            acked.keys.len()
+        );
+    }
+    let db =
+        Db::open(archived(storage, clock, archive)).expect("reopen after a fault must succeed");
     let scope = Scope::new("org", "op");
     // Everything written less than a window before the verify time must be there; older
     // entries may have expired legitimately (the workload's last rounds push the first
@@ -87,10 +117,10 @@ fn verify(storage: Arc<dyn Storage>, clock: &ManualClock, acked: &Acked) {
 }
 
 /// Counts the workload's state-changing calls in a run without faults.
-fn clean_run_calls() -> u64 {
+fn clean_run_calls(archive: bool) -> u64 {
     let storage = FaultyStorage::new(Arc::new(MemStorage::new()));
     let clock = manual_clock();
-    let db = Db::open(options(Arc::new(storage.clone()), &clock)).unwrap();
+    let db = Db::open(archived(Arc::new(storage.clone()), &clock, archive)).unwrap();
     workload(&db, &clock, &mut Acked::default()).unwrap();
     drop(db);
     storage.calls()
@@ -106,12 +136,16 @@ enum End {
 }
 
 fn run_with_fault(call: u64, persistent: bool, end: End) {
+    run_with_fault_in(call, persistent, end, false);
+}
+
+fn run_with_fault_in(call: u64, persistent: bool, end: End, archive: bool) {
     let disk = MemStorage::new();
     let faulty = FaultyStorage::new(Arc::new(disk.clone()));
     faulty.fail_at(call, persistent);
     let clock = manual_clock();
     let mut acked = Acked::default();
-    match Db::open(options(Arc::new(faulty.clone()), &clock)) {
+    match Db::open(archived(Arc::new(faulty.clone()), &clock, archive)) {
         Ok(db) => {
             let result = workload(&db, &clock, &mut acked);
             if faulty.failures() > 0 {
@@ -135,12 +169,12 @@ fn run_with_fault(call: u64, persistent: bool, end: End) {
         End::PowerLoss => disk.power_loss(),
         End::TornPowerLoss(seed) => disk.torn_power_loss(seed),
     }
-    verify(Arc::new(disk), &clock, &acked);
+    verify(Arc::new(disk), &clock, &acked, archive);
 }
 
 #[test]
 fn every_single_fault_is_reported_and_recovered() {
-    let calls = clean_run_calls();
+    let calls = clean_run_calls(false);
     assert!(
         calls > 50,
         "the workload should make many I/O calls, made {calls}"
@@ -152,9 +186,26 @@ fn every_single_fault_is_reported_and_recovered() {
     }
 }
 
+/// With an archive, expired segments move instead of being unlinked: a fault at any call
+/// (the moves and the archive's syncs included) is reported, and no acknowledged key
+/// leaves the disk, whatever a crash or power loss then undoes.
+#[test]
+fn every_fault_with_an_archive_is_reported_and_loses_no_segment() {
+    let calls = clean_run_calls(true);
+    assert!(
+        calls > clean_run_calls(false),
+        "the archive's calls are in the sweep"
+    );
+    for call in 1..=calls + 1 {
+        run_with_fault_in(call, false, End::ProcessCrash, true);
+        run_with_fault_in(call, false, End::PowerLoss, true);
+        run_with_fault_in(call, true, End::TornPowerLoss(call), true);
+    }
+}
+
 #[test]
 fn every_persistent_fault_is_reported_and_recovered() {
-    let calls = clean_run_calls();
+    let calls = clean_run_calls(false);
     for call in 1..=calls + 1 {
         run_with_fault(call, true, End::ProcessCrash);
         run_with_fault(call, true, End::PowerLoss);
@@ -175,7 +226,7 @@ fn power_loss_keeps_every_synced_write() {
         std::mem::forget(db);
     }
     disk.power_loss();
-    verify(Arc::new(disk.clone()), &clock, &acked);
+    verify(Arc::new(disk.clone()), &clock, &acked, false);
     let db = Db::open(options(Arc::new(disk), &clock)).unwrap();
     assert!(
         db.contains(b"tail").unwrap(),
@@ -228,7 +279,7 @@ fn torn_power_losses_keep_every_synced_write_and_report_the_tear() {
         let db = Db::open(options(Arc::new(disk.clone()), &clock)).unwrap();
         torn += u64::from(!db.recovery_report().unwrap().torn_tails.is_empty());
         drop(db);
-        verify(Arc::new(disk), &clock, &acked);
+        verify(Arc::new(disk), &clock, &acked, false);
     }
     assert!(torn > 0, "some tears must leave a torn tail to cut");
 }

@@ -18,6 +18,7 @@
 
 mod support;
 
+mod archive;
 mod corruption;
 mod crash_recovery;
 mod crash_rollover;

@@ -351,3 +351,50 @@ fn bench_checks_that_it_admitted_exactly_the_distinct_keys() {
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("5x"));
 }
+
+/// An archive of expired segments (`Options::archive_dir`) reads with `verify` and
+/// `inspect` as a store does, without being opened (which would expire it).
+#[test]
+fn verify_and_inspect_read_an_archive() {
+    let _serial = serial();
+    let (dir, archive) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let clock = oncedb::ManualClock::new(std::time::SystemTime::now());
+    let window = std::time::Duration::from_secs(60);
+    let db = Db::open(
+        Options::new(dir.path())
+            .archive_dir(archive.path())
+            .window(window)
+            .bucket_width(window / 4)
+            .clock(clock.clone()),
+    )
+    .unwrap();
+    db.insert_many(&[b"a", b"b", b"c"]).unwrap();
+    clock.forward(window * 2);
+    db.insert_if_absent(b"later").unwrap();
+    db.flush().unwrap();
+    drop(db);
+    let archive = archive.path().to_str().unwrap();
+    let verified = oncedb(&["verify", "--dir", archive], b"");
+    assert!(
+        verified.status.success(),
+        "{}",
+        String::from_utf8_lossy(&verified.stdout)
+    );
+    let inspected = oncedb(&["inspect", "--dir", archive, "--json"], b"");
+    assert!(
+        inspected.status.success(),
+        "{}",
+        String::from_utf8_lossy(&inspected.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&inspected.stdout).unwrap();
+    assert_eq!(report["clean"], true);
+    let keys: u64 = report["segments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["keys"].as_u64().unwrap())
+        .sum();
+    assert_eq!(keys, 3, "{report:#}");
+    assert!(oncedb::is_archive(archive).unwrap());
+    assert!(!oncedb::is_archive(dir.path()).unwrap());
+}

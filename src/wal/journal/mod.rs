@@ -35,6 +35,8 @@ const INTERVAL_BUFFER_BYTES: usize = 1 << 20;
 pub(crate) struct JournalConfig {
     pub(crate) storage: Arc<dyn Storage>,
     pub(crate) dir: PathBuf,
+    /// Where expired segments go instead of being unlinked.
+    pub(crate) archive: Option<PathBuf>,
     pub(crate) durability: Durability,
     pub(crate) window: Window,
     /// The manifest as recovery found or wrote it; the journal rewrites it to raise the
@@ -196,6 +198,7 @@ struct Shared {
     shutdown: AtomicBool,
     storage: Arc<dyn Storage>,
     dir: PathBuf,
+    archive: Option<PathBuf>,
     durability: Durability,
     window: Window,
     database_id: u64,
@@ -242,6 +245,7 @@ impl Journal {
             shutdown: AtomicBool::new(false),
             storage: config.storage,
             dir: config.dir,
+            archive: config.archive,
             durability: config.durability,
             window: config.window,
             database_id: config.manifest.database_id(),

@@ -4,7 +4,8 @@
 //!
 //! 1. if the active segment's directory entry is not durable yet (it was a prepared file
 //!    renamed into the log), fsync the directory;
-//! 2. unlink every segment whose bucket has left the window, then fsync the directory;
+//! 2. unlink (or move into the archive) every segment whose bucket has left the window,
+//!    then fsync the directories;
 //! 3. remove prepared files whose names the log has passed;
 //! 4. prepare the segments a roll-over can ask for next: sequence 0 of the bucket after
 //!    the active one (a roll-over at a bucket boundary), and, once the active segment is
@@ -24,7 +25,8 @@ use parking_lot::MutexGuard;
 use super::{Shared, WriterState, next_segment};
 use crate::base::Result;
 use crate::io::StorageFile;
-use crate::wal::names::{prepared_path, segment_path};
+use crate::wal::archive::retire;
+use crate::wal::names::prepared_path;
 
 /// What one round does, read under the lock.
 struct Plan {
@@ -145,13 +147,16 @@ impl Shared {
             self.sync_times
                 .time(&self.fsyncs, || self.storage.sync_dir(&self.dir))?;
         }
-        for &(bucket, seq) in &plan.expired {
-            self.storage.remove(&segment_path(&self.dir, bucket, seq))?;
-        }
-        if !plan.expired.is_empty() {
-            self.sync_times
-                .time(&self.fsyncs, || self.storage.sync_dir(&self.dir))?;
-        }
+        retire(
+            &*self.storage,
+            &self.dir,
+            self.archive.as_deref(),
+            &plan.expired,
+            &mut |dir| {
+                self.sync_times
+                    .time(&self.fsyncs, || self.storage.sync_dir(dir))
+            },
+        )?;
         for ((bucket, seq), file) in plan.stale {
             drop(file);
             self.storage
