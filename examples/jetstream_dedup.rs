@@ -185,9 +185,10 @@ fn reserve_batch(db: &Db, scope: &Scope, batch: &[(String, Vec<u8>)]) -> Vec<Ste
                     .take_over(scope, key.as_bytes())
                     .expect("take over")
                     .map_or(Step::Drop, Step::Forward),
-                Reservation::Completed(_) | Reservation::Failed(_) | Reservation::Mismatch => {
-                    Step::Drop
-                }
+                Reservation::Completed(_)
+                | Reservation::Failed(_)
+                | Reservation::Expired(_)
+                | Reservation::Mismatch => Step::Drop,
             }
         })
         .collect();

@@ -87,6 +87,8 @@ impl Db {
                 since: ms_to_system_time(since_ms),
                 note: note.map(|note| note.to_vec()),
             },
+            // Existing records are finished; one without its response aged out.
+            Reserved::Existing(record) if record.response.is_none() => Reservation::Expired(record),
             Reserved::Existing(record) => match record.status {
                 RecordStatus::Failed => Reservation::Failed(record),
                 _ => Reservation::Completed(record),

@@ -29,6 +29,7 @@ pub(crate) fn reservation(scope: &Scope, key: &[u8], answer: &Reservation) {
         Reservation::Acquired(_) => "acquired",
         Reservation::InFlight { .. } => "in_flight",
         Reservation::Completed(_) | Reservation::Failed(_) => "replayed",
+        Reservation::Expired(_) => "expired",
         Reservation::Mismatch => "mismatch",
     };
     #[cfg(feature = "metrics")]
@@ -58,6 +59,13 @@ pub(crate) fn reservation(scope: &Scope, key: &[u8], answer: &Reservation) {
             key_hash = %key_hash(key),
             status = "in_flight",
             "an earlier attempt is still in flight"
+        ),
+        Reservation::Expired(_) => tracing::info!(
+            event = "idempotency_response_expired",
+            tenant = %lossy(scope.tenant()),
+            operation = %lossy(scope.operation()),
+            key_hash = %key_hash(key),
+            "the operation finished, and its response aged out"
         ),
         Reservation::Acquired(_) => {}
     }

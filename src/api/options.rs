@@ -92,6 +92,17 @@ impl Options {
         self
     }
 
+    /// Keeps the responses of finished records for `retention` only, a whole number of
+    /// buckets no longer than the window: keys outlive responses. Once a record's
+    /// response has aged out (from its reservation, to the bucket, as a key ages out of
+    /// the window), a reserve of its key answers [`Reservation::Expired`](crate::Reservation::Expired)
+    /// (the operation happened, there is nothing to replay, do not run it again) until
+    /// the window ends, and the response's bytes leave memory. Default: the window.
+    pub fn response_retention(mut self, retention: Duration) -> Self {
+        self.config.response_retention_ms = Some(duration_to_ms(retention));
+        self
+    }
+
     /// Moves the segments of expired buckets into `dir` instead of unlinking them: an
     /// audit trail of every key and record, in the documented segment format, readable
     /// with `oncedb verify` and `oncedb inspect` (the archive holds a copy of the

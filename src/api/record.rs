@@ -111,6 +111,12 @@ pub enum Reservation<L = Lease> {
     Completed(Record),
     /// The operation failed deterministically; replay the stored failure.
     Failed(Record),
+    /// The operation finished (the record's status says how), but its response aged
+    /// out ([`Options::response_retention`](crate::Options::response_retention) is
+    /// shorter than the window): nothing to replay, and the operation must not run
+    /// again. Only the embedded store has a retention shorter than the window; the
+    /// shared stores never answer this.
+    Expired(Record),
     /// The key was used with a different request: reject this one.
     Mismatch,
 }
@@ -124,6 +130,7 @@ impl<L> Reservation<L> {
             Reservation::InFlight { since, note } => Reservation::InFlight { since, note },
             Reservation::Completed(record) => Reservation::Completed(record),
             Reservation::Failed(record) => Reservation::Failed(record),
+            Reservation::Expired(record) => Reservation::Expired(record),
             Reservation::Mismatch => Reservation::Mismatch,
         }
     }

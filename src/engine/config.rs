@@ -43,6 +43,8 @@ pub(crate) struct Config {
     pub(crate) lease_timeout_ms: Option<u64>,
     /// Where expired segments are moved instead of unlinked.
     pub(crate) archive_dir: Option<PathBuf>,
+    /// How long a finished record keeps its response, if shorter than the window.
+    pub(crate) response_retention_ms: Option<u64>,
 }
 
 /// The largest forward step of the clock the store adopts; see `Options::max_clock_step`.
@@ -81,6 +83,7 @@ impl Default for Config {
             custom_clock: false,
             lease_timeout_ms: None,
             archive_dir: None,
+            response_retention_ms: None,
         }
     }
 }
@@ -133,6 +136,9 @@ impl Config {
     fn index_config(&self, expected_keys: u64) -> IndexConfig {
         IndexConfig {
             window: self.window(),
+            retention: self
+                .response_retention_ms
+                .map(|ms| Window::new(ms, self.bucket_width_ms)),
             shards: self.shards,
             expected_keys,
             shard_capacity: self.shard_capacity(),
@@ -155,6 +161,14 @@ impl Config {
         let invalid = |why: String| Err(Error::InvalidOptions(why));
         if self.bucket_width_ms == 0 {
             return invalid("bucket_width must be at least 1 ms".into());
+        }
+        if let Some(ms) = self.response_retention_ms
+            && (ms == 0 || ms > self.window_ms || !ms.is_multiple_of(self.bucket_width_ms.max(1)))
+        {
+            return invalid(format!(
+                "response_retention ({ms} ms) must be a whole number of buckets ({} ms) within the window ({} ms)",
+                self.bucket_width_ms, self.window_ms
+            ));
         }
         if self.archive_dir.is_some() && self.dir.is_none() {
             return invalid("archive_dir needs a durable store (Options::new)".into());

@@ -562,6 +562,7 @@ mod tests {
             custom_clock: true,
             lease_timeout_ms: None,
             archive_dir: None,
+            response_retention_ms: None,
         }
     }
 

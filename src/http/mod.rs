@@ -12,6 +12,7 @@
 //! | the key with another fingerprint (method, path, canonical body) | `422` |
 //! | a retry while the first attempt runs | `409` `request_in_progress`, with `Retry-After` |
 //! | a retry after an attempt whose outcome is unknown (its record noted) | `409` `request_outcome_unknown`, with `Retry-After` |
+//! | a retry after the response aged out (`Options::response_retention`) | `410` `idempotency_response_expired`: processed, not run again |
 //! | a retry after a `2xx` or `4xx` | the stored status, allow-listed headers and body, byte for byte, plus `Idempotent-Replayed: true` |
 //! | the store unreachable | `503` with `Retry-After` (fail closed; wrap the store in [`Guarded`](crate::Guarded) to choose) |
 //!
@@ -410,6 +411,9 @@ fn title(code: &str) -> &'static str {
         "invalid_tenant" => "The tenant name is too long",
         "route_too_long" => "The route is too long to scope a key",
         "idempotency_key_reused" => "The key was used with a different request",
+        "idempotency_response_expired" => {
+            "The request with this key was processed; its response is no longer stored"
+        }
         "request_in_progress" => "A request with this key is still being processed",
         "request_outcome_unknown" => {
             "The first request with this key has an unknown outcome, awaiting reconciliation"
@@ -599,6 +603,10 @@ where
         }
         Reservation::Completed(record) | Reservation::Failed(record) => {
             return Ok(replay(record.response().unwrap_or_default()));
+        }
+        Reservation::Expired(_) => {
+            // Processed, with nothing left to replay: not run again.
+            return Ok(refuse(StatusCode::GONE, "idempotency_response_expired"));
         }
         Reservation::Mismatch => {
             return Ok(refuse(

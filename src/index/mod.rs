@@ -43,6 +43,8 @@ struct ShardCell {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct IndexConfig {
     pub(crate) window: Window,
+    /// How long finished records keep their responses, if shorter than the window.
+    pub(crate) retention: Option<Window>,
     /// A power of two.
     pub(crate) shards: usize,
     pub(crate) expected_keys: u64,
@@ -90,7 +92,7 @@ impl Index {
         let mut shards = Vec::with_capacity(config.shards);
         for _ in 0..config.shards {
             let shard = Shard::new(
-                config.window,
+                (config.window, config.retention),
                 per_shard,
                 bucket,
                 config.shard_capacity,

@@ -10,8 +10,16 @@ use crate::base::{Error, Record, RecordStatus, Result, Window};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum State {
     InFlight,
-    Completed { response: Arc<[u8]>, at_ms: u64 },
-    Failed { response: Arc<[u8]>, at_ms: u64 },
+    /// `response` is `None` once it aged out (`Options::response_retention`).
+    Completed {
+        response: Option<Arc<[u8]>>,
+        at_ms: u64,
+    },
+    /// As `Completed`.
+    Failed {
+        response: Option<Arc<[u8]>>,
+        at_ms: u64,
+    },
 }
 
 /// One record as kept in memory.
@@ -37,17 +45,22 @@ pub(crate) struct StoredRecord {
 }
 
 impl StoredRecord {
-    pub(crate) fn snapshot(&self) -> Record {
+    /// The record as the API sees it; a finished record's response is left out once it
+    /// aged out: dropped already, or its bucket past `retention` (when there is one).
+    pub(crate) fn snapshot(&self, retention: Option<Window>, current: u64) -> Record {
+        let kept = retention.is_none_or(|retention| retention.is_live(self.bucket, current));
         let (status, response, finished_ms) = match &self.state {
             State::InFlight => (RecordStatus::InFlight, None, None),
             State::Completed { response, at_ms } => (
                 RecordStatus::Completed,
-                Some(response.clone()),
+                response.clone().filter(|_| kept),
                 Some(*at_ms),
             ),
-            State::Failed { response, at_ms } => {
-                (RecordStatus::Failed, Some(response.clone()), Some(*at_ms))
-            }
+            State::Failed { response, at_ms } => (
+                RecordStatus::Failed,
+                response.clone().filter(|_| kept),
+                Some(*at_ms),
+            ),
         };
         Record {
             status,
@@ -168,6 +181,9 @@ pub(crate) fn expire_queue<V>(
 pub(crate) struct RecordMap {
     map: FingerprintMap<StoredRecord>,
     expiry: VecDeque<(u64, u128)>,
+    /// With a response retention: the records in admission order again, drained as
+    /// their responses age out (so their bytes leave memory before the record does).
+    aging: Option<VecDeque<(u64, u128)>>,
 }
 
 impl RecordMap {
@@ -190,6 +206,14 @@ impl RecordMap {
         )
     }
 
+    /// A map whose responses age out (`retains`), or are kept for the whole window.
+    pub(crate) fn new(retains: bool) -> RecordMap {
+        RecordMap {
+            aging: retains.then(VecDeque::new),
+            ..RecordMap::default()
+        }
+    }
+
     /// Stores `record`, replacing any record with the same fingerprint.
     pub(crate) fn insert(
         &mut self,
@@ -197,6 +221,9 @@ impl RecordMap {
         record: StoredRecord,
     ) -> Option<StoredRecord> {
         self.expiry.push_back((record.bucket, fingerprint));
+        if let Some(aging) = &mut self.aging {
+            aging.push_back((record.bucket, fingerprint));
+        }
         self.map.insert(fingerprint, record)
     }
 
@@ -236,6 +263,30 @@ impl RecordMap {
         );
     }
 
+    /// Drops the responses of up to `budget` records whose bucket has left `retention`
+    /// (keeping the records, which say the operation happened, to the window's end).
+    pub(crate) fn age(&mut self, budget: usize, retention: Window, current: u64) {
+        let Some(aging) = &mut self.aging else {
+            return;
+        };
+        for _ in 0..budget {
+            let Some(&(bucket, fingerprint)) = aging.front() else {
+                return;
+            };
+            if retention.is_live(bucket, current) {
+                return;
+            }
+            aging.pop_front();
+            if let Some(record) = self.map.get_mut(&fingerprint)
+                && record.bucket == bucket
+                && let State::Completed { response, .. } | State::Failed { response, .. } =
+                    &mut record.state
+            {
+                *response = None;
+            }
+        }
+    }
+
     /// Records held in memory, live or expired but not yet removed.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
@@ -252,14 +303,15 @@ impl RecordMap {
                 r.scoped_key.len()
                     + match &r.state {
                         State::Completed { response, .. } | State::Failed { response, .. } => {
-                            response.len()
+                            response.as_ref().map_or(0, |response| response.len())
                         }
                         State::InFlight => 0,
                     }
                     + r.note.as_ref().map_or(0, |note| note.len())
             })
             .sum();
-        self.map.capacity() * per_entry + self.expiry.capacity() * 24 + payload
+        let queues = self.expiry.capacity() + self.aging.as_ref().map_or(0, VecDeque::capacity);
+        self.map.capacity() * per_entry + queues * 24 + payload
     }
 }
 
@@ -302,6 +354,27 @@ mod tests {
             state: State::InFlight,
             note: None,
         }
+    }
+
+    #[test]
+    fn aged_responses_leave_memory_and_the_record_stays() {
+        let (window, retention) = (Window::new(4, 1), Window::new(2, 1));
+        let mut map = RecordMap::new(true);
+        let mut done = record(0, b"a");
+        done.state = State::Completed {
+            response: Some(vec![7u8; 4096].into()),
+            at_ms: 0,
+        };
+        map.insert(1, done);
+        map.insert(2, record(1, b"b"));
+        let before = map.heap_bytes();
+        map.age(10, retention, 2);
+        assert_eq!(map.heap_bytes(), before, "inside the retention: kept");
+        map.age(10, retention, 3);
+        assert!(map.heap_bytes() + 4096 <= before, "the response's bytes are gone");
+        let kept = map.live_mut(1, Some(b"a"), window, 3).unwrap().unwrap();
+        assert_eq!(kept.snapshot(None, 3).status, RecordStatus::Completed);
+        assert_eq!(kept.snapshot(None, 3).response, None);
     }
 
     #[test]

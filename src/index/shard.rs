@@ -84,6 +84,8 @@ pub(crate) struct InFlightRecord {
 #[derive(Debug)]
 pub(crate) struct Shard {
     window: Window,
+    /// How long finished records keep their responses, if shorter than the window.
+    retention: Option<Window>,
     /// Highest bucket this shard has seen; entries are stamped with it.
     current: u64,
     table: DedupTable,
@@ -114,7 +116,7 @@ impl Shard {
         reason = "bucket stamps are 32 bits by design; indices fit the tables they index"
     )]
     pub(crate) fn new(
-        window: Window,
+        (window, retention): (Window, Option<Window>),
         expected_keys: usize,
         current: u64,
         capacity: Option<u64>,
@@ -123,9 +125,10 @@ impl Shard {
     ) -> Result<Self, TryReserveError> {
         Ok(Shard {
             window,
+            retention,
             current,
             table: DedupTable::with_keys(expected_keys, huge_pages)?,
-            records: RecordMap::default(),
+            records: RecordMap::new(retention.is_some()),
             ring: vec![BucketCount::default(); window.live_buckets() as usize].into_boxed_slice(),
             current_ring_index: (current % window.live_buckets()) as usize,
             live_keys: 0,
@@ -279,6 +282,10 @@ impl Shard {
         let (window, current) = (self.view(), self.current);
         self.records
             .expire(EXPIRE_RECORDS_PER_WRITE * writes, window, current);
+        if let Some(retention) = self.retention {
+            self.records
+                .age(EXPIRE_RECORDS_PER_WRITE * writes, retention, current);
+        }
         self.marks
             .expire(EXPIRE_RECORDS_PER_WRITE * writes, window, current);
     }
@@ -421,7 +428,7 @@ impl Shard {
                     since_ms: record.created_ms,
                     note: record.note.clone(),
                 },
-                Some(record) => Reserved::Existing(record.snapshot()),
+                Some(record) => Reserved::Existing(record.snapshot(self.retention, current)),
                 None => {
                     // The id first: if ids ran out, nothing (no early eviction) happened.
                     let lease_id = next_lease()?;
@@ -530,14 +537,14 @@ impl Shard {
         match finish {
             Finish::Complete(response) => {
                 record.state = State::Completed {
-                    response: response.clone(),
+                    response: Some(response.clone()),
                     at_ms: now_ms,
                 };
                 self.counters.completed += 1;
             }
             Finish::Fail(response) => {
                 record.state = State::Failed {
-                    response: response.clone(),
+                    response: Some(response.clone()),
                     at_ms: now_ms,
                 };
                 self.counters.failed += 1;
@@ -772,7 +779,8 @@ impl Shard {
         let record = self
             .records
             .live_mut(fingerprint.0, Some(scoped_key), window, current)?;
-        Ok(record.map(|r| r.snapshot()))
+        let retention = self.retention;
+        Ok(record.map(|r| r.snapshot(retention, current)))
     }
 
     pub(crate) fn live_keys(&self) -> u64 {

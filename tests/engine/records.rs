@@ -184,3 +184,90 @@ fn leases_cross_threads() {
     let record = db.get(&scope, b"key").unwrap().unwrap();
     assert_eq!(record.response(), Some(&b"from another thread"[..]));
 }
+
+/// `Options::response_retention`: keys outlive responses. Inside the retention the
+/// response replays; after it, until the window ends, a retry gets `Expired` (the
+/// operation happened, nothing to replay, do not run it again) with the record's status,
+/// in memory and after a reopen; after the window the key is new.
+#[test]
+fn responses_age_out_before_their_keys_with_a_retention() {
+    let retention = 10 * BUCKET;
+    for durable in [false, true] {
+        let clock = manual_clock();
+        let dir = tempfile::tempdir().unwrap();
+        let options = || {
+            let options = if durable {
+                crate::support::durable_options(dir.path(), &clock)
+            } else {
+                oncedb::Options::in_memory()
+                    .window(WINDOW)
+                    .bucket_width(BUCKET)
+                    .clock(clock.clone())
+            };
+            options.response_retention(retention)
+        };
+        let mut db = oncedb::Db::open(options()).unwrap();
+        let scope = Scope::new("org", "pay");
+        acquire(&db, &scope, b"done", b"req")
+            .complete(b"paid")
+            .unwrap();
+        acquire(&db, &scope, b"declined", b"req")
+            .fail(b"no")
+            .unwrap();
+        clock.forward(retention - BUCKET);
+        assert!(matches!(
+            db.reserve(&scope, b"done", b"req").unwrap(),
+            Reservation::Completed(record) if record.response() == Some(&b"paid"[..])
+        ));
+        clock.forward(2 * BUCKET);
+        for reopen in [false, true] {
+            if reopen && durable {
+                drop(db);
+                db = oncedb::Db::open(options()).unwrap();
+            }
+            let Reservation::Expired(record) = db.reserve(&scope, b"done", b"req").unwrap() else {
+                panic!("an aged-out response is Expired (durable {durable}, reopen {reopen})");
+            };
+            assert_eq!(record.status(), RecordStatus::Completed);
+            assert_eq!(record.response(), None);
+            assert!(record.finished_at().is_some());
+            let Reservation::Expired(record) = db.reserve(&scope, b"declined", b"req").unwrap()
+            else {
+                panic!("a failure ages out too");
+            };
+            assert_eq!(record.status(), RecordStatus::Failed);
+            let got = db.get(&scope, b"done").unwrap().unwrap();
+            assert_eq!(got.response(), None);
+            // Still bound to its request: another one is a mismatch, not a new run.
+            assert!(matches!(
+                db.reserve(&scope, b"done", b"other").unwrap(),
+                Reservation::Mismatch
+            ));
+        }
+        clock.forward(WINDOW);
+        acquire(&db, &scope, b"done", b"req").release().unwrap();
+    }
+}
+
+#[test]
+fn a_retention_outside_the_window_or_off_the_buckets_is_refused() {
+    let clock = manual_clock();
+    for retention in [
+        Duration::ZERO,
+        WINDOW + BUCKET,
+        BUCKET + Duration::from_secs(1),
+    ] {
+        let options = oncedb::Options::in_memory()
+            .window(WINDOW)
+            .bucket_width(BUCKET)
+            .clock(clock.clone())
+            .response_retention(retention);
+        assert!(
+            matches!(
+                oncedb::Db::open(options),
+                Err(oncedb::Error::InvalidOptions(_))
+            ),
+            "{retention:?}"
+        );
+    }
+}

@@ -249,6 +249,7 @@ fn reserve(
             Outcome::Acquired { token }
         }
         Reservation::InFlight { .. } => Outcome::InFlight,
+        Reservation::Expired(_) => panic!("no response retention: nothing ages out"),
         Reservation::Completed(record) => {
             assert_eq!(record.status(), RecordStatus::Completed);
             assert!(record.finished_at().unwrap() >= record.created_at());

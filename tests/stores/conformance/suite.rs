@@ -69,6 +69,7 @@ fn describe<L>(answer: &Reservation<L>) -> &'static str {
         Reservation::InFlight { .. } => "InFlight",
         Reservation::Completed(_) => "Completed",
         Reservation::Failed(_) => "Failed",
+        Reservation::Expired(_) => "Expired",
         Reservation::Mismatch => "Mismatch",
     }
 }
