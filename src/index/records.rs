@@ -371,7 +371,10 @@ mod tests {
         map.age(10, retention, 2);
         assert_eq!(map.heap_bytes(), before, "inside the retention: kept");
         map.age(10, retention, 3);
-        assert!(map.heap_bytes() + 4096 <= before, "the response's bytes are gone");
+        assert!(
+            map.heap_bytes() + 4096 <= before,
+            "the response's bytes are gone"
+        );
         let kept = map.live_mut(1, Some(b"a"), window, 3).unwrap().unwrap();
         assert_eq!(kept.snapshot(None, 3).status, RecordStatus::Completed);
         assert_eq!(kept.snapshot(None, 3).response, None);

@@ -585,3 +585,35 @@ async fn an_inner_service_error_leaves_the_outcome_unknown() {
         assert_eq!(calls.load(Ordering::SeqCst), 1, "detached: {detached}");
     }
 }
+
+/// A retry after the stored response aged out (`Options::response_retention`), while
+/// the key is still in its window: `410 idempotency_response_expired`, and the handler
+/// does not run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_the_response_aged_out_gets_410_and_does_not_run() {
+    let clock = oncedb_testkit::fixtures::manual_clock();
+    let bucket = oncedb_testkit::fixtures::BUCKET;
+    let db = Db::open(
+        Options::in_memory()
+            .window(oncedb_testkit::fixtures::WINDOW)
+            .bucket_width(bucket)
+            .clock(clock.clone())
+            .response_retention(2 * bucket),
+    )
+    .unwrap();
+    let handler = Arc::new(Handler::default());
+    let app = app(db, Arc::clone(&handler));
+    let first = send(&app, request(Some(KEY), "", "{}")).await;
+    assert_eq!(first.0, StatusCode::CREATED);
+    clock.forward(bucket);
+    let replay = send(&app, request(Some(KEY), "", "{}")).await;
+    assert_eq!(
+        replay.2, first.2,
+        "inside the retention the response replays"
+    );
+    clock.forward(2 * bucket);
+    let late = send(&app, request(Some(KEY), "", "{}")).await;
+    assert_eq!(late.0, StatusCode::GONE);
+    assert!(String::from_utf8_lossy(&late.2).contains("idempotency_response_expired"));
+    assert_eq!(handler.calls.load(Ordering::SeqCst), 1, "not run again");
+}
