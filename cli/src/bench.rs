@@ -344,6 +344,9 @@ fn run_scenario(args: &BenchArgs, scenario: Scenario) -> Result<Outcome, String>
     let latency = latencies.all;
     let elapsed = started.elapsed();
     progress.finish_and_clear();
+    if scenario.workload == Workload::Records && args.advance_every == 0 {
+        replay_sample(&db, &driver)?;
+    }
     let stats = db.stats();
     let rss_growth = rss_bytes().saturating_sub(rss_before);
     let peak_rss = peak_rss_bytes();
@@ -571,6 +574,41 @@ fn reserve_all(db: &Db, scope: &Scope, keys: &[String], response: &[u8]) -> Resu
         }
     }
     Ok(acquired)
+}
+
+/// Replays the first keys of lane 0's stream (each a retry of a completed record),
+/// timing every call and checking every replayed response, byte for byte.
+fn replay_sample(db: &Db, driver: &Driver<'_>) -> Result<(), String> {
+    const REPLAYS: usize = 100_000;
+    let ops = driver
+        .scenario
+        .keys
+        .div_ceil(driver.scenario.threads)
+        .min(REPLAYS);
+    let mut stream = KeyStream::new(driver.scenario.dup_rate, 42, 0);
+    let (mut keys, mut histogram) = (Vec::with_capacity(ops), new_histogram());
+    stream.fill_idempotency_keys(ops, &mut keys);
+    let scope = Scope::new("bench", "create_payment");
+    for key in &keys {
+        let started = Instant::now();
+        let answer = db
+            .reserve(&scope, key.as_bytes(), key.as_bytes())
+            .map_err(|e| e.to_string())?;
+        histogram.saturating_record(started.elapsed().as_nanos() as u64);
+        match answer {
+            Reservation::Completed(record) if record.response() == Some(&driver.response[..]) => {}
+            other => return Err(format!("a replay of {key} answered {other:?}")),
+        }
+    }
+    noteln!(
+        "   replay {:>7} completed records: p50 {} us, p99 {} us, p99.9 {} us, max {} us",
+        histogram.len(),
+        micros(histogram.value_at_quantile(0.5)),
+        micros(histogram.value_at_quantile(0.99)),
+        micros(histogram.value_at_quantile(0.999)),
+        micros(histogram.max())
+    );
+    Ok(())
 }
 
 fn micros(ns: u64) -> String {

@@ -643,6 +643,7 @@ impl Store for RedisStore {
             },
             Some(b"completed") | Some(b"failed") => {
                 let record = Record {
+                    logged: None,
                     status: if kind == Some(b"completed") {
                         RecordStatus::Completed
                     } else {
@@ -685,6 +686,7 @@ impl Store for RedisStore {
             _ => return Err(unexpected("get")),
         };
         Ok(Some(Record {
+            logged: None,
             status,
             response: field(2).map(Into::into),
             created_ms: number(field(1).as_ref(), "get")?,

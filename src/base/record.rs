@@ -23,6 +23,9 @@ pub enum RecordStatus {
 pub struct Record {
     pub(crate) status: RecordStatus,
     pub(crate) response: Option<Arc<[u8]>>,
+    /// A response still in the log: its finish frame and the lease that wrote it. The
+    /// engine reads it into `response` before the record leaves the engine.
+    pub(crate) logged: Option<(LogSpan, u64)>,
     pub(crate) created_ms: u64,
     pub(crate) finished_ms: Option<u64>,
 }
@@ -58,6 +61,18 @@ impl fmt::Debug for Record {
             .field("finished_ms", &self.finished_ms)
             .finish()
     }
+}
+
+/// Where a log entry's frame lies: its segment (bucket, sequence) and byte range. A
+/// finished record whose response stays on disk keeps this instead of the bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LogSpan {
+    pub(crate) bucket: u64,
+    pub(crate) seq: u32,
+    /// Segment offset of the frame.
+    pub(crate) start: u32,
+    /// The frame's length, header included.
+    pub(crate) len: u32,
 }
 
 /// The answer of [`Db::advance`](crate::Db::advance), the ordering guard.

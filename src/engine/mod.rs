@@ -4,6 +4,7 @@
 
 mod config;
 mod recovery;
+mod responses;
 
 pub(crate) use config::{ClockStep, Config};
 
@@ -63,6 +64,8 @@ pub(crate) struct Engine {
     /// A reserve that finds a record in flight this long takes it over; `None`: never.
     lease_timeout_ms: Option<u64>,
     journal: Option<Journal>,
+    /// Responses memory holds until the log is written past them.
+    unwritten: responses::UnwrittenQueue,
     recovery: Option<RecoveryReport>,
 }
 
@@ -127,6 +130,7 @@ impl Engine {
             stuck_after_ms: config.stuck_after_ms,
             lease_timeout_ms: config.lease_timeout_ms,
             journal: parts.journal,
+            unwritten: responses::UnwrittenQueue::default(),
             recovery: parts.recovery,
         }
     }
@@ -434,8 +438,28 @@ impl Engine {
     /// Looks up or creates the record of `scoped_key`. A new record is logged under the
     /// shard lock, so the log holds the records of one key in the order memory saw them.
     pub(crate) fn reserve(&self, scoped_key: &[u8], request: &[u8]) -> Result<Reserved> {
-        self.check_writable()?;
         let fingerprint = self.hasher.record(scoped_key);
+        loop {
+            match self.reserve_once(fingerprint, scoped_key, request)? {
+                Reserved::Existing(record) => {
+                    if let Some(record) = self.read_back(fingerprint, record)? {
+                        return Ok(Reserved::Existing(record));
+                    }
+                    // The response's segment expired since, and the record with it: the
+                    // next round finds the key absent.
+                }
+                other => return Ok(other),
+            }
+        }
+    }
+
+    fn reserve_once(
+        &self,
+        fingerprint: Fingerprint,
+        scoped_key: &[u8],
+        request: &[u8],
+    ) -> Result<Reserved> {
+        self.check_writable()?;
         let request_hash = self.hasher.request(request);
         let now_ms = self.clock.now_ms();
         let bucket = self.bucket_at(now_ms);
@@ -475,9 +499,14 @@ impl Engine {
     pub(crate) fn get(&self, scoped_key: &[u8]) -> Result<Option<Record>> {
         let fingerprint = self.hasher.record(scoped_key);
         let bucket = self.current_bucket();
-        self.index
+        let record = self
+            .index
             .lock(fingerprint, bucket)
-            .get(fingerprint, scoped_key)
+            .get(fingerprint, scoped_key)?;
+        match record {
+            Some(record) => self.read_back(fingerprint, record),
+            None => Ok(None),
+        }
     }
 
     /// Ends lease `lease_id` of the record of `fingerprint`, logged under the shard lock.
@@ -492,17 +521,34 @@ impl Engine {
         self.check_writable()?;
         let now_ms = self.clock.now_ms();
         let bucket = self.bucket_at(now_ms);
-        let ticket = {
+        let located = {
             let mut shard = self.index.lock(fingerprint, bucket);
             shard.finish(fingerprint, lease_id, &finish, now_ms)?;
-            self.enqueue(&[LogEntry::Finish {
+            let entry = LogEntry::Finish {
                 fingerprint,
                 lease_id,
                 at_ms: now_ms,
                 finish: &finish,
-            }])?
+            };
+            match &self.journal {
+                Some(journal) => Some(
+                    journal.enqueue_located(self.high_water.load(Ordering::Acquire), &[entry])?,
+                ),
+                None => None,
+            }
         };
-        self.wait(ticket)
+        let Some((ticket, span)) = located else {
+            return Ok(());
+        };
+        self.wait(Some(ticket))?;
+        let unwritten = (!matches!(finish, Finish::Release)).then_some(responses::Unwritten {
+            ticket,
+            fingerprint,
+            lease_id,
+            span,
+        });
+        self.log_responses(unwritten);
+        Ok(())
     }
 
     /// Attaches `note` to the record lease `lease_id` holds in flight, durably.
@@ -632,9 +678,11 @@ impl Engine {
     /// Durability barrier.
     pub(crate) fn flush(&self) -> Result<()> {
         match &self.journal {
-            Some(journal) => journal.flush(),
-            None => Ok(()),
+            Some(journal) => journal.flush()?,
+            None => return Ok(()),
         }
+        self.log_responses(None);
+        Ok(())
     }
 
     pub(crate) fn recovery_report(&self) -> Option<&RecoveryReport> {

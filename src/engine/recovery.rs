@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::{Config, Engine, Parts};
-use crate::base::{Error, Fingerprint, Finish, RecoveryMode, Result, Window, random_secret};
+use crate::base::{
+    Error, Fingerprint, LogSpan, RecordStatus, RecoveryMode, Result, Window, random_secret,
+};
 use crate::index::{Index, NewRecord};
 use crate::io::Storage;
 use crate::wal::{
@@ -263,6 +265,12 @@ fn delete_expired(
     Ok(live)
 }
 
+/// A frame offset or length within a segment, which stays below 4 GiB.
+fn frame_offset(offset: usize) -> u32 {
+    const _: () = assert!(MAX_SEGMENT_FILE_BYTES <= u32::MAX as u64);
+    u32::try_from(offset).unwrap_or(u32::MAX)
+}
+
 fn corrupted(path: &Path, offset: u64, reason: &str) -> Error {
     Error::Corrupted {
         path: path.to_path_buf(),
@@ -417,7 +425,13 @@ impl Replay<'_> {
             if frame.start as u64 >= end {
                 break;
             }
-            if let Err(reason) = self.apply(segment.bucket, entry) {
+            let span = LogSpan {
+                bucket: segment.bucket,
+                seq: segment.seq,
+                start: frame_offset(frame.start),
+                len: frame_offset(frame.end - frame.start),
+            };
+            if let Err(reason) = self.apply(span, entry) {
                 self.damaged(&segment.path, frame.start as u64, frame.end as u64, reason)?;
                 self.skipped(&segment.path, frame.start as u64, frame.end as u64, reason);
             }
@@ -425,9 +439,10 @@ impl Replay<'_> {
         Ok(())
     }
 
-    /// Applies one entry of a segment of bucket `segment_bucket`.
-    fn apply(&mut self, segment_bucket: u64, entry: &DecodedEntry<'_>) -> Result<(), &'static str> {
-        if let Some(problem) = entry.placement_problem(segment_bucket) {
+    /// Applies the entry whose frame lies at `span`. A finished record keeps the span,
+    /// not its response's bytes.
+    fn apply(&mut self, span: LogSpan, entry: &DecodedEntry<'_>) -> Result<(), &'static str> {
+        if let Some(problem) = entry.placement_problem(span.bucket) {
             return Err(problem);
         }
         match entry {
@@ -464,16 +479,16 @@ impl Replay<'_> {
                 at_ms,
                 finish,
             } => {
-                let finish = match finish {
-                    DecodedFinish::Complete(response) => Finish::Complete(Arc::from(*response)),
-                    DecodedFinish::Fail(response) => Finish::Fail(Arc::from(*response)),
-                    DecodedFinish::Release => Finish::Release,
+                let ending = match finish {
+                    DecodedFinish::Complete(_) => Some((RecordStatus::Completed, span)),
+                    DecodedFinish::Fail(_) => Some((RecordStatus::Failed, span)),
+                    DecodedFinish::Release => None,
                 };
                 // A finish applies to the record as the shard stands now: no advance.
                 self.index.lock(*fingerprint, 0).restore_finish(
                     *fingerprint,
                     *lease_id,
-                    &finish,
+                    ending,
                     *at_ms,
                 );
             }
@@ -530,8 +545,8 @@ mod tests {
     use super::*;
     use crate::base::Hasher;
     use crate::base::ManualClock;
-    use crate::base::RecordStatus;
     use crate::base::{Durability, FullPolicy};
+    use crate::base::{Finish, RecordStatus};
     use crate::engine::{ClockStep, Grant, Reserved};
     use crate::io::MemStorage;
     use crate::wal::LogEntry;

@@ -4,22 +4,37 @@ use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
-use crate::base::{Error, Record, RecordStatus, Result, Window};
+use crate::base::{Error, LogSpan, Record, RecordStatus, Result, Window};
+
+/// Where a finished record's response is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Response {
+    /// In memory: an in-memory store, or a durable one whose log has not yet been
+    /// written past the finish entry.
+    Held(Arc<[u8]>),
+    /// In the log only, in the finish entry's frame: read back on replay.
+    Logged(LogSpan),
+    /// Aged out (`Options::response_retention`): the record says the operation
+    /// happened, with nothing left to replay.
+    Gone,
+}
 
 /// Where a stored record stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum State {
     InFlight,
-    /// `response` is `None` once it aged out (`Options::response_retention`).
-    Completed {
-        response: Option<Arc<[u8]>>,
-        at_ms: u64,
-    },
-    /// As `Completed`.
-    Failed {
-        response: Option<Arc<[u8]>>,
-        at_ms: u64,
-    },
+    Completed { response: Response, at_ms: u64 },
+    Failed { response: Response, at_ms: u64 },
+}
+
+impl State {
+    /// The response of a finished record.
+    fn response_mut(&mut self) -> Option<&mut Response> {
+        match self {
+            State::InFlight => None,
+            State::Completed { response, .. } | State::Failed { response, .. } => Some(response),
+        }
+    }
 }
 
 /// One record as kept in memory.
@@ -46,27 +61,41 @@ pub(crate) struct StoredRecord {
 
 impl StoredRecord {
     /// The record as the API sees it; a finished record's response is left out once it
-    /// aged out: dropped already, or its bucket past `retention` (when there is one).
+    /// aged out: dropped already, or its bucket past `retention` (when there is one). A
+    /// response in the log is named by `logged`, for the engine to read.
     pub(crate) fn snapshot(&self, retention: Option<Window>, current: u64) -> Record {
         let kept = retention.is_none_or(|retention| retention.is_live(self.bucket, current));
         let (status, response, finished_ms) = match &self.state {
             State::InFlight => (RecordStatus::InFlight, None, None),
-            State::Completed { response, at_ms } => (
-                RecordStatus::Completed,
-                response.clone().filter(|_| kept),
-                Some(*at_ms),
-            ),
-            State::Failed { response, at_ms } => (
-                RecordStatus::Failed,
-                response.clone().filter(|_| kept),
-                Some(*at_ms),
-            ),
+            State::Completed { response, at_ms } => {
+                (RecordStatus::Completed, Some(response), Some(*at_ms))
+            }
+            State::Failed { response, at_ms } => {
+                (RecordStatus::Failed, Some(response), Some(*at_ms))
+            }
+        };
+        let (response, logged) = match response.filter(|_| kept) {
+            Some(Response::Held(bytes)) => (Some(bytes.clone()), None),
+            Some(Response::Logged(span)) => (None, Some((*span, self.lease_id))),
+            Some(Response::Gone) | None => (None, None),
         };
         Record {
             status,
             response,
+            logged,
             created_ms: self.created_ms,
             finished_ms,
+        }
+    }
+
+    /// Moves a held response to the log at `span`, if the record still holds the one
+    /// lease `lease_id` ended it with.
+    pub(crate) fn log_response(&mut self, lease_id: u64, span: LogSpan) {
+        if self.lease_id != lease_id {
+            return;
+        }
+        if let Some(response @ Response::Held(_)) = self.state.response_mut() {
+            *response = Response::Logged(span);
         }
     }
 
@@ -279,10 +308,9 @@ impl RecordMap {
             aging.pop_front();
             if let Some(record) = self.map.get_mut(&fingerprint)
                 && record.bucket == bucket
-                && let State::Completed { response, .. } | State::Failed { response, .. } =
-                    &mut record.state
+                && let Some(response) = record.state.response_mut()
             {
-                *response = None;
+                *response = Response::Gone;
             }
         }
     }
@@ -302,10 +330,15 @@ impl RecordMap {
             .map(|r| {
                 r.scoped_key.len()
                     + match &r.state {
-                        State::Completed { response, .. } | State::Failed { response, .. } => {
-                            response.as_ref().map_or(0, |response| response.len())
+                        State::Completed {
+                            response: Response::Held(bytes),
+                            ..
                         }
-                        State::InFlight => 0,
+                        | State::Failed {
+                            response: Response::Held(bytes),
+                            ..
+                        } => bytes.len(),
+                        _ => 0,
                     }
                     + r.note.as_ref().map_or(0, |note| note.len())
             })
@@ -362,7 +395,7 @@ mod tests {
         let mut map = RecordMap::new(true);
         let mut done = record(0, b"a");
         done.state = State::Completed {
-            response: Some(vec![7u8; 4096].into()),
+            response: Response::Held(vec![7u8; 4096].into()),
             at_ms: 0,
         };
         map.insert(1, done);

@@ -4,9 +4,9 @@ use std::collections::TryReserveError;
 
 use super::counters::Counters;
 use super::marks::MarkMap;
-use super::records::{RecordMap, State, StoredRecord};
+use super::records::{RecordMap, Response, State, StoredRecord};
 use super::table::{DedupTable, Inserted};
-use crate::base::{Advance, Record};
+use crate::base::{Advance, LogSpan, Record, RecordStatus};
 use crate::base::{Error, Fingerprint, Finish, FullPolicy, Result, Window};
 
 /// Table slots swept per write while a sweep pass is under way.
@@ -533,23 +533,42 @@ impl Shard {
         finish: &Finish,
         now_ms: u64,
     ) -> Result<()> {
-        let record = self.owned_record(fingerprint, lease_id)?;
-        match finish {
-            Finish::Complete(response) => {
-                record.state = State::Completed {
-                    response: Some(response.clone()),
-                    at_ms: now_ms,
-                };
-                self.counters.completed += 1;
+        let ending = match finish {
+            Finish::Complete(bytes) => {
+                Some((RecordStatus::Completed, Response::Held(bytes.clone())))
             }
-            Finish::Fail(response) => {
+            Finish::Fail(bytes) => Some((RecordStatus::Failed, Response::Held(bytes.clone()))),
+            Finish::Release => None,
+        };
+        self.end_lease(fingerprint, lease_id, ending, now_ms)
+    }
+
+    /// Ends a lease as completed or failed with `response`, or, with `None`, releases
+    /// the record.
+    fn end_lease(
+        &mut self,
+        fingerprint: Fingerprint,
+        lease_id: u64,
+        ending: Option<(RecordStatus, Response)>,
+        now_ms: u64,
+    ) -> Result<()> {
+        let record = self.owned_record(fingerprint, lease_id)?;
+        match ending {
+            Some((RecordStatus::Failed, response)) => {
                 record.state = State::Failed {
-                    response: Some(response.clone()),
+                    response,
                     at_ms: now_ms,
                 };
                 self.counters.failed += 1;
             }
-            Finish::Release => {
+            Some((_, response)) => {
+                record.state = State::Completed {
+                    response,
+                    at_ms: now_ms,
+                };
+                self.counters.completed += 1;
+            }
+            None => {
                 if let Some(removed) = self.records.remove(fingerprint.0) {
                     self.uncount_record(removed.bucket);
                 }
@@ -558,6 +577,15 @@ impl Shard {
         }
         self.after_writes(1);
         Ok(())
+    }
+
+    /// The response lease `lease_id` stored on the record of `fingerprint` is now in the
+    /// log at `span`: memory lets go of its bytes (unless the record has moved on).
+    pub(crate) fn log_response(&mut self, fingerprint: Fingerprint, lease_id: u64, span: LogSpan) {
+        let (window, current) = (self.view(), self.current);
+        if let Ok(Some(record)) = self.records.live_mut(fingerprint.0, None, window, current) {
+            record.log_response(lease_id, span);
+        }
     }
 
     /// The live record that lease `lease_id` holds in flight. A newer lease on the same
@@ -762,11 +790,12 @@ impl Shard {
         &mut self,
         fingerprint: Fingerprint,
         lease_id: u64,
-        finish: &Finish,
+        ending: Option<(RecordStatus, LogSpan)>,
         at_ms: u64,
     ) {
         let before = self.counters;
-        let _ = self.finish(fingerprint, lease_id, finish, at_ms);
+        let ending = ending.map(|(status, span)| (status, Response::Logged(span)));
+        let _ = self.end_lease(fingerprint, lease_id, ending, at_ms);
         self.counters = before;
     }
 

@@ -33,6 +33,9 @@ struct Plan {
     fail_at: AtomicU64,
     persistent: AtomicU64,
     failures: AtomicU64,
+    /// Positioned reads fail while set (they are not counted as calls: reads change
+    /// nothing, and the sweeps count state-changing calls).
+    fail_reads: std::sync::atomic::AtomicBool,
 }
 
 impl Plan {
@@ -67,6 +70,7 @@ impl FaultyStorage {
                 fail_at: AtomicU64::new(0),
                 persistent: AtomicU64::new(0),
                 failures: AtomicU64::new(0),
+                fail_reads: std::sync::atomic::AtomicBool::new(false),
             }),
         }
     }
@@ -78,6 +82,11 @@ impl FaultyStorage {
             .persistent
             .store(u64::from(persistent), Ordering::SeqCst);
         self.plan.fail_at.store(call, Ordering::SeqCst);
+    }
+
+    /// Makes every positioned read ([`Storage::read_at`]) fail, or succeed again.
+    pub fn fail_reads(&self, fail: bool) {
+        self.plan.fail_reads.store(fail, Ordering::SeqCst);
     }
 
     /// Stops failing and restarts the count.
@@ -145,6 +154,13 @@ impl Storage for FaultyStorage {
 
     fn read(&self, path: &Path, max_bytes: u64) -> io::Result<Vec<u8>> {
         self.inner.read(path, max_bytes)
+    }
+
+    fn read_at(&self, path: &Path, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        if self.plan.fail_reads.load(Ordering::SeqCst) {
+            return Err(io::Error::other("injected read failure"));
+        }
+        self.inner.read_at(path, offset, buf)
     }
 
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {

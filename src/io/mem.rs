@@ -368,6 +368,18 @@ impl Storage for MemStorage {
         Ok(file.current.clone())
     }
 
+    fn read_at(&self, path: &Path, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let mut disk = self.disk.lock();
+        let file = disk.file_mut(path)?;
+        let start = usize::try_from(offset).map_err(|_| io::ErrorKind::UnexpectedEof)?;
+        let bytes = file
+            .current
+            .get(start..start.saturating_add(buf.len()))
+            .ok_or(io::ErrorKind::UnexpectedEof)?;
+        buf.copy_from_slice(bytes);
+        Ok(())
+    }
+
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         let mut disk = self.lock_alive()?;
         let id = disk.names.remove(from).ok_or(io::ErrorKind::NotFound)?;

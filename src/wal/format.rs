@@ -197,7 +197,15 @@ pub(crate) fn decode_frame(
     offset: usize,
     seed: u64,
 ) -> Result<Frame<'_>, FrameError> {
-    let rest = bytes.get(offset..).unwrap_or_default();
+    decode_frame_at(bytes.get(offset..).unwrap_or_default(), offset, seed)
+}
+
+/// Parses a frame read on its own: `rest` holds the segment's bytes from `offset`.
+pub(crate) fn decode_frame_at(
+    rest: &[u8],
+    offset: usize,
+    seed: u64,
+) -> Result<Frame<'_>, FrameError> {
     let Some(head) = rest.get(..FRAME_HEADER_LEN) else {
         return Err(FrameError::Truncated);
     };

@@ -12,6 +12,7 @@ mod journal;
 mod manifest;
 mod names;
 mod report;
+mod response;
 mod scan;
 mod verify;
 

@@ -25,3 +25,4 @@ mod crash_rollover;
 mod durability;
 mod faults;
 mod fuzz_corpus;
+mod responses;

@@ -450,6 +450,7 @@ impl Row {
 
     fn record(self) -> Record {
         Record {
+            logged: None,
             status: self.status,
             response: self.response.map(Into::into),
             created_ms: system_time_to_ms(self.created),

@@ -25,7 +25,7 @@ use super::entry::{LogEntry, encode_mark};
 use super::format::{MARK_FRAME_LEN, MAX_APPEND_BYTES, SEGMENT_HEADER_LEN, SegmentHeader, put};
 use super::manifest::Manifest;
 use super::names::{prepared_path, segment_path};
-use crate::base::{Durability, Error, Result, Window};
+use crate::base::{Durability, Error, Fingerprint, LogSpan, Result, Window};
 use crate::io::{Storage, StorageFile};
 
 /// In `Interval` mode, a writer that finds this much buffered writes it out itself.
@@ -119,6 +119,12 @@ pub(crate) fn next_segment(newest: Option<(u64, u32)>, bucket: u64) -> Option<(u
     }
 }
 
+/// A segment offset as a frame header stores it: segments stay below 4 GiB.
+fn segment_offset(offset: u64) -> u32 {
+    const _: () = assert!(super::format::MAX_SEGMENT_FILE_BYTES <= u32::MAX as u64);
+    u32::try_from(offset).unwrap_or(u32::MAX)
+}
+
 /// A position in the log to wait for: everything appended up to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 #[must_use = "an appended entry is acknowledged only after waiting for its ticket"]
@@ -196,6 +202,8 @@ struct Shared {
     worker_wake: Condvar,
     poisoned: AtomicBool,
     shutdown: AtomicBool,
+    /// `WriterState::written`, readable without the lock.
+    written_to: AtomicU64,
     storage: Arc<dyn Storage>,
     dir: PathBuf,
     archive: Option<PathBuf>,
@@ -243,6 +251,7 @@ impl Journal {
             worker_wake: Condvar::new(),
             poisoned: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
+            written_to: AtomicU64::new(0),
             storage: config.storage,
             dir: config.dir,
             archive: config.archive,
@@ -321,6 +330,17 @@ impl Journal {
     /// entries are acknowledged after [`Journal::wait`] on the ticket. Callers that need
     /// log order to follow memory order call this under the lock that orders them.
     pub(crate) fn enqueue(&self, bucket: u64, entries: &[LogEntry<'_>]) -> Result<Ticket> {
+        self.enqueue_located(bucket, entries)
+            .map(|(ticket, _)| ticket)
+    }
+
+    /// As [`Journal::enqueue`], also saying where the last entry's frame lies, so that
+    /// its bytes can be read back once the log is written past the ticket.
+    pub(crate) fn enqueue_located(
+        &self,
+        bucket: u64,
+        entries: &[LogEntry<'_>],
+    ) -> Result<(Ticket, LogSpan)> {
         let shared = &*self.shared;
         let needed: usize = entries.iter().map(LogEntry::encoded_len).sum();
         assert!(
@@ -347,11 +367,20 @@ impl Journal {
             );
             active.appended_len += MARK_FRAME_LEN as u64;
         }
+        let mut span = LogSpan {
+            bucket: active.bucket,
+            seq: active.seq,
+            start: 0,
+            len: 0,
+        };
         for entry in entries {
             let position = active.appended_len;
             let start = state.buffer.len();
             entry.encode(&mut state.buffer, shared.seed, position);
-            active.appended_len += (state.buffer.len() - start) as u64;
+            let len = state.buffer.len() - start;
+            active.appended_len += len as u64;
+            span.start = segment_offset(position);
+            span.len = segment_offset(len as u64);
         }
         if !active.size_successor_asked && shared.half_full(active) {
             active.size_successor_asked = true;
@@ -364,7 +393,44 @@ impl Journal {
             .records
             .fetch_add(entries.len() as u64, Ordering::Relaxed);
         shared.bytes.fetch_add(added, Ordering::Relaxed);
-        Ok(Ticket(state.appended))
+        Ok((Ticket(state.appended), span))
+    }
+
+    /// Whether everything up to `ticket` has reached the segment files (written, if not
+    /// yet synced): its frames can be read back.
+    pub(crate) fn is_written(&self, ticket: Ticket) -> bool {
+        self.shared.written_to.load(Ordering::Acquire) >= ticket.0
+    }
+
+    /// Reads the frame at `span` and returns the response of the finish entry it holds,
+    /// checking that the frame verifies and ends lease `lease_id` of `fingerprint`;
+    /// `None` if the segment is gone because its bucket left the window (the record
+    /// expired with it). Any other failed read poisons the store, like any failed I/O
+    /// call.
+    pub(crate) fn read_response(
+        &self,
+        span: LogSpan,
+        fingerprint: Fingerprint,
+        lease_id: u64,
+    ) -> Result<Option<Arc<[u8]>>> {
+        let shared = &*self.shared;
+        let path = segment_path(&shared.dir, span.bucket, span.seq);
+        match super::response::read(
+            &*shared.storage,
+            &path,
+            shared.seed,
+            span,
+            (fingerprint, lease_id),
+        ) {
+            Ok(response) => Ok(Some(response)),
+            Err(Error::Io(err))
+                if err.kind() == std::io::ErrorKind::NotFound && shared.expired(span.bucket) =>
+            {
+                Ok(None)
+            }
+            Err(Error::Io(err)) => Err(shared.poison(err)),
+            Err(other) => Err(other),
+        }
     }
 
     /// Waits until the entries up to `ticket` are as durable as the mode promises.
@@ -446,6 +512,16 @@ impl Drop for Journal {
 }
 
 impl Shared {
+    /// Whether the segments of `bucket` have left the window of the active segment, so
+    /// that the worker may have retired them.
+    fn expired(&self, bucket: u64) -> bool {
+        let state = self.state.lock();
+        state
+            .active
+            .as_ref()
+            .is_some_and(|active| !self.window.is_live(bucket, active.bucket))
+    }
+
     fn check_writable(&self) -> Result<()> {
         if self.poisoned.load(Ordering::Acquire) {
             Err(Error::Poisoned)
@@ -538,6 +614,7 @@ impl Shared {
             return Err(self.poison(err));
         }
         state.written = end;
+        self.written_to.store(end, Ordering::Release);
         if sync {
             state.synced = end;
         }
@@ -713,6 +790,7 @@ impl Shared {
         active.synced_len += len;
         state.appended += len;
         state.written += len;
+        self.written_to.store(state.written, Ordering::Release);
         state.synced += len;
         self.bytes.fetch_add(len, Ordering::Relaxed);
         Ok(())
