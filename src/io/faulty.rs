@@ -156,6 +156,10 @@ impl Storage for FaultyStorage {
         self.inner.read(path, max_bytes)
     }
 
+    fn file_len(&self, path: &Path) -> io::Result<u64> {
+        self.inner.file_len(path)
+    }
+
     fn read_at(&self, path: &Path, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         if self.plan.fail_reads.load(Ordering::SeqCst) {
             return Err(io::Error::other("injected read failure"));

@@ -368,6 +368,10 @@ impl Storage for MemStorage {
         Ok(file.current.clone())
     }
 
+    fn file_len(&self, path: &Path) -> io::Result<u64> {
+        Ok(self.disk.lock().file_mut(path)?.current.len() as u64)
+    }
+
     fn read_at(&self, path: &Path, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         let mut disk = self.disk.lock();
         let file = disk.file_mut(path)?;

@@ -44,11 +44,16 @@ pub trait Storage: Send + Sync + 'static {
     fn open_append(&self, path: &Path, create: bool) -> io::Result<Box<dyn StorageFile>>;
     /// Reads the whole file; fails with `InvalidData` if it is longer than `max_bytes`.
     fn read(&self, path: &Path, max_bytes: u64) -> io::Result<Vec<u8>>;
+    /// The file's length in bytes. The default reads the whole file, for wrappers that
+    /// have no cheaper way; a real file system overrides it.
+    fn file_len(&self, path: &Path) -> io::Result<u64> {
+        Ok(self.read(path, u64::MAX)?.len() as u64)
+    }
     /// Fills `buf` with the file's bytes from `offset` (one positioned read); fails with
     /// `UnexpectedEof` if the file ends first. The default reads the whole file, for
     /// wrappers that have no cheaper way; a real file system overrides it.
     fn read_at(&self, path: &Path, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        let data = self.read(path, offset.saturating_add(buf.len() as u64))?;
+        let data = self.read(path, u64::MAX)?;
         let start = usize::try_from(offset).map_err(|_| io::ErrorKind::UnexpectedEof)?;
         let bytes = data
             .get(start..start + buf.len())

@@ -75,6 +75,10 @@ impl Storage for StdStorage {
         Ok(data)
     }
 
+    fn file_len(&self, path: &Path) -> io::Result<u64> {
+        Ok(fs::metadata(path)?.len())
+    }
+
     fn read_at(&self, path: &Path, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         std::os::unix::fs::FileExt::read_exact_at(&File::open(path)?, buf, offset)
     }

@@ -66,6 +66,12 @@ impl Storage for WatchedStorage {
     fn read(&self, path: &Path, max_bytes: u64) -> std::io::Result<Vec<u8>> {
         self.disk.read(path, max_bytes)
     }
+    fn file_len(&self, path: &Path) -> std::io::Result<u64> {
+        self.disk.file_len(path)
+    }
+    fn read_at(&self, path: &Path, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.disk.read_at(path, offset, buf)
+    }
     fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
         self.disk.rename(from, to)
     }
