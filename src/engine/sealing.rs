@@ -155,6 +155,10 @@ impl Sealer {
 
     /// Removes (or archives) the runs whose newest bucket left the window at `current`.
     fn expire(&self, window: Window, current: u64) -> Result<()> {
+        let live = |run: &Arc<Run>| window.is_live(run.summary().newest_bucket, current);
+        if self.runs.read().iter().all(live) {
+            return Ok(());
+        }
         let expired: Vec<Arc<Run>> = {
             let mut runs = self.runs.write();
             let (live, expired) = std::mem::take(&mut *runs)

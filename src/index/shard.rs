@@ -352,9 +352,9 @@ impl Shard {
         let admitted = if sealed.is_none() && self.frozen.is_none() {
             self.admit(fingerprint)
         } else {
-            !self.contains_key(fingerprint)
-                && !self.in_older_levels(fingerprint, sealed)?
-                && self.admit(fingerprint)
+            // Older levels first: a new key then costs their filters and one probe of
+            // memory, not two.
+            !self.in_older_levels(fingerprint, sealed)? && self.admit(fingerprint)
         };
         if admitted {
             self.counters.admitted += 1;

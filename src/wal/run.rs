@@ -163,30 +163,33 @@ impl Run {
         let in_page = (section.entries - first_entry).min(PAGE_ENTRIES as u64);
         let len = usize::try_from(in_page).unwrap_or(PAGE_ENTRIES) * ENTRY_LEN;
         let offset = section.data_offset + first_entry * ENTRY_LEN as u64;
-        let mut bytes = vec![0; len];
-        storage.read_at(&self.path, offset, &mut bytes)?;
-        if xxh3_64(&bytes) != checksum {
+        let mut page = [0; PAGE_LEN];
+        let bytes = page.get_mut(..len).unwrap_or_default();
+        storage.read_at(&self.path, offset, bytes)?;
+        if xxh3_64(bytes) != checksum {
             return Err(corrupted(
                 &self.path,
                 offset,
                 "a data page's checksum does not match",
             ));
         }
-        let found = bytes
-            .chunks_exact(ENTRY_LEN)
-            .map(|entry| {
-                (
-                    get_u64(entry, 0).unwrap_or(0),
-                    get_u32(entry, 8).unwrap_or(0),
-                )
-            })
-            .collect::<Vec<_>>();
-        Ok(match found.binary_search_by_key(&tag, |&(t, _)| t) {
-            Ok(at) => found.get(at).is_some_and(|&(_, relative)| {
+        // Binary search over the page's entries, read in place.
+        let count = len / ENTRY_LEN;
+        let tag_at = |i: usize| get_u64(bytes, i * ENTRY_LEN).unwrap_or(0);
+        let (mut low, mut high) = (0, count);
+        while low < high {
+            let middle = low + (high - low) / 2;
+            if tag_at(middle) < tag {
+                low = middle + 1;
+            } else {
+                high = middle;
+            }
+        }
+        Ok(low < count
+            && tag_at(low) == tag
+            && get_u32(bytes, low * ENTRY_LEN + 8).is_some_and(|relative| {
                 window.is_live(self.summary.oldest_bucket + u64::from(relative), current)
-            }),
-            Err(_) => false,
-        })
+            }))
     }
 }
 
