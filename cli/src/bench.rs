@@ -56,6 +56,10 @@ pub struct BenchArgs {
     /// Bytes of each stored response in the records workload.
     #[arg(long, default_value_t = 256)]
     response_bytes: usize,
+    /// Bound the dedup keys' memory (`Options::memory_budget`): `512MiB`, `1GiB`, or a
+    /// plain number of bytes. Durable runs only.
+    #[arg(long, value_parser = parse_bytes)]
+    memory_budget: Option<u64>,
     /// Parent directory for durable stores (default: the system temp directory).
     #[arg(long)]
     dir: Option<PathBuf>,
@@ -208,6 +212,35 @@ fn default_suite(args: &BenchArgs) -> Vec<Scenario> {
     ]
 }
 
+/// A size flag: a number of bytes, or one with a unit (`KiB`, `MiB`, `GiB`, `TiB`;
+/// `KB`, `MB`, `GB`, `TB` in powers of ten).
+fn parse_bytes(text: &str) -> Result<u64, String> {
+    let digits = text.trim().bytes().take_while(u8::is_ascii_digit).count();
+    let (number, unit) = text.trim().split_at(digits);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a size: a number, optionally with KiB, MiB, GiB"))?;
+    let scale: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "TiB" => 1 << 40,
+        "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        "TB" => 1_000_000_000_000,
+        other => {
+            return Err(format!(
+                "unknown size unit `{other}` in `{text}`: KiB, MiB, GiB, TiB, KB, MB, GB, TB"
+            ));
+        }
+    };
+    number
+        .checked_mul(scale)
+        .ok_or_else(|| format!("`{text}` is too large"))
+}
+
 /// A duration flag: `24h`, `15m`, `500ms`, or a bare number of seconds.
 fn parse_span(text: &str) -> Result<Duration, String> {
     if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
@@ -273,6 +306,10 @@ fn options(
         .huge_pages(!args.small_pages)
         .window(args.window)
         .bucket_width(args.bucket);
+    let base = match (args.memory_budget, dir) {
+        (Some(budget), Some(_)) => base.memory_budget(budget),
+        _ => base,
+    };
     let base = if args.response_bytes > 1 << 20 {
         base.max_response_bytes(args.response_bytes)
     } else {
@@ -348,6 +385,17 @@ fn run_scenario(args: &BenchArgs, scenario: Scenario) -> Result<Outcome, String>
         replay_sample(&db, &driver)?;
     }
     let stats = db.stats();
+    if stats.runs_sealed > 0 {
+        noteln!(
+            "   sealed: {} runs written, {} live holding {} keys; filters and fences {:.1} MiB ({:.2} bytes a sealed key); {} keys in memory",
+            stats.runs_sealed,
+            stats.sealed_runs,
+            stats.sealed_keys,
+            stats.sealed_filter_bytes as f64 / f64::from(1 << 20),
+            stats.sealed_filter_bytes as f64 / stats.sealed_keys.max(1) as f64,
+            stats.live_keys
+        );
+    }
     let rss_growth = rss_bytes().saturating_sub(rss_before);
     let peak_rss = peak_rss_bytes();
     let reopen = if scenario.reopen && dir.is_some() {
@@ -635,7 +683,7 @@ fn print_table(outcomes: &[Outcome]) -> Result<(), Failure> {
         let scenario = &outcome.scenario;
         let ops_per_sec = scenario.keys as f64 / outcome.elapsed.as_secs_f64();
         let latency = &outcome.latency;
-        let live = outcome.stats.live_keys + outcome.stats.live_records;
+        let live = outcome.stats.live_keys + outcome.stats.live_records + outcome.stats.sealed_keys;
         let bytes_per_key = if live > 0 {
             format!("{:.1}", outcome.rss_growth as f64 / live as f64)
         } else {

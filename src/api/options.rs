@@ -103,6 +103,21 @@ impl Options {
         self
     }
 
+    /// Bounds the memory of the dedup keys to `bytes`: once the dedup tables reach half
+    /// of it, every key in memory is sealed into an immutable run on disk (sorted, with
+    /// fence pointers and one binary fuse filter per shard kept in memory, about 1.1
+    /// bytes a key) and the tables start empty. A lookup that misses reads nothing from
+    /// disk except on a filter false positive (about 1 in 256 per run); a hit costs one
+    /// page read. Answers stay exact. Writers that find the tables at the whole budget
+    /// wait for the seal under way. Runs are removed (or archived, with
+    /// [`archive_dir`](Self::archive_dir)) whole once their newest bucket leaves the
+    /// window. Records are not sealed. Durable stores only, and not with
+    /// [`max_keys`](Self::max_keys). Default: no budget (every key in memory).
+    pub fn memory_budget(mut self, bytes: u64) -> Self {
+        self.config.memory_budget_bytes = Some(bytes);
+        self
+    }
+
     /// Moves the segments of expired buckets into `dir` instead of unlinking them: an
     /// audit trail of every key and record, in the documented segment format, readable
     /// with `oncedb verify` and `oncedb inspect` (the archive holds a copy of the

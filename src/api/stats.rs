@@ -94,6 +94,17 @@ pub struct Stats {
     pub fsync_p99_us: u64,
     /// Slowest fsync since open (bucket upper bound, see `fsync_p50_us`).
     pub fsync_max_us: u64,
+    /// With `Options::memory_budget`: sealed key runs live on disk.
+    pub sealed_runs: u64,
+    /// Dedup keys in the live sealed runs (not counted in `live_keys`, which counts
+    /// keys in memory).
+    pub sealed_keys: u64,
+    /// Memory the live runs' fences and filters take (included in `index_bytes`).
+    pub sealed_filter_bytes: u64,
+    /// Runs written since open.
+    pub runs_sealed: u64,
+    /// Runs removed (or archived) since open, their newest bucket out of the window.
+    pub runs_expired: u64,
 }
 
 /// The upper bound, in µs, of the histogram bucket holding the quantile `per_mille` /
@@ -155,7 +166,12 @@ impl Stats {
             buckets_dropped: engine.buckets_dropped,
             table_slots_used: index.table_slots_used,
             table_probes: index.table_probes,
-            index_bytes: index.heap_bytes,
+            index_bytes: index.heap_bytes + engine.sealing.filter_bytes,
+            sealed_runs: engine.sealing.runs,
+            sealed_keys: engine.sealing.sealed_keys,
+            sealed_filter_bytes: engine.sealing.filter_bytes,
+            runs_sealed: engine.sealing.runs_written,
+            runs_expired: engine.sealing.runs_expired,
             bytes_on_disk: engine.bytes_on_disk,
             clock_readings_held_back: engine.clock_held_back,
             ..Stats::default()

@@ -45,7 +45,12 @@ pub(crate) struct Config {
     pub(crate) archive_dir: Option<PathBuf>,
     /// How long a finished record keeps its response, if shorter than the window.
     pub(crate) response_retention_ms: Option<u64>,
+    /// Dedup tables beyond half of this are sealed into runs on disk.
+    pub(crate) memory_budget_bytes: Option<u64>,
 }
+
+/// The smallest memory budget: a few tables of the smallest size per shard.
+pub(crate) const MIN_MEMORY_BUDGET_BYTES: u64 = 1 << 16;
 
 /// The largest forward step of the clock the store adopts; see `Options::max_clock_step`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,6 +89,7 @@ impl Default for Config {
             lease_timeout_ms: None,
             archive_dir: None,
             response_retention_ms: None,
+            memory_budget_bytes: None,
         }
     }
 }
@@ -172,6 +178,19 @@ impl Config {
         }
         if self.archive_dir.is_some() && self.dir.is_none() {
             return invalid("archive_dir needs a durable store (Options::new)".into());
+        }
+        if let Some(bytes) = self.memory_budget_bytes {
+            if self.dir.is_none() {
+                return invalid("memory_budget needs a durable store (Options::new)".into());
+            }
+            if self.max_keys.is_some() {
+                return invalid("memory_budget and max_keys cannot be combined".into());
+            }
+            if bytes < MIN_MEMORY_BUDGET_BYTES {
+                return invalid(format!(
+                    "memory_budget ({bytes} bytes) must be at least {MIN_MEMORY_BUDGET_BYTES} bytes"
+                ));
+            }
         }
         if self.window_ms == 0 {
             return invalid("window must be at least 1 ms".into());

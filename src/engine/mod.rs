@@ -5,6 +5,7 @@
 mod config;
 mod recovery;
 mod responses;
+mod sealing;
 
 pub(crate) use config::{ClockStep, Config};
 
@@ -18,7 +19,7 @@ use crate::base::{
 // What the API uses of the rooms below: it reaches the index, the log and `io` only
 // through these.
 pub(crate) use crate::index::{Grant, InFlightRecord, Reserved};
-use crate::index::{Index, IndexStats, Shard, ShardGroups, for_each_prefetched};
+use crate::index::{Index, IndexStats, SealedKeys, Shard, ShardGroups, for_each_prefetched};
 pub(crate) use crate::io::{StdStorage, Storage};
 use crate::wal::{Journal, JournalStats, LogEntry, MANIFEST_LEN, Manifest, Ticket};
 pub(crate) use crate::wal::{RecoveryReport, VerifyReport, is_archive, verify_with};
@@ -38,6 +39,7 @@ pub(crate) struct Parts {
     pub(crate) lease_floor: u64,
     pub(crate) journal: Option<Journal>,
     pub(crate) recovery: Option<RecoveryReport>,
+    pub(crate) sealer: Option<sealing::Sealer>,
 }
 
 /// A database: the index, the journal, and what orders calls between them.
@@ -66,6 +68,8 @@ pub(crate) struct Engine {
     journal: Option<Journal>,
     /// Responses memory holds until the log is written past them.
     unwritten: responses::UnwrittenQueue,
+    /// With a memory budget: the sealed runs.
+    sealer: Option<sealing::Sealer>,
     recovery: Option<RecoveryReport>,
 }
 
@@ -80,6 +84,7 @@ pub(crate) struct EngineStats {
     pub(crate) bytes_on_disk: u64,
     /// Clock readings too far ahead to adopt.
     pub(crate) clock_held_back: u64,
+    pub(crate) sealing: sealing::SealStats,
 }
 
 /// The window and bucket width (in ms) the store in `dir` was created with, from its
@@ -107,6 +112,7 @@ impl Engine {
                 lease_floor: u64::MAX,
                 journal: None,
                 recovery: None,
+                sealer: None,
             },
         ))
     }
@@ -131,6 +137,7 @@ impl Engine {
             lease_timeout_ms: config.lease_timeout_ms,
             journal: parts.journal,
             unwritten: responses::UnwrittenQueue::default(),
+            sealer: parts.sealer,
             recovery: parts.recovery,
         }
     }
@@ -251,10 +258,11 @@ impl Engine {
         let fingerprint = self.hasher.key(key);
         let (admitted, stamp) = {
             let mut shard = self.index.lock(fingerprint, bucket);
-            let admitted = shard.insert_key(fingerprint)?;
+            let admitted = shard.insert_key(fingerprint, self.sealed_keys())?;
             shard.after_writes(1);
             (admitted, shard.current())
         };
+        self.after_inserts(u64::from(admitted))?;
         if admitted {
             let ticket = self.enqueue(&[LogEntry::Keys {
                 bucket: stamp,
@@ -320,8 +328,12 @@ impl Engine {
         self.index.group_by_shard(fingerprints, groups);
         let fingerprints = &*fingerprints;
         let lock_group = |group: &[u32]| self.index.lock(fingerprints[group[0] as usize], bucket);
+        let sealed = self.sealed_keys();
+        let mut failed = None;
         let mut insert = |shard: &mut Shard, group: &[u32]| {
-            insert_group(shard, group, fingerprints, admitted);
+            if let Err(err) = insert_group(shard, group, fingerprints, admitted, sealed) {
+                failed.get_or_insert(err);
+            }
             self.index
                 .publish_table(fingerprints[group[0] as usize], shard);
             if durable {
@@ -358,10 +370,13 @@ impl Engine {
                 insert(&mut lock_group(group), group);
             }
         }
+        if let Some(err) = failed {
+            return Err(self.fail(err));
+        }
         if durable {
             self.log_admitted(fingerprints, stamps, admitted, logged)?;
         }
-        Ok(())
+        self.after_inserts(admitted.iter().filter(|&&new| new).count() as u64)
     }
 
     /// Logs the admitted keys of a batch, one entry per bucket stamp (almost always one).
@@ -429,10 +444,9 @@ impl Engine {
         self.check_key(key)?;
         let bucket = self.current_bucket();
         let fingerprint = self.hasher.key(key);
-        Ok(self
-            .index
+        self.index
             .lock(fingerprint, bucket)
-            .contains_key(fingerprint))
+            .contains_key_anywhere(fingerprint, self.sealed_keys())
     }
 
     /// Looks up or creates the record of `scoped_key`. A new record is logged under the
@@ -666,6 +680,11 @@ impl Engine {
             .collect()
     }
 
+    /// The sealed runs, for the index to look keys up in.
+    fn sealed_keys(&self) -> Option<&dyn SealedKeys> {
+        self.sealer.as_ref().map(|sealer| sealer as &dyn SealedKeys)
+    }
+
     /// Whether calls may write files (and so wait for an fsync).
     pub(crate) fn is_durable(&self) -> bool {
         self.journal.is_some()
@@ -703,6 +722,11 @@ impl Engine {
             clock_held_back: self.clock_held_back.load(Ordering::Relaxed),
             buckets_dropped: bucket - self.opened_bucket,
             stuck_records: self.index.count_in_flight(bucket, stuck_before),
+            sealing: self
+                .sealer
+                .as_ref()
+                .map(sealing::Sealer::stats)
+                .unwrap_or_default(),
         }
     }
 }
@@ -743,9 +767,17 @@ fn insert_group(
     group: &[u32],
     fingerprints: &[Fingerprint],
     admitted: &mut [bool],
-) {
+    sealed: Option<&dyn SealedKeys>,
+) -> Result<()> {
+    let mut failed = None;
     for_each_prefetched(shard, group, fingerprints, |shard, index| {
-        admitted[index] = shard.insert_key_unchecked(fingerprints[index]);
+        match shard.insert_key_unchecked(fingerprints[index], sealed) {
+            Ok(new) => admitted[index] = new,
+            Err(err) => {
+                failed.get_or_insert(err);
+            }
+        }
     });
     shard.after_writes(group.len());
+    failed.map_or(Ok(()), Err)
 }

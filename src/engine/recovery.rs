@@ -7,6 +7,7 @@ use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::sealing::Sealer;
 use super::{Config, Engine, Parts};
 use crate::base::{
     Error, Fingerprint, LogSpan, RecordStatus, RecoveryMode, Result, Window, random_secret,
@@ -14,7 +15,7 @@ use crate::base::{
 use crate::index::{Index, NewRecord};
 use crate::io::Storage;
 use crate::wal::{
-    DecodedEntry, DecodedFinish, Journal, JournalConfig, LOCK_NAME, MANIFEST_NAME,
+    DecodedEntry, DecodedFinish, Journal, JournalConfig, LOCK_NAME, LogPosition, MANIFEST_NAME,
     MANIFEST_TEMP_NAME, MAX_SEGMENT_FILE_BYTES, Manifest, RecoveryReport, SEGMENT_HEADER_LEN, Scan,
     SkippedRange, TornTail, Verdict, create_dir_durably, encode_mark, frame_seed, header_problem,
     is_archive, is_prepared_name, parse_segment_name, prepare_archive, retire, scan, segment_path,
@@ -39,6 +40,8 @@ struct Replay<'a> {
     max_lease: u64,
     /// The newest segment, if it holds nothing but its header: the journal appends to it.
     adopt: Option<(u64, u32)>,
+    /// Keys entries before this position are in sealed runs: not replayed.
+    covers: LogPosition,
     report: RecoveryReport,
 }
 
@@ -96,7 +99,20 @@ pub(crate) fn open(config: &Config) -> Result<Engine> {
     )?;
     let start = live.first().map_or(high_water, |&(bucket, _)| bucket);
     let seed = frame_seed(manifest.secret);
-    let logged = count_logged_keys(storage, &dir, &live, seed);
+    let (sealer, covers) = match config.memory_budget_bytes {
+        Some(budget) => {
+            let (sealer, covers) = Sealer::open(
+                &config.storage,
+                &dir,
+                archive,
+                (manifest.database_id(), budget),
+                (window, high_water),
+            )?;
+            (Some(sealer), covers)
+        }
+        None => (None, LogPosition::default()),
+    };
+    let logged = count_logged_keys(storage, &dir, &live, (seed, covers));
     let index = config.build_index(config.expected_keys.max(logged), start)?;
     let mut replay = Replay {
         storage,
@@ -106,6 +122,7 @@ pub(crate) fn open(config: &Config) -> Result<Engine> {
         database_id: manifest.database_id(),
         max_lease: 0,
         adopt: None,
+        covers,
         report,
     };
     let mut kept = BTreeMap::new();
@@ -121,6 +138,9 @@ pub(crate) fn open(config: &Config) -> Result<Engine> {
         }
     }
     let (max_lease, adopt, report) = (replay.max_lease, replay.adopt, replay.report);
+    // Appends must land after every sealed run's position: a segment at or before it is
+    // never appended to again.
+    let adopt = adopt.filter(|&(bucket, seq)| (bucket, seq) > (covers.bucket, covers.seq));
     // Every open may name a segment or two, and a store never comes near the end of the
     // 2^96 names; a name that does was crafted. Refuse it now, while a later open could
     // still be refused for the same reason, rather than run out of names in use.
@@ -160,6 +180,7 @@ pub(crate) fn open(config: &Config) -> Result<Engine> {
             lease_floor: manifest.lease_floor,
             journal: Some(journal),
             recovery: Some(report),
+            sealer,
         },
     ))
 }
@@ -167,15 +188,22 @@ pub(crate) fn open(config: &Config) -> Result<Engine> {
 /// Keys and records the live segments admit, counted from their valid frames, so the
 /// tables can be sized once instead of growing during replay. Damage is left to replay
 /// to report; a file that cannot be read counts as empty here.
-fn count_logged_keys(storage: &dyn Storage, dir: &Path, segments: &[(u64, u32)], seed: u64) -> u64 {
+fn count_logged_keys(
+    storage: &dyn Storage,
+    dir: &Path,
+    segments: &[(u64, u32)],
+    (seed, covers): (u64, LogPosition),
+) -> u64 {
     let mut keys = 0;
     for &(bucket, seq) in segments {
         let Ok(bytes) = storage.read(&segment_path(dir, bucket, seq), MAX_SEGMENT_FILE_BYTES)
         else {
             continue;
         };
-        for (_, entry) in scan(&bytes, seed).frames {
+        for (frame, entry) in scan(&bytes, seed).frames {
+            let sealed = position_of(bucket, seq, frame.start) < covers;
             keys += match entry {
+                DecodedEntry::Keys { .. } if sealed => 0,
                 DecodedEntry::Keys { fingerprints, .. } => fingerprints.len() as u64,
                 DecodedEntry::Reserve { .. } | DecodedEntry::Advance { .. } => 1,
                 DecodedEntry::Finish { .. }
@@ -263,6 +291,15 @@ fn delete_expired(
     })?;
     report.segments_deleted += expired.len() as u64;
     Ok(live)
+}
+
+/// The log position of the frame at `start` of segment (`bucket`, `seq`).
+fn position_of(bucket: u64, seq: u32, start: usize) -> LogPosition {
+    LogPosition {
+        bucket,
+        seq,
+        offset: frame_offset(start),
+    }
 }
 
 /// A frame offset or length within a segment, which stays below 4 GiB.
@@ -431,6 +468,12 @@ impl Replay<'_> {
                 start: frame_offset(frame.start),
                 len: frame_offset(frame.end - frame.start),
             };
+            if matches!(entry, DecodedEntry::Keys { .. })
+                && position_of(segment.bucket, segment.seq, frame.start) < self.covers
+            {
+                // In a sealed run already.
+                continue;
+            }
             if let Err(reason) = self.apply(span, entry) {
                 self.damaged(&segment.path, frame.start as u64, frame.end as u64, reason)?;
                 self.skipped(&segment.path, frame.start as u64, frame.end as u64, reason);
@@ -578,6 +621,7 @@ mod tests {
             lease_timeout_ms: None,
             archive_dir: None,
             response_retention_ms: None,
+            memory_budget_bytes: None,
         }
     }
 

@@ -11,6 +11,21 @@ mod slots;
 mod table;
 
 pub(crate) use shard::{Grant, InFlightRecord, NewRecord, Reserved, Shard};
+pub(crate) use table::DedupTable;
+
+/// Dedup keys that left memory for sealed runs on disk, as the index asks for them: the
+/// engine implements this over the log's runs.
+pub(crate) trait SealedKeys {
+    /// No run is live: every key is in memory.
+    fn is_empty(&self) -> bool;
+    /// Whether a run holds `fingerprint` stamped with a bucket live at `current`.
+    fn contains(
+        &self,
+        fingerprint: Fingerprint,
+        window: Window,
+        current: u64,
+    ) -> crate::base::Result<bool>;
+}
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -114,6 +129,36 @@ impl Index {
             window: config.window,
             bounded: config.shard_capacity.is_some(),
         })
+    }
+
+    /// Hands every shard's dedup table over to be sealed (see [`Shard::freeze`]), in
+    /// shard order: per shard, the frozen table (if it held anything), the liveness its
+    /// stamps are read with, and the shard's bucket then.
+    pub(crate) fn freeze_all(
+        &self,
+    ) -> Vec<Option<(std::sync::Arc<DedupTable>, crate::base::Liveness, u64)>> {
+        (0..self.shards.len())
+            .map(|index| self.lock_index(index).freeze())
+            .collect()
+    }
+
+    /// Drops every frozen table: their keys are in a sealed run.
+    pub(crate) fn release_frozen(&self) {
+        for index in 0..self.shards.len() {
+            self.lock_index(index).release_frozen();
+        }
+    }
+
+    /// Bytes of every shard's dedup tables, frozen ones included.
+    pub(crate) fn table_bytes(&self) -> u64 {
+        (0..self.shards.len())
+            .map(|index| self.lock_index(index).table_bytes() as u64)
+            .sum()
+    }
+
+    /// Shards, as a power of two.
+    pub(crate) fn shard_bits(&self) -> u32 {
+        self.shard_bits
     }
 
     /// Whether shards hold a key limit (batches then check room in every shard first).

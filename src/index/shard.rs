@@ -6,7 +6,10 @@ use super::counters::Counters;
 use super::marks::MarkMap;
 use super::records::{RecordMap, Response, State, StoredRecord};
 use super::table::{DedupTable, Inserted};
-use crate::base::{Advance, LogSpan, Record, RecordStatus};
+use std::sync::Arc;
+
+use super::SealedKeys;
+use crate::base::{Advance, Liveness, LogSpan, Record, RecordStatus};
 use crate::base::{Error, Fingerprint, Finish, FullPolicy, Result, Window};
 
 /// Table slots swept per write while a sweep pass is under way.
@@ -108,6 +111,10 @@ pub(crate) struct Shard {
     capacity: Option<u64>,
     policy: FullPolicy,
     pub(crate) counters: Counters,
+    /// The table being written out as a sealed run: read, never written, until the run
+    /// is in place.
+    frozen: Option<Arc<DedupTable>>,
+    huge_pages: bool,
 }
 
 impl Shard {
@@ -141,6 +148,8 @@ impl Shard {
             capacity,
             policy,
             counters: Counters::default(),
+            frozen: None,
+            huge_pages,
         })
     }
 
@@ -301,12 +310,16 @@ impl Shard {
         self.table.prefetch(fingerprint.tag());
     }
 
-    /// Admits a dedup key; false if it is live already.
-    pub(crate) fn insert_key(&mut self, fingerprint: Fingerprint) -> Result<bool> {
+    /// Admits a dedup key; false if it is live already, in memory or in `sealed`.
+    pub(crate) fn insert_key(
+        &mut self,
+        fingerprint: Fingerprint,
+        sealed: Option<&dyn SealedKeys>,
+    ) -> Result<bool> {
         if self.capacity.is_some() && !self.contains_key(fingerprint) {
             self.make_room(1)?;
         }
-        Ok(self.insert_key_unchecked(fingerprint))
+        self.insert_key_unchecked(fingerprint, sealed)
     }
 
     /// Counts the distinct keys of `fingerprints` that are not live yet and makes room
@@ -327,15 +340,83 @@ impl Shard {
         self.make_room(new.len() as u64)
     }
 
-    /// Admits a dedup key without the capacity check (done by the caller).
-    pub(crate) fn insert_key_unchecked(&mut self, fingerprint: Fingerprint) -> bool {
-        let admitted = self.admit(fingerprint);
+    /// Admits a dedup key without the capacity check (done by the caller). With sealed
+    /// keys (or a table being sealed), the key is new only if no level holds it live:
+    /// memory first, then the frozen table, then the sealed runs.
+    pub(crate) fn insert_key_unchecked(
+        &mut self,
+        fingerprint: Fingerprint,
+        sealed: Option<&dyn SealedKeys>,
+    ) -> Result<bool> {
+        let sealed = sealed.filter(|sealed| !sealed.is_empty());
+        let admitted = if sealed.is_none() && self.frozen.is_none() {
+            self.admit(fingerprint)
+        } else {
+            // Older levels first: a new key then costs their filters and one probe of
+            // memory, not two.
+            !self.in_older_levels(fingerprint, sealed)? && self.admit(fingerprint)
+        };
         if admitted {
             self.counters.admitted += 1;
         } else {
             self.counters.duplicates += 1;
         }
-        admitted
+        Ok(admitted)
+    }
+
+    /// Whether the frozen table or a sealed run holds `fingerprint` live.
+    fn in_older_levels(
+        &self,
+        fingerprint: Fingerprint,
+        sealed: Option<&dyn SealedKeys>,
+    ) -> Result<bool> {
+        let view = self.view();
+        if let Some(frozen) = &self.frozen
+            && frozen.contains_frozen(fingerprint.tag(), view.liveness(self.current))
+        {
+            return Ok(true);
+        }
+        match sealed {
+            Some(sealed) => sealed.contains(fingerprint, view, self.current),
+            None => Ok(false),
+        }
+    }
+
+    /// Whether `fingerprint` is live in any level.
+    pub(crate) fn contains_key_anywhere(
+        &mut self,
+        fingerprint: Fingerprint,
+        sealed: Option<&dyn SealedKeys>,
+    ) -> Result<bool> {
+        Ok(self.contains_key(fingerprint) || self.in_older_levels(fingerprint, sealed)?)
+    }
+
+    /// Hands the dedup table over to be sealed: a fresh table takes the writes, and the
+    /// old one answers lookups, unchanged, until [`Shard::release_frozen`]. Its keys stop
+    /// counting as live in memory. `None` if the table holds nothing.
+    pub(crate) fn freeze(&mut self) -> Option<(Arc<DedupTable>, Liveness, u64)> {
+        if self.frozen.is_some() || self.table.used() == 0 {
+            return None;
+        }
+        let fresh = DedupTable::with_keys(0, self.huge_pages).ok()?;
+        let frozen = Arc::new(std::mem::replace(&mut self.table, fresh));
+        for count in &mut self.ring {
+            count.keys = 0;
+        }
+        self.live_keys = 0;
+        self.oldest_bucket = self.current;
+        self.frozen = Some(Arc::clone(&frozen));
+        Some((frozen, self.view().liveness(self.current), self.current))
+    }
+
+    /// Drops the frozen table: its keys are in a sealed run now.
+    pub(crate) fn release_frozen(&mut self) {
+        self.frozen = None;
+    }
+
+    /// Bytes of the dedup tables: the one taking writes and any frozen one.
+    pub(crate) fn table_bytes(&self) -> usize {
+        self.table.heap_bytes() + self.frozen.as_ref().map_or(0, |t| t.heap_bytes())
     }
 
     /// Re-admits a key during recovery with the bucket it was stamped with when it was

@@ -140,23 +140,44 @@ impl DedupTable {
     }
 
     /// Whether `tag` is present and live.
+    pub(crate) fn contains(&mut self, tag: u64, live: Liveness) -> bool {
+        let (found, probes) = self.find(tag, live);
+        self.probes += probes;
+        found
+    }
+
+    /// As [`DedupTable::contains`], on a table nobody writes any more (a frozen one).
+    pub(crate) fn contains_frozen(&self, tag: u64, live: Liveness) -> bool {
+        self.find(tag, live).0
+    }
+
+    /// Whether `tag` is present and live, and the slots read to tell.
     #[expect(
         clippy::indexing_slicing,
         reason = "every index is below a length fixed at construction (shard count, table capacity, batch size)"
     )]
-    pub(crate) fn contains(&mut self, tag: u64, live: Liveness) -> bool {
+    fn find(&self, tag: u64, live: Liveness) -> (bool, u64) {
         let mut index = self.home(tag);
+        let mut probes = 0;
         loop {
-            self.probes += 1;
+            probes += 1;
             let slot = self.slots[index];
             if slot_is_empty(slot) {
-                return false;
+                return (false, probes);
             }
             if slot_tag(slot) == tag && live.is_live(slot_bucket(slot)) {
-                return true;
+                return (true, probes);
             }
             index = self.next(index);
         }
+    }
+
+    /// Every live entry, as (tag, 32-bit bucket stamp), in slot order.
+    pub(crate) fn live_entries(&self, live: Liveness) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.slots
+            .iter()
+            .filter(move |&&slot| !slot_is_empty(slot) && live.is_live(slot_bucket(slot)))
+            .map(|&slot| (slot_tag(slot), slot_bucket(slot)))
     }
 
     /// Inserts `tag` admitted in the current bucket of `live` unless a live copy exists.

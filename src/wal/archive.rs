@@ -91,14 +91,42 @@ pub(crate) fn retire(
     expired: &[(u64, u32)],
     sync_dir: &mut dyn FnMut(&Path) -> std::io::Result<()>,
 ) -> std::io::Result<()> {
-    if expired.is_empty() {
+    let names: Vec<String> = expired
+        .iter()
+        .map(|&(bucket, seq)| segment_file_name(bucket, seq))
+        .collect();
+    retire_names(storage, dir, archive, &names, sync_dir)
+}
+
+/// As [`retire`], for whole files of `dir` named by path (sealed runs).
+pub(crate) fn retire_files(
+    storage: &dyn Storage,
+    dir: &Path,
+    archive: Option<&Path>,
+    expired: &[std::path::PathBuf],
+) -> Result<()> {
+    let names: Vec<String> = expired
+        .iter()
+        .filter_map(|path| path.file_name()?.to_str().map(str::to_owned))
+        .collect();
+    retire_names(storage, dir, archive, &names, &mut |d| storage.sync_dir(d))?;
+    Ok(())
+}
+
+fn retire_names(
+    storage: &dyn Storage,
+    dir: &Path,
+    archive: Option<&Path>,
+    names: &[String],
+    sync_dir: &mut dyn FnMut(&Path) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    if names.is_empty() {
         return Ok(());
     }
-    for &(bucket, seq) in expired {
-        let name = segment_file_name(bucket, seq);
+    for name in names {
         match archive {
-            Some(archive) => storage.rename(&dir.join(&name), &archive.join(&name))?,
-            None => storage.remove(&dir.join(&name))?,
+            Some(archive) => storage.rename(&dir.join(name), &archive.join(name))?,
+            None => storage.remove(&dir.join(name))?,
         }
     }
     if let Some(archive) = archive {

@@ -13,11 +13,12 @@ mod manifest;
 mod names;
 mod report;
 mod response;
+mod run;
 mod scan;
 mod verify;
 
 pub(crate) use archive::prepare as prepare_archive;
-pub(crate) use archive::{create_dir_durably, is_archive, retire};
+pub(crate) use archive::{create_dir_durably, is_archive, retire, retire_files};
 pub(crate) use entry::{DecodedEntry, DecodedFinish, LogEntry, encode_mark};
 pub(crate) use format::{MAX_SEGMENT_FILE_BYTES, SEGMENT_HEADER_LEN, frame_seed};
 pub(crate) use journal::{Journal, JournalConfig, JournalStats, Ticket};
@@ -27,6 +28,9 @@ pub(crate) use names::{
 };
 pub use report::{
     RecoveryReport, SegmentReport, SegmentState, SkippedRange, TornTail, VerifyReport,
+};
+pub(crate) use run::{
+    LogPosition, Run, RunSummary, RunWriter, is_temp_run_name, open as open_run, parse_run_name,
 };
 pub(crate) use scan::{Scan, Verdict, scan};
 pub(crate) use verify::{header_problem, verify_with};

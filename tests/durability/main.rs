@@ -26,3 +26,4 @@ mod durability;
 mod faults;
 mod fuzz_corpus;
 mod responses;
+mod sealing;

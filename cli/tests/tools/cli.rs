@@ -352,6 +352,41 @@ fn bench_checks_that_it_admitted_exactly_the_distinct_keys() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("5x"));
 }
 
+/// `--memory-budget` takes sizes with units; a durable run under a small budget seals
+/// keys into runs and still admits exactly the distinct keys; a bad size is one error.
+#[test]
+fn bench_under_a_memory_budget_seals_and_stays_exact() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let out = oncedb(
+        &[
+            "bench",
+            "--keys",
+            "200000",
+            "--durability",
+            "buffered",
+            "--memory-budget",
+            "256KiB",
+            "--dir",
+            dir.path().to_str().unwrap(),
+        ],
+        b"",
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("distinct keys: exact"), "{stderr}");
+    let sealed = stderr
+        .lines()
+        .find(|line| line.contains("sealed:"))
+        .unwrap_or_else(|| panic!("no seal in {stderr}"));
+    assert!(!sealed.contains(" 0 runs written"), "{sealed}");
+    for bad in ["12XB", "GiB", "99999999999999GiB"] {
+        let out = oncedb(&["bench", "--keys", "10", "--memory-budget", bad], b"");
+        assert!(!out.status.success(), "{bad}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains(bad), "{bad}");
+    }
+}
+
 /// An archive of expired segments (`Options::archive_dir`) reads with `verify` and
 /// `inspect` as a store does, without being opened (which would expire it).
 #[test]

@@ -396,6 +396,28 @@ impl Journal {
         Ok((Ticket(state.appended), span))
     }
 
+    /// The log position just past everything appended so far.
+    pub(crate) fn position(&self) -> super::LogPosition {
+        let state = self.shared.state.lock();
+        state
+            .active
+            .as_ref()
+            .map_or_else(super::LogPosition::default, |active| super::LogPosition {
+                bucket: active.bucket,
+                seq: active.seq,
+                offset: segment_offset(active.appended_len),
+            })
+    }
+
+    /// `err`, after poisoning the store if it is an I/O error: a failed write outside the
+    /// journal (a sealed run) fails the store closed like a failed append.
+    pub(crate) fn fail(&self, err: Error) -> Error {
+        match err {
+            Error::Io(err) => self.shared.poison(err),
+            other => other,
+        }
+    }
+
     /// Whether everything up to `ticket` has reached the segment files (written, if not
     /// yet synced): its frames can be read back.
     pub(crate) fn is_written(&self, ticket: Ticket) -> bool {

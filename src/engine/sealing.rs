@@ -1,0 +1,281 @@
+//! The memory budget (`Options::memory_budget`): when the dedup tables reach half of it,
+//! every key in memory is sealed into an immutable run on disk and the tables start
+//! empty. `docs/design.md` ("Sealed key runs") gives the argument; in short:
+//!
+//! 1. Read the log position `covers` (the end of everything appended so far).
+//! 2. Freeze every shard's table (a fresh one takes the writes; the frozen one still
+//!    answers lookups). Each key logged before `covers` was inserted into memory before
+//!    its entry was appended, so before its shard froze: it is in a frozen table.
+//! 3. Write the run from the frozen tables, fsync, rename, fsync the directory.
+//! 4. Publish the run to lookups, then drop the frozen tables.
+//!
+//! Recovery opens the runs and skips the keys entries logged before the newest run's
+//! `covers`; a crash before step 3 ends leaves a temporary file that open removes, and the
+//! log still holds every key.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::{Mutex, RwLock};
+
+use super::Engine;
+use crate::base::{Error, Fingerprint, Result, Window};
+use crate::index::SealedKeys;
+use crate::io::Storage;
+use crate::wal::{
+    LogPosition, Run, RunSummary, RunWriter, is_temp_run_name, open_run, parse_run_name,
+    retire_files,
+};
+
+/// The smallest tables worth a seal.
+const MIN_SEAL_BYTES: u64 = 1 << 15;
+
+/// Admitted keys between two looks at the tables' size.
+const CHECK_EVERY_KEYS: u64 = 4096;
+
+/// The sealed runs of a store with a memory budget, and what sealing needs.
+pub(crate) struct Sealer {
+    storage: Arc<dyn Storage>,
+    dir: PathBuf,
+    archive: Option<PathBuf>,
+    database_id: u64,
+    budget_bytes: u64,
+    /// Live runs, oldest first.
+    runs: RwLock<Vec<Arc<Run>>>,
+    /// Held while a seal runs: one at a time.
+    sealing: Mutex<()>,
+    next_run_id: AtomicU64,
+    since_check: AtomicU64,
+    /// Runs written and removed since open.
+    sealed: AtomicU64,
+    expired: AtomicU64,
+}
+
+impl SealedKeys for Sealer {
+    fn is_empty(&self) -> bool {
+        self.runs.read().is_empty()
+    }
+
+    fn contains(&self, fingerprint: Fingerprint, window: Window, current: u64) -> Result<bool> {
+        for run in self.runs.read().iter().rev() {
+            if run.contains(&*self.storage, fingerprint, window, current)? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+}
+
+/// What the sealer reports in `Stats`.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct SealStats {
+    pub(crate) runs: u64,
+    pub(crate) sealed_keys: u64,
+    pub(crate) filter_bytes: u64,
+    pub(crate) runs_written: u64,
+    pub(crate) runs_expired: u64,
+}
+
+impl Sealer {
+    /// The sealer of the store in `dir`: its live runs opened (fences and filters only),
+    /// expired ones retired, half-written ones removed. Also returns the log position
+    /// before which every keys entry is in a run.
+    pub(crate) fn open(
+        storage: &Arc<dyn Storage>,
+        dir: &Path,
+        archive: Option<&Path>,
+        (database_id, budget_bytes): (u64, u64),
+        (window, bucket): (Window, u64),
+    ) -> Result<(Sealer, LogPosition)> {
+        let mut runs = Vec::new();
+        let (mut expired, mut next_run_id) = (Vec::new(), 1);
+        for path in storage.list(dir)? {
+            if is_temp_run_name(&path) {
+                storage.remove(&path)?;
+            } else if let Some(run_id) = parse_run_name(&path) {
+                next_run_id = next_run_id.max(run_id + 1);
+                let run = open_run(&**storage, &path, database_id)?;
+                if window.is_live(run.summary().newest_bucket, bucket) {
+                    runs.push(Arc::new(run));
+                } else {
+                    expired.push(path);
+                }
+            }
+        }
+        retire_files(&**storage, dir, archive, &expired)?;
+        runs.sort_by_key(|run| run.summary().run_id);
+        let covers = runs
+            .iter()
+            .map(|run| run.summary().covers)
+            .max()
+            .unwrap_or_default();
+        let sealer = Sealer {
+            storage: Arc::clone(storage),
+            dir: dir.to_path_buf(),
+            archive: archive.map(Path::to_path_buf),
+            database_id,
+            budget_bytes,
+            runs: RwLock::new(runs),
+            sealing: Mutex::new(()),
+            next_run_id: AtomicU64::new(next_run_id),
+            since_check: AtomicU64::new(0),
+            sealed: AtomicU64::new(0),
+            expired: AtomicU64::new(expired.len() as u64),
+        };
+        Ok((sealer, covers))
+    }
+
+    pub(crate) fn stats(&self) -> SealStats {
+        let runs = self.runs.read();
+        SealStats {
+            runs: runs.len() as u64,
+            sealed_keys: runs.iter().map(|run| run.summary().keys).sum(),
+            filter_bytes: runs.iter().map(|run| run.heap_bytes() as u64).sum(),
+            runs_written: self.sealed.load(Ordering::Relaxed),
+            runs_expired: self.expired.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The table size that starts a seal: half of what the runs' filters leave of the
+    /// budget (so that the frozen tables and the new ones fit together), but never
+    /// below [`MIN_SEAL_BYTES`], so that filters outgrowing the budget do not turn every
+    /// check into a seal of a few keys.
+    fn threshold(&self) -> u64 {
+        (self.budget_bytes.saturating_sub(self.filter_bytes()) / 2).max(MIN_SEAL_BYTES)
+    }
+
+    fn filter_bytes(&self) -> u64 {
+        self.runs
+            .read()
+            .iter()
+            .map(|run| run.heap_bytes() as u64)
+            .sum()
+    }
+
+    /// Removes (or archives) the runs whose newest bucket left the window at `current`.
+    fn expire(&self, window: Window, current: u64) -> Result<()> {
+        let live = |run: &Arc<Run>| window.is_live(run.summary().newest_bucket, current);
+        if self.runs.read().iter().all(live) {
+            return Ok(());
+        }
+        let expired: Vec<Arc<Run>> = {
+            let mut runs = self.runs.write();
+            let (live, expired) = std::mem::take(&mut *runs)
+                .into_iter()
+                .partition(|run| window.is_live(run.summary().newest_bucket, current));
+            *runs = live;
+            expired
+        };
+        if expired.is_empty() {
+            return Ok(());
+        }
+        let paths: Vec<PathBuf> = expired.iter().map(|run| run.path().to_path_buf()).collect();
+        retire_files(&*self.storage, &self.dir, self.archive.as_deref(), &paths)?;
+        self.expired
+            .fetch_add(expired.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+impl Engine {
+    /// After `admitted` keys: every few thousand, retires expired runs and, if the dedup
+    /// tables (with the runs' filters) hold half the memory budget, seals them. One
+    /// writer seals; the others go on, unless the tables hold the whole budget, when
+    /// they wait for the seal under way.
+    pub(crate) fn after_inserts(&self, admitted: u64) -> Result<()> {
+        let Some(sealer) = &self.sealer else {
+            return Ok(());
+        };
+        if sealer.since_check.fetch_add(admitted, Ordering::Relaxed) + admitted < CHECK_EVERY_KEYS {
+            return Ok(());
+        }
+        sealer.since_check.store(0, Ordering::Relaxed);
+        let current = self.current_bucket();
+        sealer
+            .expire(self.window, current)
+            .map_err(|err| self.fail(err))?;
+        let (tables, threshold) = (self.index.table_bytes(), sealer.threshold());
+        if tables < threshold {
+            return Ok(());
+        }
+        let guard = if tables >= 2 * threshold {
+            sealer.sealing.lock()
+        } else {
+            match sealer.sealing.try_lock() {
+                Some(guard) => guard,
+                None => return Ok(()),
+            }
+        };
+        // Another writer may have sealed while this one waited.
+        if self.index.table_bytes() < sealer.threshold() {
+            return Ok(());
+        }
+        let sealed = self.seal(sealer);
+        drop(guard);
+        sealed.map_err(|err| self.fail(err))
+    }
+
+    /// Seals every key in memory into a new run (the sealing lock held).
+    fn seal(&self, sealer: &Sealer) -> Result<()> {
+        let Some(journal) = &self.journal else {
+            return Ok(());
+        };
+        let covers = journal.position();
+        let frozen = self.index.freeze_all();
+        let span = self.window.span;
+        let currents = frozen.iter().flatten().map(|&(_, _, current)| current);
+        let newest = currents.clone().max().unwrap_or(0);
+        let oldest = currents.min().unwrap_or(0).saturating_sub(span);
+        let summary = RunSummary {
+            database_id: sealer.database_id,
+            run_id: sealer.next_run_id.fetch_add(1, Ordering::Relaxed),
+            shard_bits: self.index.shard_bits(),
+            keys: 0,
+            oldest_bucket: oldest,
+            newest_bucket: newest,
+            covers,
+        };
+        let mut writer = RunWriter::create(&*sealer.storage, &sealer.dir, summary)?;
+        let mut entries = Vec::new();
+        for shard in &frozen {
+            entries.clear();
+            if let Some((table, live, current)) = shard {
+                let current = *current;
+                entries.extend(table.live_entries(*live).map(|(tag, stamp)| {
+                    #[expect(
+                        clippy::cast_possible_truncation,
+                        reason = "bucket stamps are the low 32 bits of the bucket"
+                    )]
+                    let age = (current as u32).wrapping_sub(stamp);
+                    (tag, current - u64::from(age))
+                }));
+                // Each tag once, with its newest stamp.
+                entries.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+                entries.dedup_by_key(|entry| entry.0);
+            }
+            writer.add_section(&entries)?;
+        }
+        drop(entries);
+        let run = writer.finish()?;
+        log::info!(
+            "oncedb: sealed {} keys into {} (buckets {}..={})",
+            run.summary().keys,
+            run.path().display(),
+            oldest,
+            newest
+        );
+        sealer.runs.write().push(Arc::new(run));
+        self.index.release_frozen();
+        sealer.sealed.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// A failed seal or run removal: an I/O error poisons the store like a failed write.
+    pub(crate) fn fail(&self, err: Error) -> Error {
+        match &self.journal {
+            Some(journal) => journal.fail(err),
+            None => err,
+        }
+    }
+}

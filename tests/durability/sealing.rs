@@ -1,0 +1,204 @@
+//! `Options::memory_budget`: dedup keys beyond the budget are sealed into immutable runs
+//! on disk; answers stay exact, in memory and after a reopen; a fault (and a crash or
+//! power loss) at any I/O call of sealing loses no acknowledged key; a damaged run is
+//! `Corrupted`, never a smaller window; runs leave whole with their window.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::support::{BUCKET, WINDOW, manual_clock};
+use oncedb::io::{FaultyStorage, MemStorage, Storage};
+use oncedb::{Db, Durability, Error, ManualClock, Options};
+
+/// A small budget over few shards: the tables seal every few thousand keys.
+const BUDGET: u64 = 1 << 18;
+
+fn options(storage: Arc<dyn Storage>, clock: &ManualClock) -> Options {
+    Options::new("/db")
+        .window(WINDOW)
+        .bucket_width(BUCKET)
+        .clock(clock.clone())
+        .durability(Durability::Buffered)
+        .memory_budget(BUDGET)
+        .shards(4)
+        .storage(storage)
+}
+
+fn key(n: u32) -> [u8; 16] {
+    let mut key = [7u8; 16];
+    key[..4].copy_from_slice(&n.to_le_bytes());
+    key
+}
+
+/// Admits keys `range` in batches of 256 and returns how many were new.
+fn admit(db: &Db, range: std::ops::Range<u32>) -> Result<usize, Error> {
+    let keys: Vec<[u8; 16]> = range.map(key).collect();
+    let mut new = 0;
+    for batch in keys.chunks(256) {
+        new += db.insert_many(batch)?.iter().filter(|&&n| n).count();
+    }
+    Ok(new)
+}
+
+fn runs_on(disk: &MemStorage) -> Vec<std::path::PathBuf> {
+    disk.list(Path::new("/db"))
+        .unwrap()
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "keys"))
+        .collect()
+}
+
+#[test]
+fn keys_beyond_the_budget_are_sealed_and_every_answer_stays_exact() {
+    let disk = MemStorage::new();
+    let clock = manual_clock();
+    let db = Db::open(options(Arc::new(disk.clone()), &clock)).unwrap();
+    assert_eq!(admit(&db, 0..60_000).unwrap(), 60_000);
+    let stats = db.stats();
+    assert!(stats.runs_sealed >= 2, "{stats:?}");
+    assert!(stats.index_bytes <= BUDGET, "{stats:?}");
+    assert_eq!(stats.sealed_keys + stats.live_keys, 60_000, "{stats:?}");
+    // Every key is a duplicate, single or batched, wherever it lives; new keys are new.
+    assert_eq!(admit(&db, 0..60_000).unwrap(), 0);
+    for n in (0..60_000).step_by(97) {
+        assert!(!db.insert_if_absent(&key(n)).unwrap(), "key {n}");
+        assert!(db.contains(&key(n)).unwrap());
+    }
+    assert!(!db.contains(&key(60_000)).unwrap());
+    assert_eq!(admit(&db, 60_000..61_000).unwrap(), 1_000);
+    // A reopen after a crash opens the runs and replays only what they do not cover.
+    drop(db);
+    disk.process_crash();
+    let db = Db::open(options(Arc::new(disk.clone()), &clock)).unwrap();
+    let stats = db.stats();
+    assert!(stats.sealed_runs >= 2);
+    assert!(
+        stats.live_keys < 30_000,
+        "replayed {} keys",
+        stats.live_keys
+    );
+    assert_eq!(admit(&db, 0..61_000).unwrap(), 0);
+    // The window moves on: runs leave whole, and their keys are new again.
+    clock.forward(WINDOW + BUCKET);
+    assert_eq!(admit(&db, 0..8_000).unwrap(), 8_000);
+    assert!(db.stats().runs_expired >= 2);
+    assert!(runs_on(&disk).len() <= 2, "{:?}", runs_on(&disk));
+}
+
+#[test]
+fn a_budget_needs_a_durable_store_and_no_key_limit() {
+    let clock = manual_clock();
+    for options in [
+        Options::in_memory().memory_budget(BUDGET),
+        Options::new("/db")
+            .storage(Arc::new(MemStorage::new()))
+            .memory_budget(BUDGET)
+            .max_keys(10),
+        Options::new("/db")
+            .storage(Arc::new(MemStorage::new()))
+            .memory_budget(100),
+    ] {
+        let options = options.clock(clock.clone());
+        assert!(matches!(Db::open(options), Err(Error::InvalidOptions(_))));
+    }
+}
+
+/// The sweep's workload: batches of 256 keys, each flushed; returns the keys
+/// acknowledged before the first error.
+fn flushed_batches(db: &Db) -> u32 {
+    let keys: Vec<[u8; 16]> = (0..12_000).map(key).collect();
+    let mut acked = 0;
+    for batch in keys.chunks(256) {
+        if db.insert_many(batch).and_then(|_| db.flush()).is_err() {
+            break;
+        }
+        acked += batch.len() as u32;
+    }
+    acked
+}
+
+/// The workload's I/O calls, with no fault.
+fn clean_calls() -> u64 {
+    let faulty = FaultyStorage::new(Arc::new(MemStorage::new()));
+    let clock = manual_clock();
+    let db = Db::open(options(Arc::new(faulty.clone()), &clock)).unwrap();
+    assert_eq!(flushed_batches(&db), 12_000);
+    assert!(db.stats().runs_sealed >= 1, "the sweep covers a seal");
+    drop(db);
+    faulty.calls()
+}
+
+/// A fault at any I/O call while keys are admitted and sealed (the run's create, appends,
+/// fsync, rename and directory fsync among them), then a crash or a power loss: the fault
+/// is reported, and every key acknowledged before it is a duplicate after a reopen.
+#[test]
+fn a_fault_at_any_step_of_sealing_loses_no_acknowledged_key() {
+    let calls = clean_calls();
+    assert!(calls > 10, "the workload makes {calls} calls");
+    for call in 1..=calls + 1 {
+        for power_loss in [false, true] {
+            let disk = MemStorage::new();
+            let faulty = FaultyStorage::new(Arc::new(disk.clone()));
+            faulty.fail_at(call, false);
+            let clock = manual_clock();
+            let mut acked = 0u32;
+            if let Ok(db) = Db::open(options(Arc::new(faulty.clone()), &clock)) {
+                acked = flushed_batches(&db);
+                if faulty.failures() > 0 {
+                    assert!(
+                        acked < 12_000,
+                        "call {call}: a failure was reported as success"
+                    );
+                }
+            }
+            if power_loss {
+                disk.power_loss();
+            } else {
+                disk.process_crash();
+            }
+            let db = Db::open(options(Arc::new(disk.clone()), &clock))
+                .unwrap_or_else(|err| panic!("call {call}: reopen failed: {err}"));
+            for n in 0..acked {
+                assert!(
+                    db.contains(&key(n)).unwrap(),
+                    "call {call} (power loss {power_loss}): acknowledged key {n} lost"
+                );
+            }
+        }
+    }
+}
+
+/// Flipped bytes anywhere in a run: open says `Corrupted`, or a lookup that reads the
+/// damaged page does; no answer is ever silently "new" for a sealed key.
+#[test]
+fn a_damaged_run_is_corrupted_never_a_smaller_window() {
+    let disk = MemStorage::new();
+    let clock = manual_clock();
+    {
+        let db = Db::open(options(Arc::new(disk.clone()), &clock)).unwrap();
+        admit(&db, 0..20_000).unwrap();
+        assert!(db.stats().runs_sealed >= 1);
+    }
+    let run = runs_on(&disk).into_iter().next().unwrap();
+    let pristine = disk.contents(&run).unwrap();
+    let step = (pristine.len() / 300).max(1);
+    for at in (0..pristine.len()).step_by(step) {
+        let mut damaged = pristine.clone();
+        damaged[at] ^= 0x10;
+        disk.set_contents(&run, damaged);
+        match Db::open(options(Arc::new(disk.clone()), &clock)) {
+            Err(Error::Corrupted { .. }) => {}
+            Err(err) => panic!("byte {at}: {err}"),
+            Ok(db) => {
+                for n in (0..20_000).step_by(7) {
+                    match db.contains(&key(n)) {
+                        Ok(found) => assert!(found, "byte {at}: sealed key {n} reads as new"),
+                        Err(Error::Corrupted { .. }) => break,
+                        Err(err) => panic!("byte {at}: {err}"),
+                    }
+                }
+            }
+        }
+    }
+    disk.set_contents(&run, pristine);
+}
