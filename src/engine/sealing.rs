@@ -139,10 +139,12 @@ impl Sealer {
 
     /// The table size that starts a seal: half of what the runs' filters leave of the
     /// budget (so that the frozen tables and the new ones fit together), but never
-    /// below [`MIN_SEAL_BYTES`], so that filters outgrowing the budget do not turn every
-    /// check into a seal of a few keys.
+    /// below an eighth of the budget (nor [`MIN_SEAL_BYTES`]), so that filters
+    /// outgrowing the budget do not turn every check into a seal of a few keys.
     fn threshold(&self) -> u64 {
-        (self.budget_bytes.saturating_sub(self.filter_bytes()) / 2).max(MIN_SEAL_BYTES)
+        (self.budget_bytes.saturating_sub(self.filter_bytes()) / 2)
+            .max(self.budget_bytes / 8)
+            .max(MIN_SEAL_BYTES)
     }
 
     fn filter_bytes(&self) -> u64 {

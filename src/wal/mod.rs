@@ -27,7 +27,7 @@ pub(crate) use names::{
     LOCK_NAME, MANIFEST_TEMP_NAME, is_prepared_name, parse_segment_name, segment_path,
 };
 pub use report::{
-    RecoveryReport, SegmentReport, SegmentState, SkippedRange, TornTail, VerifyReport,
+    RecoveryReport, RunReport, SegmentReport, SegmentState, SkippedRange, TornTail, VerifyReport,
 };
 pub(crate) use run::{
     LogPosition, Run, RunSummary, RunWriter, is_temp_run_name, open as open_run, parse_run_name,

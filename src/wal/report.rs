@@ -112,6 +112,25 @@ pub struct VerifyReport {
     pub segments: Vec<SegmentReport>,
     /// Files that are not part of a store (ignored by `Db::open`).
     pub stray_files: Vec<PathBuf>,
+    /// Every sealed key run (`Options::memory_budget`), in id order.
+    pub runs: Vec<RunReport>,
+}
+
+/// What `verify` found in one sealed key run: its footer's summary, and the first damage
+/// (footer, section table, fences, filters, and every data page checked).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RunReport {
+    /// The run file.
+    pub path: PathBuf,
+    /// Keys in the run (0 if its footer is damaged).
+    pub keys: u64,
+    /// Oldest and newest bucket its keys may have (`None` if its footer is damaged).
+    pub buckets: Option<(u64, u64)>,
+    /// Bytes of memory its fences and filters take once open.
+    pub filter_bytes: u64,
+    /// The first damage: byte offset and reason.
+    pub damage: Option<(u64, String)>,
 }
 
 impl VerifyReport {
@@ -133,6 +152,12 @@ impl VerifyReport {
                     Some((segment.path.clone(), *offset, reason.clone()))
                 }
                 SegmentState::Clean | SegmentState::TornTail { .. } => None,
+            })
+            .or_else(|| {
+                self.runs.iter().find_map(|run| {
+                    let (offset, reason) = run.damage.clone()?;
+                    Some((run.path.clone(), offset, reason))
+                })
             })
     }
 }
@@ -165,6 +190,24 @@ impl fmt::Display for VerifyReport {
                 SegmentState::Corrupted { offset, reason } => {
                     writeln!(f, ": CORRUPTED at byte {offset}: {reason}")?
                 }
+            }
+        }
+        for run in &self.runs {
+            let name = run.path.file_name().map_or_else(
+                || run.path.display().to_string(),
+                |n| n.to_string_lossy().into_owned(),
+            );
+            write!(f, "{name}: sealed run, {} keys", run.keys)?;
+            if let Some((oldest, newest)) = run.buckets {
+                write!(
+                    f,
+                    ", buckets {oldest}..={newest}, {} filter bytes",
+                    run.filter_bytes
+                )?;
+            }
+            match &run.damage {
+                None => writeln!(f, ": ok")?,
+                Some((offset, reason)) => writeln!(f, ": CORRUPTED at byte {offset}: {reason}")?,
             }
         }
         for stray in &self.stray_files {

@@ -130,6 +130,44 @@ impl Run {
         self.sections.iter().map(Section::heap_bytes).sum()
     }
 
+    /// Reads every data page and checks it against its fence: its checksum, its first
+    /// tag, and tags strictly increasing through the section. For `verify`.
+    pub(crate) fn check_pages(&self, storage: &dyn Storage) -> Result<()> {
+        let mut page = [0; PAGE_LEN];
+        for section in &self.sections {
+            let mut previous = None;
+            for (index, &(first, checksum)) in section.fences.iter().enumerate() {
+                let first_entry = (index * PAGE_ENTRIES) as u64;
+                let in_page = (section.entries - first_entry).min(PAGE_ENTRIES as u64);
+                let len = usize::try_from(in_page).unwrap_or(PAGE_ENTRIES) * ENTRY_LEN;
+                let offset = section.data_offset + first_entry * ENTRY_LEN as u64;
+                let bytes = page.get_mut(..len).unwrap_or_default();
+                storage.read_at(&self.path, offset, bytes)?;
+                if xxh3_64(bytes) != checksum {
+                    return Err(corrupted(
+                        &self.path,
+                        offset,
+                        "a data page's checksum does not match",
+                    ));
+                }
+                let tags = bytes
+                    .chunks_exact(ENTRY_LEN)
+                    .map(|e| get_u64(e, 0).unwrap_or(0));
+                for (at, tag) in tags.enumerate() {
+                    if (at == 0 && tag != first) || previous.is_some_and(|p| p >= tag) {
+                        return Err(corrupted(
+                            &self.path,
+                            offset,
+                            "a data page's tags are out of order",
+                        ));
+                    }
+                    previous = Some(tag);
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Whether the run holds `fingerprint` stamped with a bucket live at `current`. A
     /// filter miss costs no read; a hit or a false positive costs one page read.
     pub(crate) fn contains(

@@ -9,7 +9,8 @@ use super::entry::DecodedEntry;
 use super::format::{MAX_SEGMENT_FILE_BYTES, frame_seed};
 use super::manifest::{MANIFEST_NAME, Manifest};
 use super::names::{LOCK_NAME, MANIFEST_TEMP_NAME, is_prepared_name, parse_segment_name};
-use super::report::{SegmentReport, SegmentState, VerifyReport};
+use super::report::{RunReport, SegmentReport, SegmentState, VerifyReport};
+use super::run::{is_temp_run_name, parse_run_name};
 use super::scan::{Verdict, scan};
 use crate::base::{Error, Result};
 use crate::io::Storage;
@@ -32,9 +33,12 @@ pub(crate) fn verify_with(storage: &dyn Storage, dir: &Path) -> Result<VerifyRep
     };
     let mut report = VerifyReport::default();
     let mut segments = Vec::new();
+    let mut runs = Vec::new();
     for path in files {
         match parse_segment_name(&path) {
             Some(id) => segments.push(id),
+            None if parse_run_name(&path).is_some() => runs.push(path),
+            None if is_temp_run_name(&path) => {}
             None => {
                 let known = [LOCK_NAME, MANIFEST_NAME, MANIFEST_TEMP_NAME, ARCHIVE_MARKER];
                 if !is_prepared_name(&path)
@@ -72,6 +76,37 @@ pub(crate) fn verify_with(storage: &dyn Storage, dir: &Path) -> Result<VerifyRep
             seed,
             manifest.database_id(),
         )?);
+    }
+    runs.sort();
+    for path in runs {
+        report
+            .runs
+            .push(verify_run(storage, &path, manifest.database_id())?);
+    }
+    Ok(report)
+}
+
+/// Opens the run at `path` as a store would, then reads every data page against its
+/// fence's checksum.
+fn verify_run(storage: &dyn Storage, path: &Path, database_id: u64) -> Result<RunReport> {
+    let mut report = RunReport {
+        path: path.to_path_buf(),
+        keys: 0,
+        buckets: None,
+        filter_bytes: 0,
+        damage: None,
+    };
+    let checked = super::run::open(storage, path, database_id).and_then(|run| {
+        let summary = *run.summary();
+        report.keys = summary.keys;
+        report.buckets = Some((summary.oldest_bucket, summary.newest_bucket));
+        report.filter_bytes = run.heap_bytes() as u64;
+        run.check_pages(storage)
+    });
+    match checked {
+        Ok(()) => {}
+        Err(Error::Corrupted { offset, reason, .. }) => report.damage = Some((offset, reason)),
+        Err(err) => return Err(err),
     }
     Ok(report)
 }
