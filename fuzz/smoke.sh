@@ -16,7 +16,7 @@ seconds="${FUZZ_SECONDS:-60}"
 if [ "$#" -gt 0 ]; then
     targets=("$@")
 else
-    targets=(segment_decode reservation_races)
+    targets=(segment_decode reservation_races run_decode)
 fi
 
 if ! cargo fuzz --version >/dev/null 2>&1; then

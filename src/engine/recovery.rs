@@ -78,16 +78,31 @@ pub(crate) fn open(config: &Config) -> Result<Engine> {
     let window = config.window();
     let clock_bucket = window.bucket_of(config.clock.now_ms());
     let newest = segments.last().map_or(0, |&(bucket, _)| bucket);
-    let high_water = clock_bucket.max(newest);
+    let provisional = clock_bucket.max(newest);
+    let archive = config.archive_dir.as_deref();
+    if let Some(archive) = archive {
+        prepare_archive(storage, &dir, archive, &manifest)?;
+    }
+    let (sealer, covers) = match config.memory_budget_bytes {
+        Some(budget) => {
+            let (sealer, covers) = Sealer::open(
+                &config.storage,
+                &dir,
+                archive,
+                (manifest.database_id(), budget),
+                (window, provisional),
+            )?;
+            (Some(sealer), covers)
+        }
+        None => (None, LogPosition::default()),
+    };
+    // The store has seen every bucket a run holds keys of: time resumes no earlier.
+    let high_water = provisional.max(sealer.as_ref().map_or(0, Sealer::newest_bucket));
 
     let mut report = RecoveryReport {
         mode: config.recovery_mode,
         ..RecoveryReport::default()
     };
-    let archive = config.archive_dir.as_deref();
-    if let Some(archive) = archive {
-        prepare_archive(storage, &dir, archive, &manifest)?;
-    }
     let live = delete_expired(
         storage,
         &dir,
@@ -99,19 +114,6 @@ pub(crate) fn open(config: &Config) -> Result<Engine> {
     )?;
     let start = live.first().map_or(high_water, |&(bucket, _)| bucket);
     let seed = frame_seed(manifest.secret);
-    let (sealer, covers) = match config.memory_budget_bytes {
-        Some(budget) => {
-            let (sealer, covers) = Sealer::open(
-                &config.storage,
-                &dir,
-                archive,
-                (manifest.database_id(), budget),
-                (window, high_water),
-            )?;
-            (Some(sealer), covers)
-        }
-        None => (None, LogPosition::default()),
-    };
     let logged = count_logged_keys(storage, &dir, &live, (seed, covers));
     let index = config.build_index(config.expected_keys.max(logged), start)?;
     let mut replay = Replay {
@@ -138,9 +140,6 @@ pub(crate) fn open(config: &Config) -> Result<Engine> {
         }
     }
     let (max_lease, adopt, report) = (replay.max_lease, replay.adopt, replay.report);
-    // Appends must land after every sealed run's position: a segment at or before it is
-    // never appended to again.
-    let adopt = adopt.filter(|&(bucket, seq)| (bucket, seq) > (covers.bucket, covers.seq));
     // Every open may name a segment or two, and a store never comes near the end of the
     // 2^96 names; a name that does was crafted. Refuse it now, while a later open could
     // still be refused for the same reason, rather than run out of names in use.
@@ -167,6 +166,7 @@ pub(crate) fn open(config: &Config) -> Result<Engine> {
         segments_deleted: report.segments_deleted,
         adopt,
         bucket: high_water,
+        names_after: (covers != LogPosition::default()).then_some((covers.bucket, covers.seq)),
     })?;
     Ok(Engine::from_parts(
         config,
@@ -368,7 +368,11 @@ impl Replay<'_> {
             }
         };
         if segment.newest {
-            if end == SEGMENT_HEADER_LEN as u64 {
+            // An empty newest segment is appended to again, unless a sealed run covers a
+            // position past its header: appends never land before a run's position.
+            let after_runs =
+                position_of(segment.bucket, segment.seq, SEGMENT_HEADER_LEN) >= self.covers;
+            if end == SEGMENT_HEADER_LEN as u64 && after_runs {
                 self.adopt = Some((segment.bucket, segment.seq));
             } else {
                 let sealed = end == scanned.len && scanned.ends_sealed;

@@ -126,6 +126,16 @@ impl Sealer {
         Ok((sealer, covers))
     }
 
+    /// The newest bucket any live run holds keys of.
+    pub(crate) fn newest_bucket(&self) -> u64 {
+        self.runs
+            .read()
+            .iter()
+            .map(|run| run.summary().newest_bucket)
+            .max()
+            .unwrap_or(0)
+    }
+
     pub(crate) fn stats(&self) -> SealStats {
         let runs = self.runs.read();
         SealStats {
@@ -227,7 +237,9 @@ impl Engine {
         let frozen = self.index.freeze_all();
         let span = self.window.span;
         let currents = frozen.iter().flatten().map(|&(_, _, current)| current);
-        let newest = currents.clone().max().unwrap_or(0);
+        // The journal may have seen a bucket no shard has yet: the run's newest bucket
+        // is at least its position's.
+        let newest = currents.clone().max().unwrap_or(0).max(covers.bucket);
         let oldest = currents.min().unwrap_or(0).saturating_sub(span);
         let summary = RunSummary {
             database_id: sealer.database_id,

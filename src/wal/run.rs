@@ -442,7 +442,7 @@ pub(crate) fn open(storage: &dyn Storage, path: &Path, database_id: u64) -> Resu
     if summary.database_id != database_id {
         return Err(bad(footer_at, "the run belongs to another store"));
     }
-    if count != 1u64 << summary.shard_bits.min(16) || count > MAX_SECTIONS {
+    if summary.shard_bits > MAX_SECTIONS.trailing_zeros() || count != 1u64 << summary.shard_bits {
         return Err(bad(
             footer_at,
             "the run's section count does not match its shards",
@@ -450,6 +450,12 @@ pub(crate) fn open(storage: &dyn Storage, path: &Path, database_id: u64) -> Resu
     }
     if summary.oldest_bucket > summary.newest_bucket {
         return Err(bad(footer_at, "the run's bucket range is inverted"));
+    }
+    if summary.covers.bucket > summary.newest_bucket {
+        return Err(bad(
+            footer_at,
+            "the run covers a log position past its newest bucket",
+        ));
     }
     let table_len = count * SECTION_ROW_LEN as u64 + 8;
     if table_offset.checked_add(table_len) != Some(footer_at) {

@@ -4,6 +4,8 @@
 
 #[path = "../fuzzing/reservation_races.rs"]
 mod reservation_races;
+#[path = "../fuzzing/run_decode.rs"]
+mod run_decode;
 #[path = "../fuzzing/segment_decode.rs"]
 mod segment_decode;
 
@@ -53,6 +55,23 @@ fn segment_decode_corpus() {
 }
 
 #[test]
+fn run_decode_corpus() {
+    replay("run_decode", run_decode::run);
+}
+
+/// Random damage to a sealed run, beyond the seeds: never a panic.
+#[test]
+fn run_decode_random_inputs() {
+    let mut random = oncedb::io::SplitMix64::new(0x5eed);
+    for _ in 0..400 {
+        let len = (random.next_u64() % 64) as usize;
+        let data: Vec<u8> = (0..len).map(|_| random.next_u64() as u8).collect();
+        let outcome = catch_unwind(AssertUnwindSafe(|| run_decode::run(&data)));
+        assert!(outcome.is_ok(), "input {data:?}");
+    }
+}
+
+#[test]
 fn reservation_races_corpus() {
     replay("reservation_races", reservation_races::run);
 }
@@ -66,6 +85,7 @@ fn write_seeds() {
     for (target, seeds) in [
         ("segment_decode", segment_decode::seeds()),
         ("reservation_races", reservation_races::seeds()),
+        ("run_decode", run_decode::seeds()),
     ] {
         let dir = seed_dir(target);
         fs::create_dir_all(&dir).unwrap();

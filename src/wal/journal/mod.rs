@@ -54,6 +54,9 @@ pub(crate) struct JournalConfig {
     pub(crate) adopt: Option<(u64, u32)>,
     /// The bucket a segment started at open is named after.
     pub(crate) bucket: u64,
+    /// New segments are named after this one (a sealed run's position lies in it), even
+    /// if it is not on disk: appends never land at a position a run covers.
+    pub(crate) names_after: Option<(u64, u32)>,
 }
 
 /// Counters of the writer since open.
@@ -210,6 +213,7 @@ struct Shared {
     durability: Durability,
     window: Window,
     database_id: u64,
+    names_after: Option<(u64, u32)>,
     /// The manifest on disk; its lock serializes floor raises.
     manifest: Mutex<Manifest>,
     seed: u64,
@@ -255,6 +259,7 @@ impl Journal {
             storage: config.storage,
             dir: config.dir,
             archive: config.archive,
+            names_after: config.names_after,
             durability: config.durability,
             window: config.window,
             database_id: config.manifest.database_id(),
@@ -703,7 +708,12 @@ impl Shared {
     /// created here. Then asks the worker to delete expired segments and prepare more.
     fn roll_over(&self, state: &mut WriterState, bucket: u64) -> Result<()> {
         self.seal_active(state)?;
-        let newest = state.segments.keys().next_back().copied();
+        let newest = state
+            .segments
+            .keys()
+            .next_back()
+            .copied()
+            .max(self.names_after);
         let (bucket, seq) = next_segment(newest, bucket)
             .ok_or_else(|| self.poison(std::io::Error::other("segment names are exhausted")))?;
         let (file, entry_durable) = match state.prepared.remove(&(bucket, seq)) {
@@ -778,7 +788,7 @@ impl Shared {
                 .storage
                 .open_append(&segment_path(&self.dir, bucket, seq), false)?;
             state.active = Some(Active::empty(bucket, seq, file, true));
-        } else if !state.segments.is_empty() {
+        } else if !state.segments.is_empty() || self.names_after.is_some() {
             self.roll_over(&mut state, bucket)?;
         }
         Ok(())
