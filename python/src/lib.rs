@@ -1,0 +1,556 @@
+//! The `oncedb._oncedb` extension module: the embedded engine behind Python classes.
+//! The Python package `oncedb` re-exports it with docstrings and types (`oncedb/`).
+//!
+//! Every call that may wait on an fsync (or on the store's locks) runs with the GIL
+//! released (`Python::detach`), so other Python threads run during a commit. Keys are
+//! `bytes` or `str` (encoded as UTF-8); responses, notes and requests are `bytes`.
+
+use std::borrow::Cow;
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use pyo3::create_exception;
+use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyString};
+
+create_exception!(_oncedb, Error, PyException, "Any error the store reports.");
+create_exception!(
+    _oncedb,
+    InvalidInput,
+    Error,
+    "A key, scope, response, note or batch over its limit, or bad options: nothing changed."
+);
+create_exception!(
+    _oncedb,
+    LeaseLost,
+    Error,
+    "The lease's record expired, was released or ended already."
+);
+create_exception!(
+    _oncedb,
+    Fenced,
+    Error,
+    "A take-over replaced this lease: its holder must stop."
+);
+create_exception!(
+    _oncedb,
+    Full,
+    Error,
+    "The store holds max_keys live entries and rejects new ones."
+);
+create_exception!(
+    _oncedb,
+    Poisoned,
+    Error,
+    "An earlier I/O failure closed the store for writes: reopen it."
+);
+create_exception!(
+    _oncedb,
+    Locked,
+    Error,
+    "Another process has the store open."
+);
+create_exception!(
+    _oncedb,
+    Corrupted,
+    Error,
+    "A file is damaged: the store refuses to guess."
+);
+create_exception!(
+    _oncedb,
+    StoreIoError,
+    Error,
+    "A file system call failed (the store is poisoned)."
+);
+create_exception!(_oncedb, Closed, Error, "The Db was closed.");
+
+/// The Python exception for a store error, with its message.
+fn raise(err: oncedb::Error) -> PyErr {
+    raise_ref(&err)
+}
+
+fn raise_ref(err: &oncedb::Error) -> PyErr {
+    let message = err.to_string();
+    match err {
+        oncedb::Error::LeaseLost => LeaseLost::new_err(message),
+        oncedb::Error::Fenced => Fenced::new_err(message),
+        oncedb::Error::Full => Full::new_err(message),
+        oncedb::Error::Poisoned => Poisoned::new_err(message),
+        oncedb::Error::Locked(_) => Locked::new_err(message),
+        oncedb::Error::Corrupted { .. } => Corrupted::new_err(message),
+        oncedb::Error::Io(_) => StoreIoError::new_err(message),
+        oncedb::Error::InvalidOptions(_)
+        | oncedb::Error::IncompatibleOptions(_)
+        | oncedb::Error::KeyTooLong { .. }
+        | oncedb::Error::EmptyKey
+        | oncedb::Error::ScopeTooLong { .. }
+        | oncedb::Error::ResponseTooLarge { .. }
+        | oncedb::Error::BatchTooLarge { .. }
+        | oncedb::Error::NoteTooLong { .. } => InvalidInput::new_err(message),
+        _ => Error::new_err(message),
+    }
+}
+
+/// A key: `bytes` as they are, `str` as UTF-8.
+fn key_of<'a>(key: &'a Bound<'_, PyAny>) -> PyResult<Cow<'a, [u8]>> {
+    if let Ok(bytes) = key.cast::<PyBytes>() {
+        return Ok(Cow::Owned(bytes.as_bytes().to_vec()));
+    }
+    if let Ok(text) = key.cast::<PyString>() {
+        return Ok(Cow::Owned(text.to_cow()?.as_bytes().to_vec()));
+    }
+    Err(PyTypeError::new_err("a key is bytes or str"))
+}
+
+/// A duration: seconds (int or float) or a `datetime.timedelta`.
+fn duration_of(value: &Bound<'_, PyAny>) -> PyResult<Duration> {
+    let seconds: f64 = if value.hasattr("total_seconds")? {
+        value.call_method0("total_seconds")?.extract()?
+    } else {
+        value.extract()?
+    };
+    Duration::try_from_secs_f64(seconds)
+        .map_err(|_| PyValueError::new_err(format!("{seconds} is not a duration in seconds")))
+}
+
+/// `"sync"`, `"buffered"`, or `"interval:<n>ms"` (a bare `<n>` is milliseconds).
+fn durability_of(text: &str) -> PyResult<oncedb::Durability> {
+    match text {
+        "sync" => Ok(oncedb::Durability::Sync),
+        "buffered" => Ok(oncedb::Durability::Buffered),
+        _ => text
+            .strip_prefix("interval:")
+            .map(|ms| ms.strip_suffix("ms").unwrap_or(ms))
+            .and_then(|ms| ms.parse::<u64>().ok())
+            .map(|ms| oncedb::Durability::Interval(Duration::from_millis(ms)))
+            .ok_or_else(|| {
+                InvalidInput::new_err(format!(
+                    "durability {text:?}: \"sync\", \"buffered\" or \"interval:<n>ms\""
+                ))
+            }),
+    }
+}
+
+fn unix_seconds(time: SystemTime) -> f64 {
+    time.duration_since(UNIX_EPOCH)
+        .map_or(0.0, |since| since.as_secs_f64())
+}
+
+/// A store: durable in `path`, or in memory with `path=None`.
+#[pyclass(module = "oncedb._oncedb", frozen)]
+struct Db {
+    /// `None` once closed.
+    db: Mutex<Option<std::sync::Arc<oncedb::Db>>>,
+}
+
+impl Db {
+    fn handle(&self) -> PyResult<std::sync::Arc<oncedb::Db>> {
+        self.db
+            .lock()
+            .map_err(|_| Error::new_err("the Db's lock is poisoned"))?
+            .clone()
+            .ok_or_else(|| Closed::new_err("the Db is closed"))
+    }
+}
+
+#[pymethods]
+impl Db {
+    #[new]
+    #[pyo3(signature = (path=None, *, window=None, bucket=None, durability="sync", max_keys=None, memory_budget=None, response_retention=None, shards=None))]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "Python keyword arguments, all optional"
+    )]
+    fn new(
+        py: Python<'_>,
+        path: Option<std::path::PathBuf>,
+        window: Option<&Bound<'_, PyAny>>,
+        bucket: Option<&Bound<'_, PyAny>>,
+        durability: &str,
+        max_keys: Option<u64>,
+        memory_budget: Option<u64>,
+        response_retention: Option<&Bound<'_, PyAny>>,
+        shards: Option<usize>,
+    ) -> PyResult<Db> {
+        let mut options = match &path {
+            Some(path) => oncedb::Options::new(path).durability(durability_of(durability)?),
+            None => oncedb::Options::in_memory(),
+        };
+        if let Some(window) = window {
+            options = options.window(duration_of(window)?);
+        }
+        if let Some(bucket) = bucket {
+            options = options.bucket_width(duration_of(bucket)?);
+        }
+        if let Some(retention) = response_retention {
+            options = options.response_retention(duration_of(retention)?);
+        }
+        if let Some(keys) = max_keys {
+            options = options.max_keys(keys);
+        }
+        if let Some(bytes) = memory_budget {
+            options = options.memory_budget(bytes);
+        }
+        if let Some(shards) = shards {
+            options = options.shards(shards);
+        }
+        let db = py.detach(|| oncedb::Db::open(options)).map_err(raise)?;
+        Ok(Db {
+            db: Mutex::new(Some(std::sync::Arc::new(db))),
+        })
+    }
+
+    /// Admits `key` unless it is live: `True` if it was new.
+    fn insert_if_absent(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let (db, key) = (self.handle()?, key_of(key)?.into_owned());
+        py.detach(|| db.insert_if_absent(&key)).map_err(raise)
+    }
+
+    /// Admits many keys at once: one answer per key, in order.
+    fn insert_many(&self, py: Python<'_>, keys: Vec<Bound<'_, PyAny>>) -> PyResult<Vec<bool>> {
+        let db = self.handle()?;
+        let keys: Vec<Vec<u8>> = keys
+            .iter()
+            .map(|key| key_of(key).map(Cow::into_owned))
+            .collect::<PyResult<_>>()?;
+        py.detach(|| db.insert_many(&keys)).map_err(raise)
+    }
+
+    /// Whether `key` is live.
+    fn contains(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let (db, key) = (self.handle()?, key_of(key)?.into_owned());
+        py.detach(|| db.contains(&key)).map_err(raise)
+    }
+
+    /// Looks up or creates the record of `key` in (`tenant`, `operation`), bound to
+    /// `request`.
+    fn reserve(
+        &self,
+        py: Python<'_>,
+        tenant: &Bound<'_, PyAny>,
+        operation: &Bound<'_, PyAny>,
+        key: &Bound<'_, PyAny>,
+        request: Vec<u8>,
+    ) -> PyResult<Reservation> {
+        let db = self.handle()?;
+        let scope = oncedb::Scope::new(key_of(tenant)?, key_of(operation)?);
+        let key = key_of(key)?.into_owned();
+        let reservation = py
+            .detach(|| db.reserve(&scope, &key, &request))
+            .map_err(raise)?;
+        Ok(Reservation::from(reservation))
+    }
+
+    /// Takes over the record of `key` if it is in flight: a new lease, the old one
+    /// fenced; `None` if there is no record in flight.
+    fn take_over(
+        &self,
+        py: Python<'_>,
+        tenant: &Bound<'_, PyAny>,
+        operation: &Bound<'_, PyAny>,
+        key: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<Lease>> {
+        let db = self.handle()?;
+        let scope = oncedb::Scope::new(key_of(tenant)?, key_of(operation)?);
+        let key = key_of(key)?.into_owned();
+        let lease = py.detach(|| db.take_over(&scope, &key)).map_err(raise)?;
+        Ok(lease.map(Lease::new))
+    }
+
+    /// Records in flight for at least `older_than` seconds: dicts with tenant,
+    /// operation, key, since (unix seconds), epoch and note.
+    fn in_flight<'py>(
+        &self,
+        py: Python<'py>,
+        older_than: &Bound<'py, PyAny>,
+    ) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        let (db, age) = (self.handle()?, duration_of(older_than)?);
+        let records = py.detach(|| db.in_flight(age));
+        records
+            .into_iter()
+            .map(|record| {
+                let dict = PyDict::new(py);
+                dict.set_item("tenant", PyBytes::new(py, record.scope.tenant()))?;
+                dict.set_item("operation", PyBytes::new(py, record.scope.operation()))?;
+                dict.set_item("key", PyBytes::new(py, &record.key))?;
+                dict.set_item("since", unix_seconds(record.since))?;
+                dict.set_item("epoch", record.epoch)?;
+                dict.set_item("note", record.note.as_deref().map(|n| PyBytes::new(py, n)))?;
+                Ok(dict)
+            })
+            .collect()
+    }
+
+    /// The ordering guard: `("applied" | "duplicate", None)`, `("stale", current)` or
+    /// `("gap", expected)` for `version` of `aggregate_id`.
+    fn advance(
+        &self,
+        py: Python<'_>,
+        tenant: &Bound<'_, PyAny>,
+        operation: &Bound<'_, PyAny>,
+        aggregate_id: &Bound<'_, PyAny>,
+        version: u64,
+    ) -> PyResult<(&'static str, Option<u64>)> {
+        let db = self.handle()?;
+        let scope = oncedb::Scope::new(key_of(tenant)?, key_of(operation)?);
+        let id = key_of(aggregate_id)?.into_owned();
+        let answer = py
+            .detach(|| db.advance(&scope, &id, version))
+            .map_err(raise)?;
+        Ok(match answer {
+            oncedb::Advance::Applied => ("applied", None),
+            oncedb::Advance::Duplicate => ("duplicate", None),
+            oncedb::Advance::Stale { current } => ("stale", Some(current)),
+            oncedb::Advance::Gap { expected } => ("gap", Some(expected)),
+        })
+    }
+
+    /// Makes everything acknowledged so far durable (an fsync).
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        let db = self.handle()?;
+        py.detach(|| db.flush()).map_err(raise)
+    }
+
+    /// Counters and sizes, as a dict.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let stats = self.handle()?.stats();
+        let dict = PyDict::new(py);
+        macro_rules! put {
+            ($($field:ident),* $(,)?) => { $(dict.set_item(stringify!($field), stats.$field)?;)* };
+        }
+        put!(
+            live_keys,
+            live_records,
+            admitted,
+            duplicates,
+            acquired,
+            in_flight_hits,
+            replays,
+            mismatches,
+            completed,
+            failed,
+            released,
+            leases_lost,
+            fenced,
+            take_overs,
+            stuck_records,
+            full_rejections,
+            buckets_live,
+            buckets_dropped,
+            index_bytes,
+            fsyncs,
+            log_records,
+            log_bytes,
+            segments,
+            bytes_on_disk,
+            sealed_runs,
+            sealed_keys,
+        );
+        Ok(dict)
+    }
+
+    /// Whether the store writes files.
+    #[getter]
+    fn durable(&self) -> PyResult<bool> {
+        Ok(self.handle()?.is_durable())
+    }
+
+    /// Closes the store (flushing a durable one and releasing its lock). Later calls
+    /// raise `Closed`; closing twice is fine. Leases still held keep the store open
+    /// until they end.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let db = self
+            .db
+            .lock()
+            .map_err(|_| Error::new_err("the Db's lock is poisoned"))?
+            .take();
+        py.detach(|| drop(db));
+        Ok(())
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        _kind: &Bound<'_, PyAny>,
+        _value: &Bound<'_, PyAny>,
+        _traceback: &Bound<'_, PyAny>,
+    ) -> PyResult<bool> {
+        self.close(py)?;
+        Ok(false)
+    }
+}
+
+/// What `reserve` answered.
+#[pyclass(module = "oncedb._oncedb", frozen)]
+struct Reservation {
+    /// "acquired", "in_flight", "completed", "failed", "expired" or "mismatch".
+    #[pyo3(get)]
+    status: &'static str,
+    /// The lease, when acquired.
+    #[pyo3(get)]
+    lease: Option<Py<Lease>>,
+    response: Option<Vec<u8>>,
+    /// When the record was reserved (unix seconds), for in_flight.
+    #[pyo3(get)]
+    since: Option<f64>,
+    note: Option<Vec<u8>>,
+}
+
+impl Reservation {
+    fn from(reservation: oncedb::Reservation) -> Reservation {
+        let mut answer = Reservation {
+            status: "mismatch",
+            lease: None,
+            response: None,
+            since: None,
+            note: None,
+        };
+        match reservation {
+            oncedb::Reservation::Acquired(lease) => {
+                answer.status = "acquired";
+                answer.lease = Python::attach(|py| Py::new(py, Lease::new(lease)).ok());
+            }
+            oncedb::Reservation::InFlight { since, note } => {
+                answer.status = "in_flight";
+                answer.since = Some(unix_seconds(since));
+                answer.note = note;
+            }
+            oncedb::Reservation::Completed(record) => {
+                answer.status = "completed";
+                answer.response = record.response().map(<[u8]>::to_vec);
+            }
+            oncedb::Reservation::Failed(record) => {
+                answer.status = "failed";
+                answer.response = record.response().map(<[u8]>::to_vec);
+            }
+            oncedb::Reservation::Expired(_) => answer.status = "expired",
+            oncedb::Reservation::Mismatch => {}
+        }
+        answer
+    }
+}
+
+#[pymethods]
+impl Reservation {
+    /// The stored response (completed) or failure (failed); `None` otherwise.
+    #[getter]
+    fn response<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
+        self.response.as_deref().map(|r| PyBytes::new(py, r))
+    }
+
+    /// The note of the record in flight, if its lease holder left one.
+    #[getter]
+    fn note<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
+        self.note.as_deref().map(|n| PyBytes::new(py, n))
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Reservation(status={:?})", self.status)
+    }
+}
+
+/// The right to finish one record: complete, fail or release it once.
+#[pyclass(module = "oncedb._oncedb", frozen)]
+struct Lease {
+    lease: Mutex<Option<oncedb::Lease>>,
+    /// The fencing epoch: pass it to downstream writes so that a replaced holder's
+    /// writes can be refused.
+    #[pyo3(get)]
+    epoch: u64,
+}
+
+impl Lease {
+    fn new(lease: oncedb::Lease) -> Lease {
+        Lease {
+            epoch: lease.epoch(),
+            lease: Mutex::new(Some(lease)),
+        }
+    }
+
+    fn take(&self) -> PyResult<oncedb::Lease> {
+        self.lease
+            .lock()
+            .map_err(|_| Error::new_err("the lease's lock is poisoned"))?
+            .take()
+            .ok_or_else(|| LeaseLost::new_err("the lease already ended"))
+    }
+
+    /// Ends the lease with `end`, the GIL released. A failed end gives the lease back, so
+    /// that a retry (after an I/O error) can end it.
+    fn end(
+        &self,
+        py: Python<'_>,
+        end: impl FnOnce(oncedb::Lease) -> Result<(), oncedb::LeaseError> + Send,
+    ) -> PyResult<()> {
+        let lease = self.take()?;
+        match py.detach(|| end(lease)) {
+            Ok(()) => Ok(()),
+            Err(err) => {
+                let message = raise_ref(err.error());
+                if let Ok(mut slot) = self.lease.lock() {
+                    *slot = Some(err.into_lease());
+                }
+                Err(message)
+            }
+        }
+    }
+}
+
+#[pymethods]
+impl Lease {
+    /// Stores `response` for replay to every retry.
+    fn complete(&self, py: Python<'_>, response: Vec<u8>) -> PyResult<()> {
+        self.end(py, move |lease| lease.complete(&response))
+    }
+
+    /// Stores a deterministic failure for replay.
+    fn fail(&self, py: Python<'_>, response: Vec<u8>) -> PyResult<()> {
+        self.end(py, move |lease| lease.fail(&response))
+    }
+
+    /// Deletes the record so that a retry may run.
+    fn release(&self, py: Python<'_>) -> PyResult<()> {
+        self.end(py, oncedb::Lease::release)
+    }
+
+    /// Attaches a short note to the record while in flight (what a reconciler sees).
+    fn note(&self, py: Python<'_>, note: Vec<u8>) -> PyResult<()> {
+        let guard = self
+            .lease
+            .lock()
+            .map_err(|_| Error::new_err("the lease's lock is poisoned"))?;
+        let lease = guard
+            .as_ref()
+            .ok_or_else(|| LeaseLost::new_err("the lease already ended"))?;
+        py.detach(|| lease.note(&note)).map_err(raise)
+    }
+}
+
+/// The extension module.
+#[pymodule]
+fn _oncedb(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add_class::<Db>()?;
+    m.add_class::<Reservation>()?;
+    m.add_class::<Lease>()?;
+    for (name, class) in [
+        ("Error", py.get_type::<Error>()),
+        ("InvalidInput", py.get_type::<InvalidInput>()),
+        ("LeaseLost", py.get_type::<LeaseLost>()),
+        ("Fenced", py.get_type::<Fenced>()),
+        ("Full", py.get_type::<Full>()),
+        ("Poisoned", py.get_type::<Poisoned>()),
+        ("Locked", py.get_type::<Locked>()),
+        ("Corrupted", py.get_type::<Corrupted>()),
+        ("StoreIoError", py.get_type::<StoreIoError>()),
+        ("Closed", py.get_type::<Closed>()),
+    ] {
+        m.add(name, class)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,114 @@
+"""The library API: keys, batches, the record lifecycle, fencing, notes, the ordering
+guard, errors and closing."""
+
+from datetime import timedelta
+
+import pytest
+
+import oncedb
+
+
+def memory_db(**options):
+    return oncedb.Db(window=timedelta(hours=1), bucket=60, **options)
+
+
+def test_str_keys_are_their_utf8_bytes():
+    db = memory_db()
+    assert db.insert_if_absent("ключ") is True
+    assert db.insert_if_absent("ключ".encode()) is False
+    assert db.contains(b"\xd0\xba\xd0\xbb\xd1\x8e\xd1\x87")
+    assert not db.contains("other")
+
+
+def test_insert_many_answers_each_key_in_order():
+    db = memory_db()
+    assert db.insert_many([b"a", "b", b"a"]) == [True, True, False]
+    assert db.insert_many(["b", "c"]) == [False, True]
+    assert db.stats()["live_keys"] == 3
+
+
+def test_a_record_goes_from_acquired_to_replayed():
+    db = memory_db()
+    first = db.reserve("tenant", "pay", "key-1", b"request")
+    assert first.status == "acquired" and first.response is None
+    lease = first.lease
+    assert lease.epoch > 0
+    again = db.reserve("tenant", "pay", "key-1", b"request")
+    assert again.status == "in_flight" and again.since > 0 and again.lease is None
+    lease.complete(b"paid")
+    replay = db.reserve("tenant", "pay", "key-1", b"request")
+    assert (replay.status, replay.response) == ("completed", b"paid")
+    assert db.reserve("tenant", "pay", "key-1", b"another request").status == "mismatch"
+    # Scopes are independent.
+    assert db.reserve("tenant-b", "pay", "key-1", b"request").status == "acquired"
+    with pytest.raises(oncedb.LeaseLost):
+        lease.complete(b"twice")
+
+
+def test_failures_replay_and_releases_let_a_retry_run():
+    db = memory_db()
+    db.reserve("t", "op", "declined", b"r").lease.fail(b"card declined")
+    failed = db.reserve("t", "op", "declined", b"r")
+    assert (failed.status, failed.response) == ("failed", b"card declined")
+    db.reserve("t", "op", "retry", b"r").lease.release()
+    assert db.reserve("t", "op", "retry", b"r").status == "acquired"
+
+
+def test_a_take_over_fences_the_old_lease_and_notes_are_seen():
+    db = memory_db()
+    old = db.reserve("t", "op", "k", b"r").lease
+    old.note(b"charging")
+    seen = db.reserve("t", "op", "k", b"r")
+    assert seen.note == b"charging"
+    [record] = db.in_flight(0)
+    assert (record["tenant"], record["key"], record["note"]) == (b"t", b"k", b"charging")
+    new = db.take_over("t", "op", "k")
+    assert new is not None and new.epoch > old.epoch
+    with pytest.raises(oncedb.Fenced):
+        old.complete(b"late")
+    new.complete(b"done")
+    assert db.take_over("t", "op", "k") is None
+
+
+def test_the_ordering_guard():
+    db = memory_db()
+    assert db.advance("t", "orders", "order-1", 1) == ("applied", None)
+    assert db.advance("t", "orders", "order-1", 1) == ("duplicate", None)
+    assert db.advance("t", "orders", "order-1", 3) == ("gap", 2)
+    assert db.advance("t", "orders", "order-1", 2) == ("applied", None)
+    assert db.advance("t", "orders", "order-1", 1) == ("stale", 2)
+
+
+def test_bad_input_raises_and_changes_nothing():
+    db = memory_db(max_keys=2, shards=1)
+    with pytest.raises(oncedb.InvalidInput):
+        db.insert_if_absent(b"")
+    with pytest.raises(oncedb.InvalidInput):
+        db.insert_many([b"ok", b""])
+    assert not db.contains(b"ok"), "a rejected batch admits nothing"
+    with pytest.raises(TypeError):
+        db.insert_if_absent(42)
+    with pytest.raises(oncedb.InvalidInput):
+        oncedb.Db(window=60, bucket=120)
+    with pytest.raises(oncedb.InvalidInput):
+        oncedb.Db("/tmp/x", durability="sometimes")
+    db.insert_many([b"a", b"b"])
+    with pytest.raises(oncedb.Full):
+        db.insert_if_absent(b"c")
+    assert issubclass(oncedb.Full, oncedb.Error)
+
+
+def test_a_durable_store_is_locked_closed_and_reopened(tmp_path):
+    with oncedb.Db(tmp_path, durability="buffered") as db:
+        assert db.durable
+        db.insert_if_absent("kept")
+        db.reserve("t", "op", "k", b"r").lease.complete(b"response")
+        with pytest.raises(oncedb.Locked):
+            oncedb.Db(tmp_path)
+    with pytest.raises(oncedb.Closed):
+        db.insert_if_absent("after close")
+    db.close()
+    reopened = oncedb.Db(tmp_path)
+    assert reopened.contains("kept")
+    assert reopened.reserve("t", "op", "k", b"r").response == b"response"
+    assert reopened.stats()["fsyncs"] >= 0
