@@ -17,7 +17,7 @@ if ! python3 -m venv "$scratch/venv" 2>/dev/null; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
     python3 -m venv "$scratch/venv"
 fi
-"$scratch/venv/bin/pip" install -q "maturin>=1.7,<2" "pytest>=8" uvicorn httpx starlette
+"$scratch/venv/bin/pip" install -q "maturin>=1.7,<2" "pytest>=8" uvicorn httpx starlette fastapi
 "$scratch/venv/bin/pip" install -q "$here"
 # From outside the source tree, so that the installed package is the one imported.
 cd "$scratch"

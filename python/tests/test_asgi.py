@@ -21,19 +21,20 @@ HERE = Path(__file__).parent
 class Server:
     """uvicorn serving `server_app:app` on a socket bound here, to a free loopback port."""
 
-    def __init__(self, db_path):
+    def __init__(self, db_path, app="server_app:app", cwd=HERE, env=None):
         self.db_path = db_path
+        self.app, self.cwd, self.env = app, cwd, env or {}
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         self.process = None
 
     def start(self):
-        env = dict(os.environ, ONCEDB_TEST_DB=str(self.db_path))
+        env = dict(os.environ, ONCEDB_TEST_DB=str(self.db_path), **self.env)
         fd = self.sock.fileno()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "server_app:app", "--fd", str(fd), "--log-level", "info"],
-            cwd=HERE,
+            [sys.executable, "-m", "uvicorn", self.app, "--fd", str(fd), "--log-level", "info"],
+            cwd=self.cwd,
             env=env,
             pass_fds=[fd],
             stderr=subprocess.PIPE,
@@ -143,3 +144,24 @@ def test_a_replay_survives_sigkill_and_a_restart(server):
         assert (replay.status_code, replay.content) == (201, first.content)
         assert replay.headers["idempotent-replayed"] == "true"
         assert calls(client) == 0, "the restarted server did not run the handler"
+
+
+def test_a_client_that_gives_up_does_not_stop_the_handler(server):
+    async def main():
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as control:
+            async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+                first = asyncio.ensure_future(post(client, mode="wait"))
+                await control.get("/started")
+                first.cancel()
+            # The client is gone; the handler is still waiting at the gate.
+            await control.get("/open-gate")
+            # Its answer was stored: the retry replays it, whenever it arrives.
+            while True:
+                retry = await post(control)
+                if retry.status_code != 409:
+                    break
+            assert retry.status_code == 201
+            assert retry.headers["idempotent-replayed"] == "true"
+            assert int((await control.get("/calls")).text) == 1
+
+    asyncio.run(main())
