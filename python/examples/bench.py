@@ -25,6 +25,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--keys", type=int, default=1_000_000)
     parser.add_argument("--dir", default=None)
+    parser.add_argument("--redis-port", type=int, default=None, help="a local redis-server for redis-py SET NX")
     args = parser.parse_args()
     keys = [f"msg-{n:012d}".encode() for n in range(args.keys)]
     batches = [keys[i : i + 1024] for i in range(0, len(keys), 1024)]
@@ -74,6 +75,27 @@ def main():
         ("oncedb in memory, reserve + complete", len(records), timed(db_records(None, "sync"))),
         ("oncedb interval:10ms, reserve + complete", len(records), timed(db_records(fresh, "interval:10ms"))),
     ]
+    if args.redis_port:
+        import redis
+
+        client = redis.Redis(port=args.redis_port)
+
+        def redis_set_nx():
+            client.flushall()
+            for batch in batches:
+                pipe = client.pipeline(transaction=False)
+                for key in batch:
+                    pipe.set(key, b"1", nx=True, ex=86400)
+                pipe.execute()
+
+        rows.append(("redis-py SET NX EX, pipelines of 1024", len(keys), timed(redis_set_nx, 3)))
+
+        def redis_single():
+            client.flushall()
+            for key in records:
+                client.set(key, b"1", nx=True, ex=86400)
+
+        rows.append(("redis-py SET NX EX, one call each", len(records), timed(redis_single, 3)))
     for name, n, seconds in rows:
         print(f"{name:<44} {n / seconds / 1e6:8.3f} M ops/s")
 
