@@ -25,8 +25,13 @@ details (``application/problem+json``, ``type`` ``urn:oncedb:problem:<code>``):
   for byte, plus ``Idempotent-Replayed: true``.
 
 What the handler's answer does to the record: ``2xx`` and ``3xx`` complete it; ``401``,
-``403``, ``408`` and ``429`` release it (a retry runs again); any other ``4xx`` and a
-``5xx`` fail it (replayed); an exception leaves it in flight (outcome unknown). The
+``403``, ``408`` and ``429`` release it (a retry runs again); any other ``4xx`` fails it
+(replayed); a ``5xx`` fails it too with ``server_errors="store"`` (the default), releases
+it with ``"release"``, or leaves it in flight, noted ``HTTP <status>: outcome unknown``,
+with ``"keep_in_flight"``. A handler that knows better marks its answer with
+:func:`mark_side_effect`: ``"unknown"`` leaves the record in flight with that note (retries
+get 409 ``request_outcome_unknown`` until a reconciler settles it), ``"not_performed"``
+releases it. An exception leaves it in flight without a note. The
 handler runs to the end even if the client goes away: its answer is buffered, stored,
 then sent. The scope of a record is the tenant, and the method with the request path.
 Every store call runs on a worker thread (``oncedb.run``), so the event loop never waits
@@ -48,6 +53,17 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 RELEASE_STATUSES = frozenset({401, 403, 408, 429})
+SIDE_EFFECT = "oncedb.side_effect"
+
+
+def mark_side_effect(scope: Scope, side_effect: str) -> None:
+    """Marks the answer of the request of ``scope`` (``request.scope`` in Starlette and
+    FastAPI): ``"unknown"`` (the side effect may or may not have happened: keep the
+    record in flight for reconciliation) or ``"not_performed"`` (nothing happened: let a
+    retry run)."""
+    if side_effect not in ("unknown", "not_performed"):
+        raise ValueError(f"side effect {side_effect!r}: 'unknown' or 'not_performed'")
+    scope.setdefault("extensions", {})[SIDE_EFFECT] = side_effect
 STORED_LAYOUT_VERSION = 1
 
 TITLES = {
@@ -154,7 +170,11 @@ class IdempotencyMiddleware:
         max_body_bytes: int = 1 << 20,
         retry_after_seconds: int = 1,
         replayed_headers: Iterable[str] = ("content-type", "location"),
+        server_errors: str = "store",
     ) -> None:
+        if server_errors not in ("store", "release", "keep_in_flight"):
+            raise ValueError(f"server_errors {server_errors!r}: 'store', 'release' or 'keep_in_flight'")
+        self.server_errors = server_errors
         self.app = app
         self.db = db
         self.tenant = tenant
@@ -233,7 +253,8 @@ class IdempotencyMiddleware:
         outcome = asyncio.ensure_future(self._run_app(scope, body))
         # The client going away cancels this task, not the handler's.
         status, headers, content = await asyncio.shield(outcome)
-        await self._finish(lease, status, headers, content)
+        marked = scope.get("extensions", {}).get(SIDE_EFFECT)
+        await self._finish(lease, status, headers, content, marked)
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": content})
 
@@ -262,8 +283,16 @@ class IdempotencyMiddleware:
             finished.set()
         return answer["status"], answer["headers"], b"".join(answer["body"])
 
-    async def _finish(self, lease: Any, status: int, headers: list, content: bytes) -> None:
-        if status in RELEASE_STATUSES:
+    async def _finish(
+        self, lease: Any, status: int, headers: list, content: bytes, marked: Optional[str]
+    ) -> None:
+        server_error = status >= 500
+        if marked == "unknown" or (server_error and self.server_errors == "keep_in_flight"):
+            # Left in flight with a note: the lease is dropped unfinished.
+            await run(lease.note, f"HTTP {status}: outcome unknown".encode())
+            return
+        released = status in RELEASE_STATUSES or marked == "not_performed"
+        if released or (server_error and self.server_errors == "release"):
             await run(lease.release)
             return
         kept = [(k.lower(), v) for k, v in headers if k.lower() in self.replayed]

@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
 import oncedb
-from oncedb.asgi import IdempotencyMiddleware
+from oncedb.asgi import IdempotencyMiddleware, mark_side_effect
 
 calls = 0
 gate = asyncio.Event()
@@ -30,6 +30,14 @@ async def things(request):
     status = 422 if request.headers.get("x-mode") == "declined" else 201
     if request.headers.get("x-mode") == "rate_limited":
         status = 429
+    if request.headers.get("x-mode") == "unknown":
+        status = 502
+        mark_side_effect(request.scope, "unknown")
+    if request.headers.get("x-mode") == "nothing_happened":
+        status = 503
+        mark_side_effect(request.scope, "not_performed")
+    if request.headers.get("x-mode") == "server_error":
+        status = 500
     return JSONResponse(
         {"call": n, "body": body.decode()},
         status_code=status,

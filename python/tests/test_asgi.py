@@ -111,6 +111,22 @@ def test_the_documented_answers(server):
         assert calls(client) == 5
 
 
+def test_the_outcome_policy(server):
+    with httpx.Client(base_url=server.url) as client:
+        # A 5xx is stored and replayed by default.
+        failed = post(client, key="server-error-0123456", mode="server_error")
+        assert failed.status_code == 500
+        assert post(client, key="server-error-0123456").content == failed.content
+        # An answer marked "unknown" keeps the record in flight, noted.
+        assert post(client, key="unknown-0123456789ab", mode="unknown").status_code == 502
+        retry = post(client, key="unknown-0123456789ab")
+        assert (retry.status_code, problem(retry)) == (409, "request_outcome_unknown")
+        # An answer marked "not_performed" lets a retry run.
+        assert post(client, key="nothing-0123456789ab", mode="nothing_happened").status_code == 503
+        assert post(client, key="nothing-0123456789ab").status_code == 201
+        assert calls(client) == 4
+
+
 def test_sixteen_concurrent_duplicates_run_the_handler_once(server):
     async def main():
         async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
