@@ -43,6 +43,8 @@ pub(crate) struct Sealer {
     budget_bytes: u64,
     /// Live runs, oldest first.
     runs: RwLock<Vec<Arc<Run>>>,
+    /// `runs.len()`, read on every lookup without the lock.
+    live_runs: std::sync::atomic::AtomicUsize,
     /// Held while a seal runs: one at a time.
     sealing: Mutex<()>,
     next_run_id: AtomicU64,
@@ -54,7 +56,7 @@ pub(crate) struct Sealer {
 
 impl SealedKeys for Sealer {
     fn is_empty(&self) -> bool {
-        self.runs.read().is_empty()
+        self.live_runs.load(Ordering::Acquire) == 0
     }
 
     fn contains(&self, fingerprint: Fingerprint, window: Window, current: u64) -> Result<bool> {
@@ -116,6 +118,7 @@ impl Sealer {
             archive: archive.map(Path::to_path_buf),
             database_id,
             budget_bytes,
+            live_runs: std::sync::atomic::AtomicUsize::new(runs.len()),
             runs: RwLock::new(runs),
             sealing: Mutex::new(()),
             next_run_id: AtomicU64::new(next_run_id),
@@ -177,6 +180,7 @@ impl Sealer {
                 .into_iter()
                 .partition(|run| window.is_live(run.summary().newest_bucket, current));
             *runs = live;
+            self.live_runs.store(runs.len(), Ordering::Release);
             expired
         };
         if expired.is_empty() {
@@ -279,7 +283,11 @@ impl Engine {
             oldest,
             newest
         );
-        sealer.runs.write().push(Arc::new(run));
+        {
+            let mut runs = sealer.runs.write();
+            runs.push(Arc::new(run));
+            sealer.live_runs.store(runs.len(), Ordering::Release);
+        }
         self.index.release_frozen();
         sealer.sealed.fetch_add(1, Ordering::Relaxed);
         Ok(())
