@@ -18,7 +18,8 @@ use crate::wal::{
     DecodedEntry, DecodedFinish, Journal, JournalConfig, LOCK_NAME, LogPosition, MANIFEST_NAME,
     MANIFEST_TEMP_NAME, MAX_SEGMENT_FILE_BYTES, Manifest, RecoveryReport, SEGMENT_HEADER_LEN, Scan,
     SkippedRange, TornTail, Verdict, create_dir_durably, encode_mark, frame_seed, header_problem,
-    is_archive, is_prepared_name, parse_segment_name, prepare_archive, retire, scan, segment_path,
+    is_archive, is_prepared_name, parse_run_name, parse_segment_name, prepare_archive, retire,
+    scan, segment_path,
 };
 
 /// One live segment to replay.
@@ -83,7 +84,14 @@ pub(crate) fn open(config: &Config) -> Result<Engine> {
     if let Some(archive) = archive {
         prepare_archive(storage, &dir, archive, &manifest)?;
     }
-    let (sealer, covers) = match config.memory_budget_bytes {
+    // A store that holds sealed runs keeps using them when opened without a budget (it
+    // just seals nothing new): its log alone no longer says which keys the runs hold.
+    let has_runs = storage
+        .list(&dir)?
+        .iter()
+        .any(|path| parse_run_name(path).is_some());
+    let budget = config.memory_budget_bytes.or(has_runs.then_some(u64::MAX));
+    let (sealer, covers) = match budget {
         Some(budget) => {
             let (sealer, covers) = Sealer::open(
                 &config.storage,

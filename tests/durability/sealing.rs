@@ -231,3 +231,36 @@ fn verify_reads_every_page_of_a_run() {
     assert!(format!("{report}").contains("CORRUPTED"));
     disk.set_contents(&run, pristine);
 }
+
+/// A store with sealed runs opened without a budget keeps answering from its runs (it
+/// seals nothing new): every key stays a duplicate, and the runs still retire whole.
+#[test]
+fn a_store_with_runs_opened_without_a_budget_keeps_using_them() {
+    let disk = MemStorage::new();
+    let clock = manual_clock();
+    {
+        let db = Db::open(options(Arc::new(disk.clone()), &clock)).unwrap();
+        admit(&db, 0..20_000).unwrap();
+        assert!(db.stats().runs_sealed >= 1);
+    }
+    let unbudgeted = || {
+        Options::new("/db")
+            .window(WINDOW)
+            .bucket_width(BUCKET)
+            .clock(clock.clone())
+            .durability(Durability::Buffered)
+            .shards(4)
+            .storage(Arc::new(disk.clone()))
+    };
+    let db = Db::open(unbudgeted()).unwrap();
+    assert!(db.stats().sealed_runs >= 1);
+    assert!(
+        db.stats().live_keys < 20_000,
+        "the runs' keys are not replayed"
+    );
+    assert_eq!(admit(&db, 0..20_000).unwrap(), 0);
+    assert_eq!(db.stats().runs_sealed, 0, "nothing new is sealed");
+    clock.forward(WINDOW + BUCKET);
+    assert_eq!(admit(&db, 0..5_000).unwrap(), 5_000);
+    assert!(runs_on(&disk).is_empty(), "{:?}", runs_on(&disk));
+}
