@@ -105,6 +105,9 @@ pub struct Stats {
     pub runs_sealed: u64,
     /// Runs removed (or archived) since open, their newest bucket out of the window.
     pub runs_expired: u64,
+    /// Merges since open: each wrote one run from the newest few of one level and
+    /// removed them (`docs/design.md`, "Sealed key runs").
+    pub runs_merged: u64,
 }
 
 /// The upper bound, in µs, of the histogram bucket holding the quantile `per_mille` /
@@ -172,6 +175,7 @@ impl Stats {
             sealed_filter_bytes: engine.sealing.filter_bytes,
             runs_sealed: engine.sealing.runs_written,
             runs_expired: engine.sealing.runs_expired,
+            runs_merged: engine.sealing.runs_merged,
             bytes_on_disk: engine.bytes_on_disk,
             clock_readings_held_back: engine.clock_held_back,
             ..Stats::default()

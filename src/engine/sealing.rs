@@ -34,6 +34,11 @@ const MIN_SEAL_BYTES: u64 = 1 << 15;
 /// Admitted keys between two looks at the tables' size.
 const CHECK_EVERY_KEYS: u64 = 4096;
 
+/// Runs of one level merged into one run of the next: with `F` of them, a key is probed
+/// against at most `F - 1` runs per level, and a level holds `F` times its predecessor's
+/// keys, so the runs a key is probed against grow with the logarithm of the sealed keys.
+const MERGE_FANOUT: usize = 4;
+
 /// The sealed runs of a store with a memory budget, and what sealing needs.
 pub(crate) struct Sealer {
     storage: Arc<dyn Storage>,
@@ -49,9 +54,10 @@ pub(crate) struct Sealer {
     sealing: Mutex<()>,
     next_run_id: AtomicU64,
     since_check: AtomicU64,
-    /// Runs written and removed since open.
+    /// Runs written, removed and merged since open.
     sealed: AtomicU64,
     expired: AtomicU64,
+    merged: AtomicU64,
 }
 
 impl SealedKeys for Sealer {
@@ -77,6 +83,7 @@ pub(crate) struct SealStats {
     pub(crate) filter_bytes: u64,
     pub(crate) runs_written: u64,
     pub(crate) runs_expired: u64,
+    pub(crate) runs_merged: u64,
 }
 
 impl Sealer {
@@ -90,23 +97,21 @@ impl Sealer {
         (database_id, budget_bytes): (u64, u64),
         (window, bucket): (Window, u64),
     ) -> Result<(Sealer, LogPosition)> {
-        let mut runs = Vec::new();
-        let (mut expired, mut next_run_id) = (Vec::new(), 1);
+        let (mut opened, mut next_run_id) = (Vec::new(), 1);
         for path in storage.list(dir)? {
             if is_temp_run_name(&path) {
                 storage.remove(&path)?;
             } else if let Some(run_id) = parse_run_name(&path) {
                 next_run_id = next_run_id.max(run_id + 1);
-                let run = open_run(&**storage, &path, database_id)?;
-                if window.is_live(run.summary().newest_bucket, bucket) {
-                    runs.push(Arc::new(run));
-                } else {
-                    expired.push(path);
-                }
+                opened.push(Arc::new(open_run(&**storage, &path, database_id)?));
             }
         }
+        opened.sort_by_key(|run| run.summary().run_id);
+        let (runs, expired): (Vec<_>, Vec<_>) = remove_merged(&**storage, dir, opened)?
+            .into_iter()
+            .partition(|run| window.is_live(run.summary().newest_bucket, bucket));
+        let expired: Vec<PathBuf> = expired.iter().map(|run| run.path().to_path_buf()).collect();
         retire_files(&**storage, dir, archive, &expired)?;
-        runs.sort_by_key(|run| run.summary().run_id);
         let covers = runs
             .iter()
             .map(|run| run.summary().covers)
@@ -125,6 +130,7 @@ impl Sealer {
             since_check: AtomicU64::new(0),
             sealed: AtomicU64::new(0),
             expired: AtomicU64::new(expired.len() as u64),
+            merged: AtomicU64::new(0),
         };
         Ok((sealer, covers))
     }
@@ -147,6 +153,7 @@ impl Sealer {
             filter_bytes: runs.iter().map(|run| run.heap_bytes() as u64).sum(),
             runs_written: self.sealed.load(Ordering::Relaxed),
             runs_expired: self.expired.load(Ordering::Relaxed),
+            runs_merged: self.merged.load(Ordering::Relaxed),
         }
     }
 
@@ -168,12 +175,16 @@ impl Sealer {
             .sum()
     }
 
-    /// Removes (or archives) the runs whose newest bucket left the window at `current`.
+    /// Removes (or archives) the runs whose newest bucket left the window at `current`;
+    /// not while a seal or merge runs (which may be reading them): the next look does.
     fn expire(&self, window: Window, current: u64) -> Result<()> {
         let live = |run: &Arc<Run>| window.is_live(run.summary().newest_bucket, current);
         if self.runs.read().iter().all(live) {
             return Ok(());
         }
+        let Some(_sealing) = self.sealing.try_lock() else {
+            return Ok(());
+        };
         let expired: Vec<Arc<Run>> = {
             let mut runs = self.runs.write();
             let (live, expired) = std::mem::take(&mut *runs)
@@ -192,6 +203,129 @@ impl Sealer {
             .fetch_add(expired.len() as u64, Ordering::Relaxed);
         Ok(())
     }
+    /// The newest [`MERGE_FANOUT`] runs, oldest first, if they share a level and their
+    /// shards, and merging them keeps the oldest one's keys on disk at most a quarter of
+    /// the window (`span` buckets) past its own expiry (a merged run leaves with its
+    /// newest bucket).
+    fn tail_to_merge(&self, span: u64) -> Option<Vec<Arc<Run>>> {
+        let runs = self.runs.read();
+        let tail = runs.get(runs.len().checked_sub(MERGE_FANOUT)?..)?;
+        let (first, last) = (tail.first()?.summary(), tail.last()?.summary());
+        let alike = tail.iter().all(|run| {
+            run.summary().level == first.level && run.summary().shard_bits == first.shard_bits
+        });
+        let overhang = last.newest_bucket.saturating_sub(first.newest_bucket);
+        (alike && overhang <= span / 4).then(|| tail.to_vec())
+    }
+
+    /// Merges the newest runs while [`Sealer::tail_to_merge`] finds some (the sealing
+    /// lock held).
+    fn merge_tail(&self, span: u64) -> Result<()> {
+        while let Some(inputs) = self.tail_to_merge(span) {
+            self.merge(&inputs)?;
+        }
+        Ok(())
+    }
+
+    /// Merges `inputs` (the newest runs, oldest first) into one run of the next level,
+    /// shard by shard (each tag once, with its newest bucket), in the order a seal uses:
+    /// write, fsync, rename, fsync the directory; then publish it in their place; then
+    /// remove them. A crash before the removal leaves runs the merged one replaces,
+    /// which the next open removes.
+    fn merge(&self, inputs: &[Arc<Run>]) -> Result<()> {
+        let summaries = || inputs.iter().map(|run| run.summary());
+        let (Some(first), Some(newest)) =
+            (inputs.first(), summaries().map(|s| s.newest_bucket).max())
+        else {
+            return Ok(());
+        };
+        let sections = first.section_count();
+        let first = first.summary();
+        let summary = RunSummary {
+            database_id: self.database_id,
+            run_id: self.next_run_id.fetch_add(1, Ordering::Relaxed),
+            shard_bits: first.shard_bits,
+            keys: 0,
+            oldest_bucket: summaries().map(|s| s.oldest_bucket).min().unwrap_or(0),
+            newest_bucket: newest,
+            covers: summaries().map(|s| s.covers).max().unwrap_or_default(),
+            level: first.level + 1,
+            replaces_from: first.replaces_from,
+        };
+        let mut writer = RunWriter::create(&*self.storage, &self.dir, summary)?;
+        let mut entries = Vec::new();
+        for index in 0..sections {
+            entries.clear();
+            for run in inputs {
+                entries.extend(run.read_section(&*self.storage, index)?);
+            }
+            entries.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+            entries.dedup_by_key(|entry| entry.0);
+            writer.add_section(&entries)?;
+        }
+        drop(entries);
+        let merged = Arc::new(writer.finish()?);
+        log::info!(
+            "oncedb: merged {} runs into {} ({} keys, level {})",
+            inputs.len(),
+            merged.path().display(),
+            merged.summary().keys,
+            merged.summary().level
+        );
+        {
+            let mut runs = self.runs.write();
+            runs.retain(|run| !merged.summary().replaces(run.summary().run_id));
+            runs.push(merged);
+            self.live_runs.store(runs.len(), Ordering::Release);
+        }
+        for run in inputs {
+            self.storage.remove(run.path())?;
+        }
+        self.storage.sync_dir(&self.dir)?;
+        self.merged.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// Removes the runs a newer merged run replaces (a crash after a merge published its run
+/// and before it removed its inputs), after checking that the merged run spans them.
+fn remove_merged(storage: &dyn Storage, dir: &Path, runs: Vec<Arc<Run>>) -> Result<Vec<Arc<Run>>> {
+    let replacing = |run: &Run| {
+        let summary = run.summary();
+        runs.iter()
+            .map(|other| other.summary())
+            .find(|merged| merged.replaces(summary.run_id))
+            .copied()
+    };
+    let mut kept = Vec::with_capacity(runs.len());
+    let mut removed = false;
+    for run in &runs {
+        let Some(merged) = replacing(run) else {
+            kept.push(Arc::clone(run));
+            continue;
+        };
+        let summary = run.summary();
+        if summary.oldest_bucket < merged.oldest_bucket
+            || summary.newest_bucket > merged.newest_bucket
+            || summary.covers > merged.covers
+            || summary.shard_bits != merged.shard_bits
+        {
+            return Err(Error::Corrupted {
+                path: run.path().to_path_buf(),
+                offset: 0,
+                reason: format!(
+                    "run {} replaces this run but does not span its buckets and log",
+                    merged.run_id
+                ),
+            });
+        }
+        storage.remove(run.path())?;
+        removed = true;
+    }
+    if removed {
+        storage.sync_dir(dir)?;
+    }
+    Ok(kept)
 }
 
 impl Engine {
@@ -253,6 +387,12 @@ impl Engine {
             oldest_bucket: oldest,
             newest_bucket: newest,
             covers,
+            level: 0,
+            replaces_from: 0,
+        };
+        let summary = RunSummary {
+            replaces_from: summary.run_id,
+            ..summary
         };
         let mut writer = RunWriter::create(&*sealer.storage, &sealer.dir, summary)?;
         let mut entries = Vec::new();
@@ -290,7 +430,7 @@ impl Engine {
         }
         self.index.release_frozen();
         sealer.sealed.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+        sealer.merge_tail(self.window.span)
     }
 
     /// A failed seal or run removal: an I/O error poisons the store like a failed write.

@@ -29,9 +29,13 @@ const FENCE_LEN: usize = 16;
 const DESCRIPTOR_LEN: usize = 20;
 /// A section table row: data offset, entries, meta offset, meta length, meta checksum.
 const SECTION_ROW_LEN: usize = 40;
-pub(crate) const FOOTER_LEN: usize = 96;
-const MAGIC: [u8; 8] = *b"oncerun\x01";
-const VERSION: u32 = 1;
+/// The footer of version 2, which every run is written with.
+pub(crate) const FOOTER_LEN: usize = 112;
+/// The footer of version 1 (no level, no merged range), still read.
+const FOOTER_V1_LEN: usize = 96;
+const MAGIC: [u8; 8] = *b"oncerun\x02";
+const MAGIC_V1: [u8; 8] = *b"oncerun\x01";
+const VERSION: u32 = 2;
 /// Most shard sections a run may have (as many as the store has shards).
 const MAX_SECTIONS: u64 = 1 << 16;
 
@@ -56,6 +60,18 @@ pub(crate) struct RunSummary {
     /// Every dedup key logged before this position is in this run (or expired): replay
     /// skips the keys entries before it.
     pub(crate) covers: LogPosition,
+    /// 0 for a run sealed from memory; one more than its inputs' for a merged run.
+    pub(crate) level: u32,
+    /// The lowest run id whose keys this run holds: a merged run replaces every run with
+    /// an id in `replaces_from..run_id` (for a sealed run, `replaces_from == run_id`).
+    pub(crate) replaces_from: u64,
+}
+
+impl RunSummary {
+    /// Whether this run holds the keys of run `run_id`, merged into it.
+    pub(crate) fn replaces(&self, run_id: u64) -> bool {
+        (self.replaces_from..self.run_id).contains(&run_id)
+    }
 }
 
 /// One shard's keys in a run, as memory keeps them.
@@ -133,39 +149,47 @@ impl Run {
     /// Reads every data page and checks it against its fence: its checksum, its first
     /// tag, and tags strictly increasing through the section. For `verify`.
     pub(crate) fn check_pages(&self, storage: &dyn Storage) -> Result<()> {
-        let mut page = [0; PAGE_LEN];
-        for section in &self.sections {
-            let mut previous = None;
-            for (index, &(first, checksum)) in section.fences.iter().enumerate() {
-                let first_entry = (index * PAGE_ENTRIES) as u64;
-                let in_page = (section.entries - first_entry).min(PAGE_ENTRIES as u64);
-                let len = usize::try_from(in_page).unwrap_or(PAGE_ENTRIES) * ENTRY_LEN;
-                let offset = section.data_offset + first_entry * ENTRY_LEN as u64;
-                let bytes = page.get_mut(..len).unwrap_or_default();
-                storage.read_at(&self.path, offset, bytes)?;
-                if xxh3_64(bytes) != checksum {
-                    return Err(corrupted(
-                        &self.path,
-                        offset,
-                        "a data page's checksum does not match",
-                    ));
-                }
-                let tags = bytes
-                    .chunks_exact(ENTRY_LEN)
-                    .map(|e| get_u64(e, 0).unwrap_or(0));
-                for (at, tag) in tags.enumerate() {
-                    if (at == 0 && tag != first) || previous.is_some_and(|p| p >= tag) {
-                        return Err(corrupted(
-                            &self.path,
-                            offset,
-                            "a data page's tags are out of order",
-                        ));
-                    }
-                    previous = Some(tag);
-                }
-            }
+        for index in 0..self.sections.len() {
+            drop(self.read_section(storage, index)?);
         }
         Ok(())
+    }
+
+    /// The shards this run has a section for.
+    pub(crate) fn section_count(&self) -> usize {
+        self.sections.len()
+    }
+
+    /// Section `index`'s entries as (tag, absolute bucket), read with one read and each
+    /// page checked against its fence (checksum, first tag, tags strictly increasing).
+    pub(crate) fn read_section(
+        &self,
+        storage: &dyn Storage,
+        index: usize,
+    ) -> Result<Vec<(u64, u64)>> {
+        let Some(section) = self.sections.get(index) else {
+            return Ok(Vec::new());
+        };
+        let mut bytes = vec![0; size(section.entries)? * ENTRY_LEN];
+        storage.read_at(&self.path, section.data_offset, &mut bytes)?;
+        let mut entries = Vec::with_capacity(bytes.len() / ENTRY_LEN);
+        for (page, &(first, checksum)) in bytes.chunks(PAGE_LEN).zip(section.fences.iter()) {
+            let offset = section.data_offset + (entries.len() * ENTRY_LEN) as u64;
+            let bad = |reason| corrupted(&self.path, offset, reason);
+            if xxh3_64(page) != checksum {
+                return Err(bad("a data page's checksum does not match"));
+            }
+            for (at, entry) in page.chunks_exact(ENTRY_LEN).enumerate() {
+                let tag = get_u64(entry, 0).unwrap_or(0);
+                let relative = get_u32(entry, 8).unwrap_or(0);
+                let previous = entries.last().map(|&(previous, _)| previous);
+                if (at == 0 && tag != first) || previous.is_some_and(|p| p >= tag) {
+                    return Err(bad("a data page's tags are out of order"));
+                }
+                entries.push((tag, self.summary.oldest_bucket + u64::from(relative)));
+            }
+        }
+        Ok(entries)
     }
 
     /// Whether the run holds `fingerprint` stamped with a bucket live at `current`. A
@@ -390,32 +414,57 @@ fn encode_footer(summary: &RunSummary, table_offset: u64, sections: u64) -> Vec<
     footer.extend_from_slice(&summary.covers.offset.to_le_bytes());
     footer.extend_from_slice(&table_offset.to_le_bytes());
     footer.extend_from_slice(&sections.to_le_bytes());
+    footer.extend_from_slice(&summary.level.to_le_bytes());
+    footer.extend_from_slice(&0u32.to_le_bytes());
+    footer.extend_from_slice(&summary.replaces_from.to_le_bytes());
     let checksum = xxh3_64(&footer);
     footer.extend_from_slice(&checksum.to_le_bytes());
     debug_assert_eq!(footer.len(), FOOTER_LEN);
     footer
 }
 
-/// The footer's fields, checked.
-fn decode_footer(path: &Path, footer: &[u8]) -> Result<(RunSummary, u64, u64)> {
+/// The footer at the end of `tail` (the file's last [`FOOTER_LEN`] bytes, or all of a
+/// shorter file), of either version, checked; also returns its length.
+fn decode_footer(path: &Path, tail: &[u8]) -> Result<(RunSummary, u64, u64, usize)> {
     let bad = |reason| corrupted(path, 0, reason);
-    let body = footer
-        .get(..FOOTER_LEN - 8)
-        .ok_or_else(|| bad("the run's footer is short"))?;
-    if get_u64(footer, FOOTER_LEN - 8) != Some(xxh3_64(body)) {
+    let v1 = tail
+        .len()
+        .checked_sub(FOOTER_V1_LEN)
+        .and_then(|at| tail.get(at..))
+        .filter(|footer| footer.get(..8) == Some(&MAGIC_V1[..]));
+    let (footer, version) = match v1 {
+        Some(footer) => (footer, 1),
+        None if tail.len() == FOOTER_LEN => (tail, VERSION),
+        None => return Err(bad("the run is shorter than its footer")),
+    };
+    let len = footer.len();
+    let body = footer.get(..len - 8).unwrap_or_default();
+    if get_u64(footer, len - 8) != Some(xxh3_64(body)) {
         return Err(bad("the run's footer checksum does not match"));
     }
-    if footer.get(..8) != Some(&MAGIC[..]) {
+    if version == VERSION && footer.get(..8) != Some(&MAGIC[..]) {
         return Err(bad("not a run file (bad magic)"));
     }
-    if get_u32(footer, 8) != Some(VERSION) {
+    if get_u32(footer, 8) != Some(version) {
         return Err(bad("unknown run format version"));
     }
     let field = |at: usize| get_u64(footer, at).unwrap_or(0);
+    let run_id = field(24);
+    let (level, replaces_from) = if version == 1 {
+        (0, run_id)
+    } else {
+        if get_u32(footer, 92) != Some(0) {
+            return Err(bad("the run's footer has unknown flags"));
+        }
+        (get_u32(footer, 88).unwrap_or(0), field(96))
+    };
+    if replaces_from > run_id || (level == 0) != (replaces_from == run_id) {
+        return Err(bad("the run's merged range does not match its level"));
+    }
     let summary = RunSummary {
         shard_bits: get_u32(footer, 12).unwrap_or(0),
         database_id: field(16),
-        run_id: field(24),
+        run_id,
         keys: field(32),
         oldest_bucket: field(40),
         newest_bucket: field(48),
@@ -424,8 +473,10 @@ fn decode_footer(path: &Path, footer: &[u8]) -> Result<(RunSummary, u64, u64)> {
             seq: get_u32(footer, 64).unwrap_or(0),
             offset: get_u32(footer, 68).unwrap_or(0),
         },
+        level,
+        replaces_from,
     };
-    Ok((summary, field(72), field(80)))
+    Ok((summary, field(72), field(80), len))
 }
 
 /// Opens the run at `path` of the store `database_id`, reading its footer, section table,
@@ -433,12 +484,11 @@ fn decode_footer(path: &Path, footer: &[u8]) -> Result<(RunSummary, u64, u64)> {
 pub(crate) fn open(storage: &dyn Storage, path: &Path, database_id: u64) -> Result<Run> {
     let bad = |offset, reason| corrupted(path, offset, reason);
     let len = storage.file_len(path)?;
-    let footer_at = len
-        .checked_sub(FOOTER_LEN as u64)
-        .ok_or_else(|| bad(0, "the run is shorter than its footer"))?;
-    let mut footer = vec![0; FOOTER_LEN];
-    storage.read_at(path, footer_at, &mut footer)?;
-    let (summary, table_offset, count) = decode_footer(path, &footer)?;
+    let tail_at = len.saturating_sub(FOOTER_LEN as u64);
+    let mut tail = vec![0; size(len - tail_at)?];
+    storage.read_at(path, tail_at, &mut tail)?;
+    let (summary, table_offset, count, footer_len) = decode_footer(path, &tail)?;
+    let footer_at = len - footer_len as u64;
     if summary.database_id != database_id {
         return Err(bad(footer_at, "the run belongs to another store"));
     }
@@ -599,6 +649,8 @@ mod tests {
             oldest_bucket: 10,
             newest_bucket: 12,
             covers: LogPosition::default(),
+            level: 0,
+            replaces_from: 1,
         }
     }
 
@@ -646,6 +698,40 @@ mod tests {
         assert!(
             open(&disk, written.path(), 8).is_err(),
             "another store's run"
+        );
+    }
+
+    /// A run written with the version 1 footer (96 bytes: no level, no merged range)
+    /// opens as a sealed run of level 0 and finds its keys.
+    #[test]
+    fn a_version_1_run_still_opens() {
+        let disk = MemStorage::new();
+        disk.create_dir_all(Path::new("/db")).unwrap();
+        let mut writer = RunWriter::create(&disk, Path::new("/db"), summary()).unwrap();
+        let entries: Vec<(u64, u64)> = (1..=500u64).map(|t| (t * 5, 11)).collect();
+        writer.add_section(&entries).unwrap();
+        writer.add_section(&[]).unwrap();
+        let path = writer.finish().unwrap().path().to_path_buf();
+        let mut bytes = disk.contents(&path).unwrap();
+        let footer = bytes.split_off(bytes.len() - FOOTER_LEN);
+        let mut v1 = MAGIC_V1.to_vec();
+        v1.extend_from_slice(&1u32.to_le_bytes());
+        v1.extend_from_slice(footer.get(12..88).unwrap());
+        let checksum = xxh3_64(&v1);
+        v1.extend_from_slice(&checksum.to_le_bytes());
+        assert_eq!(v1.len(), FOOTER_V1_LEN);
+        bytes.extend_from_slice(&v1);
+        disk.set_contents(&path, bytes);
+        let run = open(&disk, &path, 7).unwrap();
+        assert_eq!((run.summary().level, run.summary().replaces_from), (0, 1));
+        let window = Window::new(4, 1);
+        assert!(
+            run.contains(&disk, fingerprint_in(0, 2_500), window, 12)
+                .unwrap()
+        );
+        assert!(
+            !run.contains(&disk, fingerprint_in(0, 2_501), window, 12)
+                .unwrap()
         );
     }
 }

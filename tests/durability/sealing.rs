@@ -13,13 +13,21 @@ use oncedb::{Db, Durability, Error, ManualClock, Options};
 /// A small budget over few shards: the tables seal every few thousand keys.
 const BUDGET: u64 = 1 << 18;
 
+/// The smallest budget worth a seal: the tables seal every two thousand keys or so, and
+/// runs merge every four seals.
+const SMALL_BUDGET: u64 = 1 << 16;
+
 fn options(storage: Arc<dyn Storage>, clock: &ManualClock) -> Options {
+    budgeted(storage, clock, BUDGET)
+}
+
+fn budgeted(storage: Arc<dyn Storage>, clock: &ManualClock, budget: u64) -> Options {
     Options::new("/db")
         .window(WINDOW)
         .bucket_width(BUCKET)
         .clock(clock.clone())
         .durability(Durability::Buffered)
-        .memory_budget(BUDGET)
+        .memory_budget(budget)
         .shards(4)
         .storage(storage)
 }
@@ -103,12 +111,12 @@ fn a_budget_needs_a_durable_store_and_no_key_limit() {
     }
 }
 
-/// The sweep's workload: batches of 256 keys, each flushed; returns the keys
+/// The sweep's workload: batches of 1,024 keys, each flushed; returns the keys
 /// acknowledged before the first error.
 fn flushed_batches(db: &Db) -> u32 {
-    let keys: Vec<[u8; 16]> = (0..12_000).map(key).collect();
+    let keys: Vec<[u8; 16]> = (0..SWEEP_KEYS).map(key).collect();
     let mut acked = 0;
-    for batch in keys.chunks(256) {
+    for batch in keys.chunks(1024) {
         if db.insert_many(batch).and_then(|_| db.flush()).is_err() {
             break;
         }
@@ -117,19 +125,33 @@ fn flushed_batches(db: &Db) -> u32 {
     acked
 }
 
+/// Keys the sweep admits: enough for four seals and a merge.
+const SWEEP_KEYS: u32 = 18_000;
+
+/// The sweep's store: a small budget, so that its workload seals and merges.
+fn sweep_options(storage: Arc<dyn Storage>, clock: &ManualClock) -> Options {
+    budgeted(storage, clock, SMALL_BUDGET)
+}
+
 /// The workload's I/O calls, with no fault.
 fn clean_calls() -> u64 {
     let faulty = FaultyStorage::new(Arc::new(MemStorage::new()));
     let clock = manual_clock();
-    let db = Db::open(options(Arc::new(faulty.clone()), &clock)).unwrap();
-    assert_eq!(flushed_batches(&db), 12_000);
-    assert!(db.stats().runs_sealed >= 1, "the sweep covers a seal");
+    let db = Db::open(sweep_options(Arc::new(faulty.clone()), &clock)).unwrap();
+    assert_eq!(flushed_batches(&db), SWEEP_KEYS);
+    assert!(
+        db.stats().runs_sealed >= 4,
+        "the sweep covers seals: {:?}",
+        db.stats()
+    );
+    assert!(db.stats().runs_merged >= 1, "the sweep covers a merge");
     drop(db);
     faulty.calls()
 }
 
-/// A fault at any I/O call while keys are admitted and sealed (the run's create, appends,
-/// fsync, rename and directory fsync among them), then a crash or a power loss: the fault
+/// A fault at any I/O call while keys are admitted, sealed and merged (each run's create,
+/// appends, fsync, rename and directory fsync, and the merge's reads and removals among
+/// them), then a crash or a power loss: the fault
 /// is reported, and every key acknowledged before it is a duplicate after a reopen.
 #[test]
 fn a_fault_at_any_step_of_sealing_loses_no_acknowledged_key() {
@@ -142,11 +164,11 @@ fn a_fault_at_any_step_of_sealing_loses_no_acknowledged_key() {
             faulty.fail_at(call, false);
             let clock = manual_clock();
             let mut acked = 0u32;
-            if let Ok(db) = Db::open(options(Arc::new(faulty.clone()), &clock)) {
+            if let Ok(db) = Db::open(sweep_options(Arc::new(faulty.clone()), &clock)) {
                 acked = flushed_batches(&db);
                 if faulty.failures() > 0 {
                     assert!(
-                        acked < 12_000,
+                        acked < SWEEP_KEYS,
                         "call {call}: a failure was reported as success"
                     );
                 }
@@ -156,7 +178,7 @@ fn a_fault_at_any_step_of_sealing_loses_no_acknowledged_key() {
             } else {
                 disk.process_crash();
             }
-            let db = Db::open(options(Arc::new(disk.clone()), &clock))
+            let db = Db::open(sweep_options(Arc::new(disk.clone()), &clock))
                 .unwrap_or_else(|err| panic!("call {call}: reopen failed: {err}"));
             for n in 0..acked {
                 assert!(
@@ -263,4 +285,98 @@ fn a_store_with_runs_opened_without_a_budget_keeps_using_them() {
     clock.forward(WINDOW + BUCKET);
     assert_eq!(admit(&db, 0..5_000).unwrap(), 5_000);
     assert!(runs_on(&disk).is_empty(), "{:?}", runs_on(&disk));
+}
+
+/// Runs of one level merge into one of the next, so the runs a key is probed against
+/// stay few as sealed keys grow; answers stay exact before and after a reopen, and the
+/// store holds no file but the live runs.
+#[test]
+fn runs_merge_into_fewer_and_every_answer_stays_exact() {
+    let disk = MemStorage::new();
+    let clock = manual_clock();
+    let db = Db::open(budgeted(Arc::new(disk.clone()), &clock, SMALL_BUDGET)).unwrap();
+    assert_eq!(admit(&db, 0..80_000).unwrap(), 80_000);
+    let stats = db.stats();
+    assert!(stats.runs_sealed >= 16, "{stats:?}");
+    assert!(stats.runs_merged >= 4, "{stats:?}");
+    // Every four runs of a level became one: at most three a level remain.
+    let levels = 64 - stats.runs_sealed.leading_zeros() as u64;
+    assert!(stats.sealed_runs <= 3 * levels.div_ceil(2), "{stats:?}");
+    assert_eq!(stats.sealed_keys + stats.live_keys, 80_000, "{stats:?}");
+    assert_eq!(runs_on(&disk).len() as u64, stats.sealed_runs);
+    assert_eq!(admit(&db, 0..80_000).unwrap(), 0);
+    assert_eq!(admit(&db, 80_000..81_000).unwrap(), 1_000);
+    drop(db);
+    disk.process_crash();
+    let db = Db::open(budgeted(Arc::new(disk.clone()), &clock, SMALL_BUDGET)).unwrap();
+    assert_eq!(admit(&db, 0..81_000).unwrap(), 0);
+    let before = runs_on(&disk);
+    clock.forward(WINDOW + BUCKET);
+    assert_eq!(admit(&db, 0..8_000).unwrap(), 8_000);
+    let after = runs_on(&disk);
+    assert!(before.iter().all(|run| !after.contains(run)), "{after:?}");
+}
+
+/// A crash after a merge published its run and before it removed its inputs leaves
+/// runs the merged one replaces: the next open removes them, and answers are the same.
+#[test]
+fn runs_a_merge_replaced_are_removed_at_the_next_open() {
+    let disk = MemStorage::new();
+    let clock = manual_clock();
+    let mut seen = std::collections::BTreeMap::new();
+    let db = Db::open(budgeted(Arc::new(disk.clone()), &clock, SMALL_BUDGET)).unwrap();
+    let mut next = 0;
+    while db.stats().runs_merged == 0 {
+        for path in runs_on(&disk) {
+            let bytes = disk.contents(&path).unwrap();
+            seen.insert(path, bytes);
+        }
+        admit(&db, next..next + 256).unwrap();
+        next += 256;
+    }
+    let runs = db.stats().sealed_runs;
+    drop(db);
+    // Put back the runs the merge removed, as a crash before their removal leaves them.
+    let live = runs_on(&disk);
+    let replaced: Vec<_> = seen.keys().filter(|p| !live.contains(p)).cloned().collect();
+    // The fourth may have been written and merged within one batch.
+    assert!(replaced.len() >= 3, "{replaced:?}");
+    for path in &replaced {
+        disk.set_contents(path, seen[path].clone());
+    }
+    disk.power_loss();
+    let db = Db::open(budgeted(Arc::new(disk.clone()), &clock, SMALL_BUDGET)).unwrap();
+    assert_eq!(db.stats().sealed_runs, runs);
+    assert_eq!(runs_on(&disk), live);
+    assert_eq!(admit(&db, 0..next).unwrap(), 0);
+}
+
+/// A key admitted again after its first admission left the window is in two runs, with
+/// two buckets; the run they merge into keeps the newer, so the key stays a duplicate.
+#[test]
+fn a_merge_keeps_the_newest_admission_of_a_key() {
+    let disk = MemStorage::new();
+    let clock = manual_clock();
+    let db = Db::open(budgeted(Arc::new(disk.clone()), &clock, SMALL_BUDGET)).unwrap();
+    assert_eq!(admit(&db, 0..3_000).unwrap(), 3_000);
+    clock.forward(BUCKET * 50);
+    admit(&db, 3_000..5_000).unwrap();
+    assert_eq!(
+        db.stats().runs_sealed,
+        1,
+        "keys 0..3000 sealed with bucket 0"
+    );
+    // Bucket 0 leaves the window; the first run (newest bucket 50) does not.
+    clock.forward(BUCKET * 12);
+    assert_eq!(
+        admit(&db, 0..3_000).unwrap(),
+        3_000,
+        "their first admission expired"
+    );
+    let mut next = 5_000;
+    while db.stats().runs_merged == 0 {
+        admit(&db, next..next + 1_000).unwrap();
+        next += 1_000;
+    }
+    assert_eq!(admit(&db, 0..3_000).unwrap(), 0);
 }

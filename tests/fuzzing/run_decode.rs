@@ -36,7 +36,9 @@ const BUCKET_MS: u64 = 1_000;
 const FIRST_BUCKET: u64 = 1_700_000_000;
 /// Keys the baseline admits; the first seal takes most of them.
 const KEYS: u32 = 6_000;
-const FOOTER_LEN: usize = 96;
+const FOOTER_LEN: usize = 112;
+/// The footer's checksummed bytes (all but its last 8).
+const FOOTER_BODY: usize = FOOTER_LEN - 8;
 const ROW_LEN: usize = 40;
 
 fn clock() -> ManualClock {
@@ -134,8 +136,8 @@ fn reseal(run: &mut [u8], table: bool) {
             run[end..end + 8].copy_from_slice(&checksum.to_le_bytes());
         }
     }
-    let checksum = xxh3_64(&run[footer..footer + 88]);
-    run[footer + 88..].copy_from_slice(&checksum.to_le_bytes());
+    let checksum = xxh3_64(&run[footer..footer + FOOTER_BODY]);
+    run[footer + FOOTER_BODY..].copy_from_slice(&checksum.to_le_bytes());
 }
 
 /// The baseline's run with the input's damage.
@@ -161,7 +163,7 @@ fn damaged_run(input: &mut Input<'_>, pristine: &[u8]) -> Vec<u8> {
         4 => {
             // A footer field (by its 8-byte slot) set to the input's value, resealed.
             let footer = run.len() - FOOTER_LEN;
-            let slot = usize::from(input.byte()) % 11;
+            let slot = usize::from(input.byte()) % (FOOTER_BODY / 8);
             let value = input.u64().to_le_bytes();
             run[footer + 8 * slot..footer + 8 * slot + 8].copy_from_slice(&value);
             reseal(&mut run, false);
