@@ -387,8 +387,9 @@ fn run_scenario(args: &BenchArgs, scenario: Scenario) -> Result<Outcome, String>
     let stats = db.stats();
     if stats.runs_sealed > 0 {
         noteln!(
-            "   sealed: {} runs written, {} live holding {} keys; filters and fences {:.1} MiB ({:.2} bytes a sealed key); {} keys in memory",
+            "   sealed: {} runs written, {} merges, {} live holding {} keys; filters and fences {:.1} MiB ({:.2} bytes a sealed key); {} keys in memory",
             stats.runs_sealed,
+            stats.runs_merged,
             stats.sealed_runs,
             stats.sealed_keys,
             stats.sealed_filter_bytes as f64 / f64::from(1 << 20),

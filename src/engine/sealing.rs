@@ -204,9 +204,10 @@ impl Sealer {
         Ok(())
     }
     /// The newest [`MERGE_FANOUT`] runs, oldest first, if they share a level and their
-    /// shards, and merging them keeps the oldest one's keys on disk at most a quarter of
-    /// the window (`span` buckets) past its own expiry (a merged run leaves with its
-    /// newest bucket).
+    /// shards, merging them keeps the oldest one's keys on disk at most a quarter of the
+    /// window (`span` buckets) past its own expiry (a merged run leaves with its newest
+    /// bucket), and their filters take at most a quarter of the budget (the memory a
+    /// merge adds while it runs), or [`MIN_SEAL_BYTES`] for the smallest budgets.
     fn tail_to_merge(&self, span: u64) -> Option<Vec<Arc<Run>>> {
         let runs = self.runs.read();
         let tail = runs.get(runs.len().checked_sub(MERGE_FANOUT)?..)?;
@@ -215,7 +216,10 @@ impl Sealer {
             run.summary().level == first.level && run.summary().shard_bits == first.shard_bits
         });
         let overhang = last.newest_bucket.saturating_sub(first.newest_bucket);
-        (alike && overhang <= span / 4).then(|| tail.to_vec())
+        // While a merge runs, its inputs' filters and the merged run's are both held.
+        let filters: u64 = tail.iter().map(|run| run.heap_bytes() as u64).sum();
+        (alike && overhang <= span / 4 && filters <= (self.budget_bytes / 4).max(MIN_SEAL_BYTES))
+            .then(|| tail.to_vec())
     }
 
     /// Merges the newest runs while [`Sealer::tail_to_merge`] finds some (the sealing
@@ -253,17 +257,13 @@ impl Sealer {
             replaces_from: first.replaces_from,
         };
         let mut writer = RunWriter::create(&*self.storage, &self.dir, summary)?;
-        let mut entries = Vec::new();
         for index in 0..sections {
-            entries.clear();
+            let mut entries = Vec::new();
             for run in inputs {
-                entries.extend(run.read_section(&*self.storage, index)?);
+                entries = merge_sorted(&entries, &run.read_section(&*self.storage, index)?);
             }
-            entries.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
-            entries.dedup_by_key(|entry| entry.0);
             writer.add_section(&entries)?;
         }
-        drop(entries);
         let merged = Arc::new(writer.finish()?);
         log::info!(
             "oncedb: merged {} runs into {} ({} keys, level {})",
@@ -284,6 +284,27 @@ impl Sealer {
         self.storage.sync_dir(&self.dir)?;
         self.merged.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+}
+
+/// The union of two sections' entries, each sorted by tag with each tag once: sorted,
+/// each tag once, with the newer of its two buckets. Linear in their lengths.
+fn merge_sorted(left: &[(u64, u64)], right: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut merged = Vec::with_capacity(left.len() + right.len());
+    let (mut left, mut right) = (left.iter().peekable(), right.iter().peekable());
+    loop {
+        let next = match (left.peek(), right.peek()) {
+            (Some(&&a), Some(&&b)) if a.0 == b.0 => {
+                left.next();
+                right.next();
+                (a.0, a.1.max(b.1))
+            }
+            (Some(&&a), Some(&&b)) if a.0 < b.0 => *left.next().unwrap_or(&a),
+            (_, Some(_)) => right.next().copied().unwrap_or_default(),
+            (Some(_), None) => left.next().copied().unwrap_or_default(),
+            (None, None) => return merged,
+        };
+        merged.push(next);
     }
 }
 

@@ -327,6 +327,7 @@ fn runs_a_merge_replaced_are_removed_at_the_next_open() {
     let db = Db::open(budgeted(Arc::new(disk.clone()), &clock, SMALL_BUDGET)).unwrap();
     let mut next = 0;
     while db.stats().runs_merged == 0 {
+        assert!(next < 100_000, "no merge after {next} keys");
         for path in runs_on(&disk) {
             let bytes = disk.contents(&path).unwrap();
             seen.insert(path, bytes);
@@ -375,6 +376,7 @@ fn a_merge_keeps_the_newest_admission_of_a_key() {
     );
     let mut next = 5_000;
     while db.stats().runs_merged == 0 {
+        assert!(next < 100_000, "no merge after {next} keys");
         admit(&db, next..next + 1_000).unwrap();
         next += 1_000;
     }
