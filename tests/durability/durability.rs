@@ -470,11 +470,12 @@ fn roll_over_and_expiry_leave_the_writer_one_seal() {
     storage.take();
     let writer = std::thread::current().name().unwrap_or("").to_string();
     db.insert_if_absent(b"rolls over").unwrap();
-    let on_writer: Vec<_> = storage
-        .take()
-        .into_iter()
+    // The worker may already have begun its round: its calls are kept for below.
+    let since_roll_over = storage.take();
+    let on_writer: Vec<_> = since_roll_over
+        .iter()
         .filter(|(thread, _, _)| *thread == writer)
-        .map(|(_, op, name)| (op, name))
+        .map(|(_, op, name)| (*op, name.clone()))
         .collect();
     // The writer seals the old segment (one fsync; nothing was unsynced) and renames the
     // prepared segment into the log; no create, no directory fsync, no unlink.
@@ -483,7 +484,8 @@ fn roll_over_and_expiry_leave_the_writer_one_seal() {
     assert_eq!(on_writer[1].0, "rename");
     assert!(on_writer[1].1.starts_with("seg-"), "{on_writer:?}");
     db.flush().unwrap();
-    let on_worker = storage.take();
+    let mut on_worker = since_roll_over;
+    on_worker.extend(storage.take());
     assert!(
         on_worker
             .iter()
