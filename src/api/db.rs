@@ -93,7 +93,7 @@ impl Db {
                 RecordStatus::Failed => Reservation::Failed(record),
                 _ => Reservation::Completed(record),
             },
-            Reserved::Mismatch => Reservation::Mismatch,
+            Reserved::Mismatch { .. } => Reservation::Mismatch,
         };
         observe::reservation(scope, key, &answer);
         Ok(answer)

@@ -644,6 +644,7 @@ impl Store for RedisStore {
             Some(b"completed") | Some(b"failed") => {
                 let record = Record {
                     logged: None,
+                    key_logged: None,
                     status: if kind == Some(b"completed") {
                         RecordStatus::Completed
                     } else {
@@ -687,6 +688,7 @@ impl Store for RedisStore {
         };
         Ok(Some(Record {
             logged: None,
+            key_logged: None,
             status,
             response: field(2).map(Into::into),
             created_ms: number(field(1).as_ref(), "get")?,

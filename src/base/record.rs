@@ -26,6 +26,10 @@ pub struct Record {
     /// A response still in the log: its finish frame and the lease that wrote it. The
     /// engine reads it into `response` before the record leaves the engine.
     pub(crate) logged: Option<(LogSpan, u64)>,
+    /// A record kept in compact form has its scoped key only in the log, in its reserve
+    /// entry's frame: the engine compares it with the caller's key before the record
+    /// leaves the engine.
+    pub(crate) key_logged: Option<LogSpan>,
     pub(crate) created_ms: u64,
     pub(crate) finished_ms: Option<u64>,
 }

@@ -243,6 +243,24 @@ impl Engine {
         }
     }
 
+    /// Logs a new record's reserve `entry` and tells the record (under the same shard
+    /// lock) where the entry's frame lies: its key is read back from there once the
+    /// record keeps only spans.
+    fn enqueue_reserve(
+        &self,
+        shard: &mut Shard,
+        grant: Grant,
+        entry: &LogEntry<'_>,
+    ) -> Result<Option<Ticket>> {
+        let Some(journal) = &self.journal else {
+            return Ok(None);
+        };
+        let bucket = self.high_water.load(Ordering::Acquire);
+        let (ticket, span) = journal.enqueue_located(bucket, std::slice::from_ref(entry))?;
+        shard.locate_key(grant.fingerprint, grant.lease_id, span);
+        Ok(Some(ticket))
+    }
+
     fn wait(&self, ticket: Option<Ticket>) -> Result<()> {
         match (&self.journal, ticket) {
             (Some(journal), Some(ticket)) => journal.wait(ticket),
@@ -456,11 +474,18 @@ impl Engine {
         loop {
             match self.reserve_once(fingerprint, scoped_key, request)? {
                 Reserved::Existing(record) => {
-                    if let Some(record) = self.read_back(fingerprint, record)? {
+                    if let Some(record) = self.read_back(fingerprint, scoped_key, record)? {
                         return Ok(Reserved::Existing(record));
                     }
                     // The response's segment expired since, and the record with it: the
                     // next round finds the key absent.
+                }
+                Reserved::Mismatch {
+                    key_logged: Some(span),
+                } => {
+                    if self.key_in_log_is(fingerprint, scoped_key, span)? {
+                        return Ok(Reserved::Mismatch { key_logged: None });
+                    }
                 }
                 other => return Ok(other),
             }
@@ -487,21 +512,26 @@ impl Engine {
                 || self.next_lease_id(),
             )?;
             let ticket = match reserved {
-                Reserved::Acquired(grant) => self.enqueue(&[LogEntry::Reserve {
-                    fingerprint,
-                    lease_id: grant.lease_id,
-                    request_hash,
-                    created_ms: now_ms,
-                    bucket: shard.current(),
-                    scoped_key,
-                }])?,
+                Reserved::Acquired(grant) => {
+                    let entry = LogEntry::Reserve {
+                        fingerprint,
+                        lease_id: grant.lease_id,
+                        request_hash,
+                        created_ms: now_ms,
+                        bucket: shard.current(),
+                        scoped_key,
+                    };
+                    self.enqueue_reserve(&mut shard, grant, &entry)?
+                }
                 Reserved::TakenOver { grant, old } => self.enqueue(&[LogEntry::TakeOver {
                     fingerprint,
                     old,
                     new: grant.lease_id,
                     at_ms: now_ms,
                 }])?,
-                Reserved::InFlight { .. } | Reserved::Existing(_) | Reserved::Mismatch => None,
+                Reserved::InFlight { .. } | Reserved::Existing(_) | Reserved::Mismatch { .. } => {
+                    None
+                }
             };
             (reserved, ticket)
         };
@@ -518,7 +548,7 @@ impl Engine {
             .lock(fingerprint, bucket)
             .get(fingerprint, scoped_key)?;
         match record {
-            Some(record) => self.read_back(fingerprint, record),
+            Some(record) => self.read_back(fingerprint, scoped_key, record),
             None => Ok(None),
         }
     }

@@ -523,6 +523,7 @@ impl Replay<'_> {
                     request_hash: *request_hash,
                     lease_id: *lease_id,
                     created_ms: *created_ms,
+                    key_at: Some(span),
                 };
                 self.index
                     .lock(*fingerprint, *bucket)
@@ -724,6 +725,50 @@ mod tests {
                 "late reserve at bucket {bucket}"
             );
             assert_eq!(record.response.as_deref(), Some(&b"done"[..]));
+        }
+    }
+
+    /// A finished record in compact form keeps its key only in the log, and still
+    /// compares it: a record logged under the fingerprint of one key but holding
+    /// another (what a fingerprint collision would look like) answers
+    /// `FingerprintCollision` to every lookup, never the other key's record.
+    #[test]
+    fn a_compact_record_compares_its_key_from_the_log() {
+        let disk = MemStorage::new();
+        let clock = clock_at(START);
+        let (asked, held) = (b"\x00\x01t\x00\x01ok", b"\x00\x01t\x00\x01no");
+        let engine = Engine::open(&config(&disk, &clock)).unwrap();
+        assert!(engine.insert_if_absent(b"a segment").unwrap());
+        drop(engine);
+        let hasher = secret_hasher(&disk);
+        let fingerprint = hasher.record(asked);
+        let reserve = LogEntry::Reserve {
+            fingerprint,
+            lease_id: 1,
+            request_hash: hasher.request(b"req"),
+            created_ms: START * WIDTH_MS,
+            bucket: START,
+            scoped_key: held,
+        };
+        let done = Finish::Complete(Arc::from(&b"done"[..]));
+        let finish = LogEntry::Finish {
+            fingerprint,
+            lease_id: 1,
+            at_ms: START * WIDTH_MS,
+            finish: &done,
+        };
+        append_to_newest(&disk, &[reserve, finish]);
+        let engine = Engine::open(&config(&disk, &clock)).unwrap();
+        assert!(matches!(
+            engine.get(asked),
+            Err(Error::FingerprintCollision)
+        ));
+        for request in [&b"req"[..], b"other"] {
+            let answer = engine.reserve(asked, request);
+            assert!(
+                matches!(answer, Err(Error::FingerprintCollision)),
+                "{answer:?}"
+            );
         }
     }
 

@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 
 use super::Engine;
-use crate::base::{Fingerprint, LogSpan, Record, Result};
+use crate::base::{Error, Fingerprint, LogSpan, Record, Result};
 use crate::wal::Ticket;
 
 /// A finish entry appended but perhaps not yet written to its segment file.
@@ -46,13 +46,20 @@ impl Engine {
         }
     }
 
-    /// `record` with its response read back from the log if memory kept only the span;
-    /// `None` if the response's segment expired meanwhile (and the record with it).
+    /// `record` with its key compared and its response read back from the log, where
+    /// memory kept only spans; `None` if the segment expired meanwhile (and the record
+    /// with it). A key in the log that is not `scoped_key` is `FingerprintCollision`.
     pub(crate) fn read_back(
         &self,
         fingerprint: Fingerprint,
+        scoped_key: &[u8],
         mut record: Record,
     ) -> Result<Option<Record>> {
+        if let Some(span) = record.key_logged.take()
+            && !self.key_in_log_is(fingerprint, scoped_key, span)?
+        {
+            return Ok(None);
+        }
         let (Some((span, lease_id)), Some(journal)) = (record.logged.take(), &self.journal) else {
             return Ok(Some(record));
         };
@@ -62,5 +69,24 @@ impl Engine {
                 record.response = Some(response);
                 record
             }))
+    }
+
+    /// Whether the reserve frame at `span` still exists (`false`: its segment expired,
+    /// and the record with it), checking that it holds `scoped_key`: a record in
+    /// compact form compares its key here, as a full one does in memory.
+    pub(crate) fn key_in_log_is(
+        &self,
+        fingerprint: Fingerprint,
+        scoped_key: &[u8],
+        span: LogSpan,
+    ) -> Result<bool> {
+        let Some(journal) = &self.journal else {
+            return Ok(true);
+        };
+        match journal.read_key(span, fingerprint)? {
+            None => Ok(false),
+            Some(logged) if *logged == *scoped_key => Ok(true),
+            Some(_) => Err(Error::FingerprintCollision),
+        }
     }
 }

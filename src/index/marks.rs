@@ -37,7 +37,7 @@ impl MarkMap {
             Some(scoped_key),
             window,
             current,
-            |m| (m.bucket, &m.scoped_key),
+            |m| (m.bucket, Some(&m.scoped_key)),
         )
     }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::base::{Error, LogSpan, Record, RecordStatus, Result, Window};
 
-/// Where a finished record's response is.
+/// Where a finished record's response is, while the record keeps its full form.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Response {
     /// In memory: an in-memory store, or a durable one whose log has not yet been
@@ -19,7 +19,7 @@ pub(crate) enum Response {
     Gone,
 }
 
-/// Where a stored record stands.
+/// Where a record in its full form stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum State {
     InFlight,
@@ -37,35 +37,112 @@ impl State {
     }
 }
 
-/// One record as kept in memory.
+/// One record as kept in memory: fixed-size fields, and a body that is either the
+/// record's full form on the heap or, once its response and key are both in the log,
+/// their spans alone.
 #[derive(Debug, Clone)]
 pub(crate) struct StoredRecord {
-    pub(crate) scoped_key: Box<[u8]>,
     pub(crate) request_hash: u128,
     pub(crate) bucket: u64,
     pub(crate) created_ms: u64,
-    /// When the current lease was granted (the reserve, or the last take-over): a lease
-    /// timeout counts from here.
-    pub(crate) leased_ms: u64,
-    /// The lease the record was created under; kept after it ends, so that replay can
-    /// tell an older reserve from a newer one.
+    /// The lease the record is (or was last) held under; kept after it ends, so that
+    /// replay can tell an older reserve from a newer one.
     pub(crate) lease_id: u64,
     /// The leases take-overs replaced, oldest first: exactly the leases that are fenced
     /// on this record. Lease ids come from one counter for the whole store, so a range
-    /// of ids would also hold other records' leases. `None` until the first take-over.
-    pub(crate) taken_over: Option<Box<[u64]>>,
-    pub(crate) state: State,
+    /// of ids would also hold other records' leases. `None` until the first take-over
+    /// (a thin box: one word in every record, a heap list in the rare one taken over).
+    taken_over: Option<Box<TakenOver>>,
+    body: Body,
+}
+
+/// The leases take-overs replaced on one record.
+#[derive(Debug, Clone, Default)]
+struct TakenOver(Vec<u64>);
+
+#[derive(Debug, Clone)]
+enum Body {
+    /// In flight, or finished with its response in memory (an in-memory store, or a
+    /// log not yet written past the finish entry) or aged out there.
+    Full(Box<Full>),
+    /// Finished with both its response and its scoped key in the log: no heap bytes.
+    Logged(Logged),
+}
+
+/// A record's full form.
+#[derive(Debug, Clone)]
+struct Full {
+    scoped_key: Box<[u8]>,
+    /// The reserve entry's frame (a durable store): where the key is read back from
+    /// once the record keeps only spans.
+    key_at: Option<LogSpan>,
+    /// When the current lease was granted (the reserve, or the last take-over): a
+    /// lease timeout counts from here.
+    leased_ms: u64,
     /// A short note a lease holder attached while in flight.
-    pub(crate) note: Option<Arc<[u8]>>,
+    note: Option<Arc<[u8]>>,
+    state: State,
+}
+
+/// A finished record whose response and key are in the log.
+#[derive(Debug, Clone, Copy)]
+struct Logged {
+    /// `Completed` or `Failed`, never `InFlight`.
+    status: RecordStatus,
+    /// Aged out (`Options::response_retention`): the span is no longer read.
+    gone: bool,
+    at_ms: u64,
+    /// The finish entry's frame, which holds the response.
+    response: LogSpan,
+    /// The reserve entry's frame, which holds the scoped key.
+    key: LogSpan,
 }
 
 impl StoredRecord {
+    /// A new record in flight under `lease_id`, its key's reserve entry at `key_at`
+    /// when the store has a log.
+    pub(crate) fn in_flight(
+        scoped_key: &[u8],
+        key_at: Option<LogSpan>,
+        (request_hash, lease_id): (u128, u64),
+        (bucket, created_ms): (u64, u64),
+    ) -> StoredRecord {
+        StoredRecord {
+            request_hash,
+            bucket,
+            created_ms,
+            lease_id,
+            taken_over: None,
+            body: Body::Full(Box::new(Full {
+                scoped_key: scoped_key.into(),
+                key_at,
+                leased_ms: created_ms,
+                note: None,
+                state: State::InFlight,
+            })),
+        }
+    }
+
     /// The record as the API sees it; a finished record's response is left out once it
     /// aged out: dropped already, or its bucket past `retention` (when there is one). A
-    /// response in the log is named by `logged`, for the engine to read.
+    /// response in the log is named by `logged`, and a key in the log by `key_logged`,
+    /// for the engine to read.
     pub(crate) fn snapshot(&self, retention: Option<Window>, current: u64) -> Record {
         let kept = retention.is_none_or(|retention| retention.is_live(self.bucket, current));
-        let (status, response, finished_ms) = match &self.state {
+        let full = match &self.body {
+            Body::Full(full) => full,
+            Body::Logged(logged) => {
+                return Record {
+                    status: logged.status,
+                    response: None,
+                    logged: (kept && !logged.gone).then_some((logged.response, self.lease_id)),
+                    key_logged: Some(logged.key),
+                    created_ms: self.created_ms,
+                    finished_ms: Some(logged.at_ms),
+                };
+            }
+        };
+        let (status, response, finished_ms) = match &full.state {
             State::InFlight => (RecordStatus::InFlight, None, None),
             State::Completed { response, at_ms } => {
                 (RecordStatus::Completed, Some(response), Some(*at_ms))
@@ -83,9 +160,84 @@ impl StoredRecord {
             status,
             response,
             logged,
+            key_logged: None,
             created_ms: self.created_ms,
             finished_ms,
         }
+    }
+
+    /// The frame that holds the scoped key, once memory holds only spans.
+    pub(crate) fn key_logged(&self) -> Option<LogSpan> {
+        match &self.body {
+            Body::Full(_) => None,
+            Body::Logged(logged) => Some(logged.key),
+        }
+    }
+
+    /// The scoped key, while memory holds it (`None` once it is only in the log).
+    fn scoped_key(&self) -> Option<&[u8]> {
+        match &self.body {
+            Body::Full(full) => Some(&full.scoped_key),
+            Body::Logged(_) => None,
+        }
+    }
+
+    fn full_mut(&mut self) -> Option<&mut Full> {
+        match &mut self.body {
+            Body::Full(full) => Some(full),
+            Body::Logged(_) => None,
+        }
+    }
+
+    /// Whether a lease holds the record in flight.
+    pub(crate) fn is_in_flight(&self) -> bool {
+        matches!(&self.body, Body::Full(full) if full.state == State::InFlight)
+    }
+
+    /// When the current lease was granted, while the record is in flight.
+    pub(crate) fn leased_ms(&self) -> Option<u64> {
+        match &self.body {
+            Body::Full(full) if full.state == State::InFlight => Some(full.leased_ms),
+            _ => None,
+        }
+    }
+
+    /// The note a lease holder attached (only records in flight keep one).
+    pub(crate) fn note(&self) -> Option<Arc<[u8]>> {
+        match &self.body {
+            Body::Full(full) => full.note.clone(),
+            Body::Logged(_) => None,
+        }
+    }
+
+    /// Attaches `note` (the caller checked that the record is in flight).
+    pub(crate) fn set_note(&mut self, note: Arc<[u8]>) {
+        if let Some(full) = self.full_mut() {
+            full.note = Some(note);
+        }
+    }
+
+    /// The reserve entry of the record's current lease is at `span` in the log.
+    pub(crate) fn locate_key(&mut self, lease_id: u64, span: LogSpan) {
+        if self.lease_id == lease_id
+            && let Some(full) = self.full_mut()
+        {
+            full.key_at = Some(span);
+        }
+    }
+
+    /// Ends the record (the caller checked that it is in flight) as `status` with
+    /// `response` at `at_ms`.
+    pub(crate) fn finish(&mut self, status: RecordStatus, response: Response, at_ms: u64) {
+        if let Some(full) = self.full_mut() {
+            full.state = match status {
+                RecordStatus::Failed => State::Failed { response, at_ms },
+                RecordStatus::Completed | RecordStatus::InFlight => {
+                    State::Completed { response, at_ms }
+                }
+            };
+        }
+        self.compact();
     }
 
     /// Moves a held response to the log at `span`, if the record still holds the one
@@ -94,8 +246,45 @@ impl StoredRecord {
         if self.lease_id != lease_id {
             return;
         }
-        if let Some(response @ Response::Held(_)) = self.state.response_mut() {
+        if let Some(full) = self.full_mut()
+            && let Some(response @ Response::Held(_)) = full.state.response_mut()
+        {
             *response = Response::Logged(span);
+        }
+        self.compact();
+    }
+
+    /// Drops the full form of a finished record whose response and key are both in the
+    /// log, keeping only their spans.
+    fn compact(&mut self) {
+        let Body::Full(full) = &self.body else {
+            return;
+        };
+        let (status, response, at_ms) = match &full.state {
+            State::Completed { response, at_ms } => (RecordStatus::Completed, response, *at_ms),
+            State::Failed { response, at_ms } => (RecordStatus::Failed, response, *at_ms),
+            State::InFlight => return,
+        };
+        if let (Response::Logged(response), Some(key)) = (response, full.key_at) {
+            self.body = Body::Logged(Logged {
+                status,
+                gone: false,
+                at_ms,
+                response: *response,
+                key,
+            });
+        }
+    }
+
+    /// Lets go of the response: it aged out.
+    fn drop_response(&mut self) {
+        match &mut self.body {
+            Body::Full(full) => {
+                if let Some(response) = full.state.response_mut() {
+                    *response = Response::Gone;
+                }
+            }
+            Body::Logged(logged) => logged.gone = true,
         }
     }
 
@@ -104,22 +293,51 @@ impl StoredRecord {
     pub(crate) fn fences(&self, lease_id: u64) -> bool {
         self.taken_over
             .as_deref()
-            .is_some_and(|earlier| earlier.contains(&lease_id))
+            .is_some_and(|earlier| earlier.0.contains(&lease_id))
     }
 
     /// Hands the record from its current lease to `new` (a take-over at `at_ms`), fencing
     /// the old.
     pub(crate) fn hand_over(&mut self, new: u64, at_ms: u64) {
-        self.leased_ms = at_ms;
-        let mut earlier = self.taken_over.take().map(Vec::from).unwrap_or_default();
-        earlier.push(self.lease_id);
-        self.taken_over = Some(earlier.into_boxed_slice());
+        if let Some(full) = self.full_mut() {
+            full.leased_ms = at_ms;
+        }
+        self.taken_over
+            .get_or_insert_default()
+            .0
+            .push(self.lease_id);
         self.lease_id = new;
     }
 
     /// Whether the record is in flight under `lease_id`.
     pub(crate) fn in_flight_under(&self, lease_id: u64) -> bool {
-        self.state == State::InFlight && self.lease_id == lease_id
+        self.is_in_flight() && self.lease_id == lease_id
+    }
+
+    /// Heap bytes the record holds beyond its slot.
+    fn heap_bytes(&self) -> usize {
+        let earlier = self.taken_over.as_deref().map_or(0, |earlier| {
+            size_of::<TakenOver>() + 8 * earlier.0.capacity()
+        });
+        let Body::Full(full) = &self.body else {
+            return earlier;
+        };
+        let response = match &full.state {
+            State::Completed {
+                response: Response::Held(bytes),
+                ..
+            }
+            | State::Failed {
+                response: Response::Held(bytes),
+                ..
+            } => bytes.len(),
+            _ => 0,
+        };
+        earlier
+            + size_of::<Full>()
+            + full.scoped_key.len()
+            + response
+            + full.note.as_ref().map_or(0, |note| note.len())
     }
 }
 
@@ -151,14 +369,16 @@ impl Hasher for FingerprintHasher {
 pub(crate) type FingerprintMap<V> = HashMap<u128, V, BuildHasherDefault<FingerprintHasher>>;
 
 /// The live entry of `fingerprint` in `map` (one stamped with a bucket still in the
-/// window), removing an expired one; with `scoped_key`, the entry must belong to it.
+/// window), removing an expired one; with `scoped_key`, the entry must belong to it when
+/// memory holds the entry's key (`stamp_and_key` gives `None` for one kept only in the
+/// log, which the caller compares).
 pub(crate) fn live_entry<'a, V>(
     map: &'a mut FingerprintMap<V>,
     fingerprint: u128,
     scoped_key: Option<&[u8]>,
     window: Window,
     current: u64,
-    stamp_and_key: impl Fn(&V) -> (u64, &[u8]),
+    stamp_and_key: impl Fn(&V) -> (u64, Option<&[u8]>),
 ) -> Result<Option<&'a mut V>> {
     let expired = match map.get(&fingerprint) {
         None => return Ok(None),
@@ -169,7 +389,11 @@ pub(crate) fn live_entry<'a, V>(
         return Ok(None);
     }
     match map.get_mut(&fingerprint) {
-        Some(entry) if scoped_key.is_some_and(|key| stamp_and_key(entry).1 != key) => {
+        Some(entry)
+            if scoped_key
+                .zip(stamp_and_key(entry).1)
+                .is_some_and(|(key, held)| held != key) =>
+        {
             Err(Error::FingerprintCollision)
         }
         other => Ok(other),
@@ -216,7 +440,9 @@ pub(crate) struct RecordMap {
 }
 
 impl RecordMap {
-    /// The live record of `fingerprint`, checking that it belongs to `scoped_key`.
+    /// The live record of `fingerprint`, checking that it belongs to `scoped_key` if
+    /// memory holds the record's key (a record kept in compact form has its key in the
+    /// log: `Record::key_logged` names it, and the engine compares it).
     /// An expired record is removed and reported absent.
     pub(crate) fn live_mut(
         &mut self,
@@ -231,7 +457,7 @@ impl RecordMap {
             scoped_key,
             window,
             current,
-            |r| (r.bucket, &r.scoped_key),
+            |r| (r.bucket, r.scoped_key()),
         )
     }
 
@@ -269,13 +495,17 @@ impl RecordMap {
     ) -> Vec<super::shard::InFlightRecord> {
         self.map
             .values()
-            .filter(|r| r.state == State::InFlight && r.created_ms <= before_ms)
-            .filter(|r| window.is_live(r.bucket, current))
-            .map(|r| super::shard::InFlightRecord {
-                scoped_key: r.scoped_key.clone(),
-                since_ms: r.created_ms,
-                lease_id: r.lease_id,
-                note: r.note.clone(),
+            .filter(|r| r.created_ms <= before_ms && window.is_live(r.bucket, current))
+            .filter_map(|r| match &r.body {
+                Body::Full(full) if full.state == State::InFlight => {
+                    Some(super::shard::InFlightRecord {
+                        scoped_key: full.scoped_key.clone(),
+                        since_ms: r.created_ms,
+                        lease_id: r.lease_id,
+                        note: full.note.clone(),
+                    })
+                }
+                _ => None,
             })
             .collect()
     }
@@ -308,9 +538,8 @@ impl RecordMap {
             aging.pop_front();
             if let Some(record) = self.map.get_mut(&fingerprint)
                 && record.bucket == bucket
-                && let Some(response) = record.state.response_mut()
             {
-                *response = Response::Gone;
+                record.drop_response();
             }
         }
     }
@@ -324,27 +553,9 @@ impl RecordMap {
     /// Approximate heap bytes held.
     pub(crate) fn heap_bytes(&self) -> usize {
         let per_entry = size_of::<(u128, StoredRecord)>() + 1;
-        let payload: usize = self
-            .map
-            .values()
-            .map(|r| {
-                r.scoped_key.len()
-                    + match &r.state {
-                        State::Completed {
-                            response: Response::Held(bytes),
-                            ..
-                        }
-                        | State::Failed {
-                            response: Response::Held(bytes),
-                            ..
-                        } => bytes.len(),
-                        _ => 0,
-                    }
-                    + r.note.as_ref().map_or(0, |note| note.len())
-            })
-            .sum();
+        let payload: usize = self.map.values().map(StoredRecord::heap_bytes).sum();
         let queues = self.expiry.capacity() + self.aging.as_ref().map_or(0, VecDeque::capacity);
-        self.map.capacity() * per_entry + queues * 24 + payload
+        self.map.capacity() * per_entry + queues * size_of::<(u64, u128)>() + payload
     }
 }
 
@@ -376,17 +587,42 @@ mod tests {
     }
 
     fn record(bucket: u64, key: &[u8]) -> StoredRecord {
-        StoredRecord {
-            scoped_key: key.into(),
-            request_hash: 1,
-            bucket,
-            created_ms: bucket,
-            leased_ms: bucket,
-            lease_id: 1,
-            taken_over: None,
-            state: State::InFlight,
-            note: None,
-        }
+        StoredRecord::in_flight(key, None, (1, 1), (bucket, bucket))
+    }
+
+    /// A finished record in compact form is its map slot alone: no heap bytes, and a
+    /// slot of at most 128 bytes with its fingerprint.
+    #[test]
+    fn a_record_in_the_log_is_a_fixed_size_slot() {
+        assert!(
+            size_of::<(u128, StoredRecord)>() <= 128,
+            "{} bytes a slot",
+            size_of::<(u128, StoredRecord)>()
+        );
+        let span = |start| LogSpan {
+            bucket: 0,
+            seq: 0,
+            start,
+            len: 64,
+        };
+        let mut done = StoredRecord::in_flight(&[9; 600], Some(span(48)), (1, 1), (0, 0));
+        done.set_note(Arc::from(&b"charged"[..]));
+        done.finish(
+            RecordStatus::Completed,
+            Response::Held(vec![7; 4096].into()),
+            0,
+        );
+        assert!(
+            done.heap_bytes() > 4096 + 600,
+            "held while the log is unwritten"
+        );
+        done.log_response(1, span(200));
+        assert_eq!(done.heap_bytes(), 0, "{done:?}");
+        let record = done.snapshot(None, 0);
+        assert_eq!(record.key_logged, Some(span(48)));
+        assert_eq!(record.logged, Some((span(200), 1)));
+        done.drop_response();
+        assert_eq!(done.snapshot(None, 0).logged, None, "aged out");
     }
 
     #[test]
@@ -394,10 +630,11 @@ mod tests {
         let (window, retention) = (Window::new(4, 1), Window::new(2, 1));
         let mut map = RecordMap::new(true);
         let mut done = record(0, b"a");
-        done.state = State::Completed {
-            response: Response::Held(vec![7u8; 4096].into()),
-            at_ms: 0,
-        };
+        done.finish(
+            RecordStatus::Completed,
+            Response::Held(vec![7u8; 4096].into()),
+            0,
+        );
         map.insert(1, done);
         map.insert(2, record(1, b"b"));
         let before = map.heap_bytes();

@@ -4,7 +4,7 @@ use std::collections::TryReserveError;
 
 use super::counters::Counters;
 use super::marks::MarkMap;
-use super::records::{RecordMap, Response, State, StoredRecord};
+use super::records::{RecordMap, Response, StoredRecord};
 use super::table::{DedupTable, Inserted};
 use std::sync::Arc;
 
@@ -38,8 +38,10 @@ pub(crate) enum Reserved {
     },
     /// The key's finished record (completed or failed), bound to the same request.
     Existing(Record),
-    /// The key's live record is bound to another request.
-    Mismatch,
+    /// The key's live record is bound to another request. A record in compact form
+    /// names the frame that holds its key (`key_logged`), for the engine to compare
+    /// before it answers.
+    Mismatch { key_logged: Option<LogSpan> },
 }
 
 /// A lease on one record in flight: from a reserve, a take-over or a resume.
@@ -59,6 +61,9 @@ pub(crate) struct NewRecord<'a> {
     pub(crate) request_hash: u128,
     pub(crate) lease_id: u64,
     pub(crate) created_ms: u64,
+    /// The reserve entry's frame, when it is already in the log (recovery); a live
+    /// reserve's frame is located after it is appended (`Shard::locate_key`).
+    pub(crate) key_at: Option<LogSpan>,
 }
 
 /// Live entries of one bucket: dedup keys and records.
@@ -488,12 +493,14 @@ impl Shard {
                 .records
                 .live_mut(fingerprint.0, Some(scoped_key), window, current)?
             {
-                Some(record) if record.request_hash != request_hash => Reserved::Mismatch,
+                Some(record) if record.request_hash != request_hash => Reserved::Mismatch {
+                    key_logged: record.key_logged(),
+                },
                 Some(record)
-                    if record.state == State::InFlight
-                        && lease_timeout_ms.is_some_and(|timeout| {
-                            now_ms.saturating_sub(record.leased_ms) >= timeout
-                        }) =>
+                    if record.leased_ms().is_some_and(|leased_ms| {
+                        lease_timeout_ms
+                            .is_some_and(|timeout| now_ms.saturating_sub(leased_ms) >= timeout)
+                    }) =>
                 {
                     let old = record.lease_id;
                     let lease_id = next_lease()?;
@@ -505,9 +512,9 @@ impl Shard {
                     };
                     Reserved::TakenOver { grant, old }
                 }
-                Some(record) if record.state == State::InFlight => Reserved::InFlight {
+                Some(record) if record.is_in_flight() => Reserved::InFlight {
                     since_ms: record.created_ms,
-                    note: record.note.clone(),
+                    note: record.note(),
                 },
                 Some(record) => Reserved::Existing(record.snapshot(self.retention, current)),
                 None => {
@@ -520,6 +527,7 @@ impl Shard {
                         request_hash,
                         lease_id,
                         created_ms: now_ms,
+                        key_at: None,
                     });
                     Reserved::Acquired(Grant {
                         fingerprint,
@@ -540,7 +548,7 @@ impl Shard {
             Reserved::TakenOver { .. } => counters.take_overs += 1,
             Reserved::InFlight { .. } => counters.in_flight_hits += 1,
             Reserved::Existing(_) => counters.replays += 1,
-            Reserved::Mismatch => counters.mismatches += 1,
+            Reserved::Mismatch { .. } => counters.mismatches += 1,
         }
     }
 
@@ -554,17 +562,12 @@ impl Shard {
         reason = "every index is below a length fixed at construction (shard count, table capacity, batch size)"
     )]
     fn store_record_at(&mut self, new: &NewRecord<'_>, stamp: u64) {
-        let record = StoredRecord {
-            scoped_key: new.scoped_key.into(),
-            request_hash: new.request_hash,
-            bucket: stamp,
-            created_ms: new.created_ms,
-            leased_ms: new.created_ms,
-            lease_id: new.lease_id,
-            taken_over: None,
-            state: State::InFlight,
-            note: None,
-        };
+        let record = StoredRecord::in_flight(
+            new.scoped_key,
+            new.key_at,
+            (new.request_hash, new.lease_id),
+            (stamp, new.created_ms),
+        );
         if let Some(old) = self.records.insert(new.fingerprint.0, record) {
             self.uncount_record(old.bucket);
         }
@@ -635,19 +638,13 @@ impl Shard {
     ) -> Result<()> {
         let record = self.owned_record(fingerprint, lease_id)?;
         match ending {
-            Some((RecordStatus::Failed, response)) => {
-                record.state = State::Failed {
-                    response,
-                    at_ms: now_ms,
-                };
-                self.counters.failed += 1;
-            }
-            Some((_, response)) => {
-                record.state = State::Completed {
-                    response,
-                    at_ms: now_ms,
-                };
-                self.counters.completed += 1;
+            Some((status, response)) => {
+                record.finish(status, response, now_ms);
+                if status == RecordStatus::Failed {
+                    self.counters.failed += 1;
+                } else {
+                    self.counters.completed += 1;
+                }
             }
             None => {
                 if let Some(removed) = self.records.remove(fingerprint.0) {
@@ -666,6 +663,15 @@ impl Shard {
         let (window, current) = (self.view(), self.current);
         if let Ok(Some(record)) = self.records.live_mut(fingerprint.0, None, window, current) {
             record.log_response(lease_id, span);
+        }
+    }
+
+    /// The reserve entry lease `lease_id` logged for the record of `fingerprint` is at
+    /// `span`: where the record's key is read back from once it keeps only spans.
+    pub(crate) fn locate_key(&mut self, fingerprint: Fingerprint, lease_id: u64, span: LogSpan) {
+        let (window, current) = (self.view(), self.current);
+        if let Ok(Some(record)) = self.records.live_mut(fingerprint.0, None, window, current) {
+            record.locate_key(lease_id, span);
         }
     }
 
@@ -706,7 +712,8 @@ impl Shard {
         lease_id: u64,
         note: &std::sync::Arc<[u8]>,
     ) -> Result<()> {
-        self.owned_record(fingerprint, lease_id)?.note = Some(note.clone());
+        self.owned_record(fingerprint, lease_id)?
+            .set_note(note.clone());
         Ok(())
     }
 
@@ -744,7 +751,7 @@ impl Shard {
         let Some(record) = self
             .records
             .live_mut(fingerprint.0, Some(scoped_key), window, current)?
-            .filter(|record| record.state == State::InFlight)
+            .filter(|record| record.is_in_flight())
         else {
             return Ok(None);
         };

@@ -21,6 +21,44 @@ pub(crate) fn read(
     span: LogSpan,
     (fingerprint, lease_id): (Fingerprint, u64),
 ) -> Result<Arc<[u8]>> {
+    read_entry(storage, (path, seed, span), |entry| match entry {
+        DecodedEntry::Finish {
+            fingerprint: found,
+            lease_id: found_lease,
+            finish: DecodedFinish::Complete(response) | DecodedFinish::Fail(response),
+            ..
+        } if found == fingerprint && found_lease == lease_id => Ok(Arc::from(response)),
+        _ => Err("the frame is not the record's finish entry"),
+    })
+}
+
+/// The scoped key of the reserve frame at `span` of the segment at `path`, which must
+/// verify and reserve a record of `fingerprint` (under any lease: a take-over keeps the
+/// key and its frame); anything else is `Corrupted`.
+pub(crate) fn read_key(
+    storage: &dyn Storage,
+    path: &Path,
+    seed: u64,
+    span: LogSpan,
+    fingerprint: Fingerprint,
+) -> Result<Box<[u8]>> {
+    read_entry(storage, (path, seed, span), |entry| match entry {
+        DecodedEntry::Reserve {
+            fingerprint: found,
+            scoped_key,
+            ..
+        } if found == fingerprint => Ok(Box::from(scoped_key)),
+        _ => Err("the frame is not the record's reserve entry"),
+    })
+}
+
+/// Reads the frame at `span` with one positioned read, checks that it verifies and spans
+/// exactly `span`, and hands its entry to `pick`.
+fn read_entry<T>(
+    storage: &dyn Storage,
+    (path, seed, span): (&Path, u64, LogSpan),
+    pick: impl FnOnce(DecodedEntry<'_>) -> std::result::Result<T, &'static str>,
+) -> Result<T> {
     let corrupted = |reason: &str| Error::Corrupted {
         path: path.to_path_buf(),
         offset: u64::from(span.start),
@@ -28,24 +66,18 @@ pub(crate) fn read(
     };
     let len = span.len as usize;
     if len > MAX_APPEND_BYTES {
-        return Err(corrupted("a response span exceeds the frame limit"));
+        return Err(corrupted("a logged frame's span exceeds the frame limit"));
     }
     let mut frame = vec![0; len];
     storage.read_at(path, u64::from(span.start), &mut frame)?;
     let decoded = decode_frame_at(&frame, span.start as usize, seed).map_err(|err| match err {
-        FrameError::Truncated => corrupted("the response frame is cut short"),
+        FrameError::Truncated => corrupted("the logged frame is cut short"),
         FrameError::Invalid(reason) => corrupted(reason),
     })?;
     if decoded.end - decoded.start != len {
-        return Err(corrupted("the response frame's length changed"));
+        return Err(corrupted("the logged frame's length changed"));
     }
-    match decode_entry(decoded.kind, decoded.payload, u64::from(span.start)).map_err(corrupted)? {
-        DecodedEntry::Finish {
-            fingerprint: found,
-            lease_id: found_lease,
-            finish: DecodedFinish::Complete(response) | DecodedFinish::Fail(response),
-            ..
-        } if found == fingerprint && found_lease == lease_id => Ok(Arc::from(response)),
-        _ => Err(corrupted("the frame is not the record's finish entry")),
-    }
+    let entry =
+        decode_entry(decoded.kind, decoded.payload, u64::from(span.start)).map_err(corrupted)?;
+    pick(entry).map_err(corrupted)
 }

@@ -89,6 +89,79 @@ fn responses_live_in_the_log_and_replay_byte_for_byte() {
     }
 }
 
+/// A finished record whose response and key are both in the log keeps a fixed-size
+/// form: the memory it holds does not grow with its key (here 4 KiB keys), before or
+/// after a reopen, and every replay still compares the key and returns the bytes.
+#[test]
+fn finished_records_hold_neither_their_response_nor_their_key() {
+    const KEY_BYTES: usize = 4096;
+    let key = |i: u32| {
+        let mut key = vec![(i % 253) as u8; KEY_BYTES];
+        key[..4].copy_from_slice(&i.to_le_bytes());
+        key
+    };
+    let disk = MemStorage::new();
+    let clock = manual_clock();
+    let scope = Scope::new("org", "pay");
+    let open = || {
+        let options = options(Arc::new(disk.clone()), &clock, Durability::Sync);
+        Db::open(options.max_key_bytes(KEY_BYTES)).unwrap()
+    };
+    let db = open();
+    let empty = db.stats().index_bytes;
+    for i in 0..RECORDS {
+        let Reservation::Acquired(lease) = db.reserve(&scope, &key(i), b"req").unwrap() else {
+            panic!("a fresh key is acquired");
+        };
+        lease.complete(&response_of(i)).unwrap();
+    }
+    let per_record = |db: &Db| (db.stats().index_bytes - empty) / u64::from(RECORDS);
+    assert!(per_record(&db) < 512, "{} bytes a record", per_record(&db));
+    drop(db);
+    disk.process_crash();
+    let db = open();
+    assert!(
+        per_record(&db) < 512,
+        "after a reopen: {} bytes",
+        per_record(&db)
+    );
+    for i in 0..RECORDS {
+        let Reservation::Completed(record) = db.reserve(&scope, &key(i), b"req").unwrap() else {
+            panic!("record {i} is completed");
+        };
+        assert_eq!(record.response(), Some(&response_of(i)[..]));
+        assert!(matches!(
+            db.reserve(&scope, &key(i), b"other").unwrap(),
+            Reservation::Mismatch
+        ));
+    }
+}
+
+/// A key damaged on disk in a record's reserve frame is `Corrupted` when the record is
+/// next looked up in compact form, never a replay of unchecked bytes.
+#[test]
+fn a_key_damaged_after_open_is_corrupted_on_lookup() {
+    let disk = MemStorage::new();
+    let clock = manual_clock();
+    let scope = Scope::new("org", "pay");
+    let db = Db::open(options(Arc::new(disk.clone()), &clock, Durability::Sync)).unwrap();
+    let key = b"a key long enough to be found on disk";
+    let Reservation::Acquired(lease) = db.reserve(&scope, key, b"req").unwrap() else {
+        panic!("a fresh key is acquired");
+    };
+    lease.complete(b"done").unwrap();
+    let path = first_segment(&disk);
+    let mut bytes = disk.contents(&path).unwrap();
+    let at = bytes.windows(key.len()).position(|w| w == key).unwrap();
+    bytes[at + 3] ^= 0x01;
+    disk.set_contents(&path, bytes);
+    for request in [&b"req"[..], b"other"] {
+        let answer = db.reserve(&scope, key, request);
+        assert!(matches!(answer, Err(Error::Corrupted { .. })), "{answer:?}");
+    }
+    assert!(matches!(db.get(&scope, key), Err(Error::Corrupted { .. })));
+}
+
 fn first_segment(disk: &MemStorage) -> std::path::PathBuf {
     disk.list(Path::new("/db"))
         .unwrap()

@@ -451,6 +451,7 @@ impl Row {
     fn record(self) -> Record {
         Record {
             logged: None,
+            key_logged: None,
             status: self.status,
             response: self.response.map(Into::into),
             created_ms: system_time_to_ms(self.created),

@@ -12,7 +12,7 @@ use std::any::Any;
 mod worker;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
@@ -440,16 +440,32 @@ impl Journal {
         fingerprint: Fingerprint,
         lease_id: u64,
     ) -> Result<Option<Arc<[u8]>>> {
+        self.read_logged(span, |storage, path, seed| {
+            super::response::read(storage, path, seed, span, (fingerprint, lease_id))
+        })
+    }
+
+    /// Reads the frame at `span` and returns the scoped key of the reserve entry it
+    /// holds for `fingerprint`; `None` and failures as for [`Journal::read_response`].
+    pub(crate) fn read_key(
+        &self,
+        span: LogSpan,
+        fingerprint: Fingerprint,
+    ) -> Result<Option<Box<[u8]>>> {
+        self.read_logged(span, |storage, path, seed| {
+            super::response::read_key(storage, path, seed, span, fingerprint)
+        })
+    }
+
+    fn read_logged<T>(
+        &self,
+        span: LogSpan,
+        read: impl FnOnce(&dyn Storage, &Path, u64) -> Result<T>,
+    ) -> Result<Option<T>> {
         let shared = &*self.shared;
         let path = segment_path(&shared.dir, span.bucket, span.seq);
-        match super::response::read(
-            &*shared.storage,
-            &path,
-            shared.seed,
-            span,
-            (fingerprint, lease_id),
-        ) {
-            Ok(response) => Ok(Some(response)),
+        match read(&*shared.storage, &path, shared.seed) {
+            Ok(found) => Ok(Some(found)),
             Err(Error::Io(err))
                 if err.kind() == std::io::ErrorKind::NotFound && shared.expired(span.bucket) =>
             {
