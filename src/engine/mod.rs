@@ -333,6 +333,7 @@ impl Engine {
             stamps,
             groups,
             logged,
+            pending,
         } = scratch;
         fingerprints.clear();
         fingerprints.extend(keys.iter().map(|k| self.hasher.key(k.as_ref())));
@@ -349,7 +350,8 @@ impl Engine {
         let sealed = self.sealed_keys();
         let mut failed = None;
         let mut insert = |shard: &mut Shard, group: &[u32]| {
-            if let Err(err) = insert_group(shard, group, fingerprints, admitted, sealed) {
+            if let Err(err) = insert_group(shard, group, (fingerprints, pending), admitted, sealed)
+            {
                 failed.get_or_insert(err);
             }
             self.index
@@ -761,7 +763,6 @@ impl Engine {
     }
 }
 
-/// Admits the keys of one shard's group, in order, after loading their home slots.
 /// The batch path's buffers, one set per thread, kept across calls: once they have grown
 /// to the largest batch a thread sends, `insert_many` allocates nothing.
 #[derive(Default)]
@@ -770,6 +771,8 @@ struct Scratch {
     stamps: Vec<u64>,
     groups: ShardGroups,
     logged: Vec<(u64, Fingerprint)>,
+    /// One group's keys that no older level holds.
+    pending: Vec<u32>,
 }
 
 thread_local! {
@@ -788,6 +791,7 @@ impl Scratch {
     }
 }
 
+/// Admits the keys of one shard's group, in order, after loading their home slots.
 #[expect(
     clippy::indexing_slicing,
     reason = "every index is below a length fixed at construction (shard count, table capacity, batch size)"
@@ -795,10 +799,23 @@ impl Scratch {
 fn insert_group(
     shard: &mut Shard,
     group: &[u32],
-    fingerprints: &[Fingerprint],
+    (fingerprints, pending): (&[Fingerprint], &mut Vec<u32>),
     admitted: &mut [bool],
     sealed: Option<&dyn SealedKeys>,
 ) -> Result<()> {
+    if shard.has_older_levels(sealed) {
+        // Older levels first, for the whole group at once: each run is passed over once
+        // and each of its pages read once; what no older level holds goes to memory.
+        for &index in group {
+            admitted[index as usize] = false;
+        }
+        shard.absent_from_older_levels((group, fingerprints), sealed, pending)?;
+        for_each_prefetched(shard, pending, fingerprints, |shard, index| {
+            admitted[index] = shard.insert_key_in_memory(fingerprints[index]);
+        });
+        shard.after_writes(group.len());
+        return Ok(());
+    }
     let mut failed = None;
     for_each_prefetched(shard, group, fingerprints, |shard, index| {
         match shard.insert_key_unchecked(fingerprints[index], sealed) {

@@ -73,6 +73,22 @@ impl SealedKeys for Sealer {
         }
         Ok(false)
     }
+
+    fn retain_absent(
+        &self,
+        fingerprints: &[Fingerprint],
+        pending: &mut Vec<u32>,
+        window: Window,
+        current: u64,
+    ) -> Result<()> {
+        for run in self.runs.read().iter().rev() {
+            if pending.is_empty() {
+                break;
+            }
+            run.retain_absent(&*self.storage, (fingerprints, pending), window, current)?;
+        }
+        Ok(())
+    }
 }
 
 /// What the sealer reports in `Stats`.

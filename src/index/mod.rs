@@ -25,6 +25,16 @@ pub(crate) trait SealedKeys {
         window: Window,
         current: u64,
     ) -> crate::base::Result<bool>;
+    /// Of the keys `fingerprints[i]` for `i` in `pending`, removes those a run holds
+    /// stamped with a bucket live at `current`: one pass per run, newest first, with
+    /// each data page read once for all the keys that may be in it.
+    fn retain_absent(
+        &self,
+        fingerprints: &[Fingerprint],
+        pending: &mut Vec<u32>,
+        window: Window,
+        current: u64,
+    ) -> crate::base::Result<()>;
 }
 
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -369,6 +369,50 @@ impl Shard {
         Ok(admitted)
     }
 
+    /// Whether the batch path must look past memory's live table: a table is being
+    /// sealed, or runs are live.
+    pub(crate) fn has_older_levels(&self, sealed: Option<&dyn SealedKeys>) -> bool {
+        self.frozen.is_some() || sealed.is_some_and(|sealed| !sealed.is_empty())
+    }
+
+    /// The batch form of the older levels' check, for the members of `group` (batch
+    /// indices into `fingerprints`): leaves in `pending` those that neither the frozen
+    /// table nor a sealed run holds live, in `group`'s order, and counts the others as
+    /// duplicates. The runs are checked one pass each for the whole group.
+    pub(crate) fn absent_from_older_levels(
+        &mut self,
+        (group, fingerprints): (&[u32], &[Fingerprint]),
+        sealed: Option<&dyn SealedKeys>,
+        pending: &mut Vec<u32>,
+    ) -> Result<()> {
+        let view = self.view();
+        let liveness = view.liveness(self.current);
+        pending.clear();
+        pending.extend(group.iter().copied().filter(|&index| {
+            let frozen = self.frozen.as_ref();
+            fingerprints.get(index as usize).is_some_and(|fp| {
+                frozen.is_none_or(|frozen| !frozen.contains_frozen(fp.tag(), liveness))
+            })
+        }));
+        if let Some(sealed) = sealed.filter(|sealed| !sealed.is_empty()) {
+            sealed.retain_absent(fingerprints, pending, view, self.current)?;
+        }
+        self.counters.duplicates += (group.len() - pending.len()) as u64;
+        Ok(())
+    }
+
+    /// Admits a dedup key that no older level holds (the caller checked, and made room):
+    /// new unless memory's live table holds it.
+    pub(crate) fn insert_key_in_memory(&mut self, fingerprint: Fingerprint) -> bool {
+        let admitted = self.admit(fingerprint);
+        if admitted {
+            self.counters.admitted += 1;
+        } else {
+            self.counters.duplicates += 1;
+        }
+        admitted
+    }
+
     /// Whether the frozen table or a sealed run holds `fingerprint` live.
     fn in_older_levels(
         &self,

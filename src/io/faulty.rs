@@ -36,6 +36,8 @@ struct Plan {
     /// Positioned reads fail while set (they are not counted as calls: reads change
     /// nothing, and the sweeps count state-changing calls).
     fail_reads: std::sync::atomic::AtomicBool,
+    /// Positioned reads made, failed or not.
+    reads: AtomicU64,
 }
 
 impl Plan {
@@ -71,6 +73,7 @@ impl FaultyStorage {
                 persistent: AtomicU64::new(0),
                 failures: AtomicU64::new(0),
                 fail_reads: std::sync::atomic::AtomicBool::new(false),
+                reads: AtomicU64::new(0),
             }),
         }
     }
@@ -99,6 +102,12 @@ impl FaultyStorage {
     /// State-changing calls counted so far.
     pub fn calls(&self) -> u64 {
         self.plan.calls.load(Ordering::SeqCst)
+    }
+
+    /// Positioned reads ([`Storage::read_at`]) made so far; not reset by
+    /// [`reset`](Self::reset).
+    pub fn reads(&self) -> u64 {
+        self.plan.reads.load(Ordering::SeqCst)
     }
 
     /// Calls failed so far.
@@ -161,6 +170,7 @@ impl Storage for FaultyStorage {
     }
 
     fn read_at(&self, path: &Path, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.plan.reads.fetch_add(1, Ordering::SeqCst);
         if self.plan.fail_reads.load(Ordering::SeqCst) {
             return Err(io::Error::other("injected read failure"));
         }

@@ -204,29 +204,92 @@ impl Run {
         if !window.is_live(self.summary.newest_bucket, current) {
             return Ok(false);
         }
-        let Some(section) = self
-            .sections
-            .get(fingerprint.shard(self.summary.shard_bits))
-        else {
+        let Some(page) = self.candidate_page(fingerprint) else {
             return Ok(false);
         };
+        let mut buffer = [0; PAGE_LEN];
+        let bytes = self.read_page(storage, page, &mut buffer)?;
+        Ok(self.page_holds(bytes, fingerprint.tag(), window, current))
+    }
+
+    /// Of the keys `fingerprints[i]` for `i` in `pending`, removes those the run holds
+    /// stamped with a bucket live at `current`. One pass probes every key's filter; then
+    /// each data page some key may be in is read once, in file order, however many of
+    /// the keys point into it.
+    pub(crate) fn retain_absent(
+        &self,
+        storage: &dyn Storage,
+        (fingerprints, pending): (&[Fingerprint], &mut Vec<u32>),
+        window: Window,
+        current: u64,
+    ) -> Result<()> {
+        if !window.is_live(self.summary.newest_bucket, current) {
+            return Ok(());
+        }
+        let fingerprint = |index: u32| fingerprints.get(index as usize).copied();
+        let mut candidates: Vec<(PageAt, u32)> = pending
+            .iter()
+            .filter_map(|&index| Some((self.candidate_page(fingerprint(index)?)?, index)))
+            .collect();
+        if candidates.is_empty() {
+            return Ok(());
+        }
+        candidates.sort_unstable();
+        let mut held = Vec::new();
+        let mut buffer = [0; PAGE_LEN];
+        for same_page in candidates.chunk_by(|a, b| a.0 == b.0) {
+            let Some(&(page, _)) = same_page.first() else {
+                continue;
+            };
+            let bytes = self.read_page(storage, page, &mut buffer)?;
+            held.extend(same_page.iter().filter_map(|&(_, index)| {
+                let tag = fingerprint(index)?.tag();
+                self.page_holds(bytes, tag, window, current)
+                    .then_some(index)
+            }));
+        }
+        if !held.is_empty() {
+            held.sort_unstable();
+            pending.retain(|index| held.binary_search(index).is_err());
+        }
+        Ok(())
+    }
+
+    /// The data page that may hold `fingerprint`, if its section's filter lets it
+    /// through (no read yet).
+    fn candidate_page(&self, fingerprint: Fingerprint) -> Option<PageAt> {
+        let index = fingerprint.shard(self.summary.shard_bits);
+        let section = self.sections.get(index)?;
         let tag = fingerprint.tag();
         if section.entries == 0 || !section.filter().contains(&tag) {
-            return Ok(false);
+            return None;
         }
-        let page = section.fences.partition_point(|&(first, _)| first <= tag);
-        let Some(page) = page.checked_sub(1) else {
-            return Ok(false);
-        };
-        let Some(&(_, checksum)) = section.fences.get(page) else {
-            return Ok(false);
-        };
+        let page = section
+            .fences
+            .partition_point(|&(first, _)| first <= tag)
+            .checked_sub(1)?;
+        Some(PageAt {
+            section: u32::try_from(index).ok()?,
+            page: u32::try_from(page).ok()?,
+        })
+    }
+
+    /// Reads data page `at` into `buffer` with one read and checks it against its fence.
+    fn read_page<'b>(
+        &self,
+        storage: &dyn Storage,
+        at: PageAt,
+        buffer: &'b mut [u8; PAGE_LEN],
+    ) -> Result<&'b [u8]> {
+        let missing = || corrupted(&self.path, 0, "a page lies outside its section");
+        let section = self.sections.get(at.section as usize).ok_or_else(missing)?;
+        let page = at.page as usize;
+        let &(_, checksum) = section.fences.get(page).ok_or_else(missing)?;
         let first_entry = (page * PAGE_ENTRIES) as u64;
         let in_page = (section.entries - first_entry).min(PAGE_ENTRIES as u64);
         let len = usize::try_from(in_page).unwrap_or(PAGE_ENTRIES) * ENTRY_LEN;
         let offset = section.data_offset + first_entry * ENTRY_LEN as u64;
-        let mut page = [0; PAGE_LEN];
-        let bytes = page.get_mut(..len).unwrap_or_default();
+        let bytes = buffer.get_mut(..len).unwrap_or_default();
         storage.read_at(&self.path, offset, bytes)?;
         if xxh3_64(bytes) != checksum {
             return Err(corrupted(
@@ -235,8 +298,13 @@ impl Run {
                 "a data page's checksum does not match",
             ));
         }
-        // Binary search over the page's entries, read in place.
-        let count = len / ENTRY_LEN;
+        Ok(bytes)
+    }
+
+    /// Whether the checked page `bytes` holds `tag` stamped with a bucket live at
+    /// `current` (a binary search over its entries, read in place).
+    fn page_holds(&self, bytes: &[u8], tag: u64, window: Window, current: u64) -> bool {
+        let count = bytes.len() / ENTRY_LEN;
         let tag_at = |i: usize| get_u64(bytes, i * ENTRY_LEN).unwrap_or(0);
         let (mut low, mut high) = (0, count);
         while low < high {
@@ -247,12 +315,20 @@ impl Run {
                 high = middle;
             }
         }
-        Ok(low < count
+        low < count
             && tag_at(low) == tag
             && get_u32(bytes, low * ENTRY_LEN + 8).is_some_and(|relative| {
                 window.is_live(self.summary.oldest_bucket + u64::from(relative), current)
-            }))
+            })
     }
+}
+
+/// One data page of a run: its section and its index there. Orders as the file does
+/// (sections are written in index order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct PageAt {
+    section: u32,
+    page: u32,
 }
 
 /// A length read from a run, as a buffer size (within the file, so it fits).

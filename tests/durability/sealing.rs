@@ -93,6 +93,32 @@ fn keys_beyond_the_budget_are_sealed_and_every_answer_stays_exact() {
     assert!(runs_on(&disk).len() <= 2, "{:?}", runs_on(&disk));
 }
 
+/// A batch checks the sealed runs in one pass per run: each data page its keys may be
+/// in is read once, however many of the batch's keys it holds (here 1,024 repeats of
+/// sealed keys in a run of 4 sections of a few pages each), and every answer is exact.
+#[test]
+fn a_batch_reads_each_page_of_a_run_once() {
+    let disk = MemStorage::new();
+    let faulty = FaultyStorage::new(Arc::new(disk.clone()));
+    let clock = manual_clock();
+    let db = Db::open(options(Arc::new(faulty.clone()), &clock)).unwrap();
+    let mut admitted = 0;
+    while runs_on(&disk).is_empty() {
+        assert_eq!(admit(&db, admitted..admitted + 256).unwrap(), 256);
+        admitted += 256;
+    }
+    let sealed = db.stats().sealed_keys;
+    assert!(sealed >= 1_024, "{sealed} keys sealed");
+    let repeats: Vec<[u8; 16]> = (0..1_024).map(key).collect();
+    let before = faulty.reads();
+    let answers = db.insert_many(&repeats).unwrap();
+    let reads = faulty.reads() - before;
+    assert!(answers.iter().all(|&new| !new), "every key is a repeat");
+    assert!(reads <= 64, "{reads} page reads for 1,024 sealed keys");
+    let fresh: Vec<[u8; 16]> = (admitted..admitted + 1_024).map(key).collect();
+    assert!(db.insert_many(&fresh).unwrap().iter().all(|&new| new));
+}
+
 #[test]
 fn a_budget_needs_a_durable_store_and_no_key_limit() {
     let clock = manual_clock();
