@@ -397,6 +397,13 @@ fn run_scenario(args: &BenchArgs, scenario: Scenario) -> Result<Outcome, String>
             stats.live_keys
         );
     }
+    if stats.commit_waits > 0 {
+        noteln!(
+            "   group commits: {:.2} waits an op ({} calls slept until a group commit covered them)",
+            stats.commit_waits as f64 / scenario.keys.max(1) as f64,
+            stats.commit_waits
+        );
+    }
     let rss_growth = rss_bytes().saturating_sub(rss_before);
     let peak_rss = peak_rss_bytes();
     let reopen = if scenario.reopen && dir.is_some() {

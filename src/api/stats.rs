@@ -68,6 +68,12 @@ pub struct Stats {
     pub index_bytes: u64,
     /// Durable stores: fsync calls made since open.
     pub fsyncs: u64,
+    /// Durable stores: times a call slept until a group commit covered its entries
+    /// (one a waiting call when each waiter is woken only by the group that covers it).
+    pub commit_waits: u64,
+    /// Durable stores: sleepers that the end of a group commit woke: those it covered,
+    /// and one to lead the next group.
+    pub commit_wakeups: u64,
     /// Durable stores: log entries appended since open.
     pub log_records: u64,
     /// Durable stores: bytes appended to segment files since open.
@@ -182,6 +188,8 @@ impl Stats {
         };
         if let Some(journal) = &engine.journal {
             stats.fsyncs = journal.fsyncs;
+            stats.commit_waits = journal.commit_waits;
+            stats.commit_wakeups = journal.commit_wakeups;
             stats.log_records = journal.log_records;
             stats.log_bytes = journal.log_bytes;
             stats.segments_deleted = journal.segments_deleted;

@@ -271,6 +271,112 @@ fn a_batch_costs_one_fsync_and_writers_share_fsyncs() {
     assert!(fsyncs * 3 <= writes, "{fsyncs} fsyncs for {writes} writes");
 }
 
+/// Holds the next writer fsyncs (not the segment worker's) until the test opens them.
+#[derive(Default)]
+struct SyncGate {
+    /// Fsyncs still to hold, fsyncs held so far, fsyncs let go.
+    state: parking_lot::Mutex<(u32, u32, u32)>,
+    changed: parking_lot::Condvar,
+}
+
+impl SyncGate {
+    fn on_sync(&self) {
+        if std::thread::current().name() == Some("oncedb-segments") {
+            return;
+        }
+        let mut state = self.state.lock();
+        if state.0 == 0 {
+            return;
+        }
+        state.0 -= 1;
+        let me = state.1;
+        state.1 += 1;
+        self.changed.notify_all();
+        while state.2 <= me {
+            self.changed.wait(&mut state);
+        }
+    }
+
+    /// Waits until `n` fsyncs have been held.
+    fn await_held(&self, n: u32) {
+        let mut state = self.state.lock();
+        while state.1 < n {
+            self.changed.wait(&mut state);
+        }
+    }
+
+    fn release_one(&self) {
+        self.state.lock().2 += 1;
+        self.changed.notify_all();
+    }
+}
+
+/// `Sync` group commits wake each waiter once: the writers that append while a leader
+/// syncs sleep until the next group, which one of them leads (the only one the leader
+/// wakes) and which covers the others. A leader that woke every sleeper would wake all
+/// of them while the next group's fsync runs, and they would sleep again.
+#[test]
+fn a_group_commit_wakes_only_the_waiters_it_covers() {
+    let disk = oncedb::io::MemStorage::new();
+    let gate = std::sync::Arc::new(SyncGate::default());
+    let hook = std::sync::Arc::clone(&gate);
+    let watch = oncedb_testkit::watched::WatchedStorage::new(disk, move || hook.on_sync());
+    let options = Options::new("/db")
+        .window(WINDOW)
+        .bucket_width(BUCKET)
+        .clock(manual_clock())
+        .durability(Durability::Sync)
+        .storage(std::sync::Arc::new(watch));
+    let db = Db::open(options).unwrap();
+    db.insert_if_absent(b"warm-up").unwrap();
+    db.flush().unwrap();
+    let before = db.stats();
+    let writers = 8u64;
+    gate.state.lock().0 = 2;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut woken_first = 0;
+    std::thread::scope(|s| {
+        s.spawn(|| assert!(db.insert_if_absent(b"leader").unwrap()));
+        gate.await_held(1);
+        // The leader is inside its fsync: every writer now appends and sleeps.
+        for w in 0..writers {
+            let db = &db;
+            s.spawn(move || assert!(db.insert_if_absent(&w.to_le_bytes()).unwrap()));
+        }
+        while db.stats().commit_waits - before.commit_waits < writers {
+            assert!(std::time::Instant::now() < deadline, "writers never waited");
+            std::thread::yield_now();
+        }
+        gate.release_one();
+        // The next group's leader is inside its fsync: the first group's end woke it
+        // and no other writer.
+        gate.await_held(2);
+        woken_first = db.stats().commit_wakeups - before.commit_wakeups;
+        gate.release_one();
+    });
+    assert_eq!(
+        woken_first, 1,
+        "the first group's end woke the next leader alone"
+    );
+    let stats = db.stats();
+    assert_eq!(
+        stats.fsyncs - before.fsyncs,
+        2,
+        "the leader's group and the next"
+    );
+    assert_eq!(
+        stats.commit_waits - before.commit_waits,
+        writers,
+        "each slept once"
+    );
+    assert_eq!(
+        stats.commit_wakeups - before.commit_wakeups,
+        writers,
+        "each woke once"
+    );
+    assert!((0..writers).all(|w| db.contains(&w.to_le_bytes()).unwrap()));
+}
+
 #[test]
 fn in_memory_flush_is_a_no_op_and_open_needs_no_directory() {
     let db = Db::open(Options::in_memory()).unwrap();

@@ -63,6 +63,10 @@ pub(crate) struct JournalConfig {
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct JournalStats {
     pub(crate) fsyncs: u64,
+    /// Times a caller slept until a group commit covered its entries.
+    pub(crate) commit_waits: u64,
+    /// Sleepers the end of a group commit woke.
+    pub(crate) commit_wakeups: u64,
     pub(crate) log_records: u64,
     pub(crate) log_bytes: u64,
     pub(crate) segments_deleted: u64,
@@ -128,6 +132,11 @@ fn segment_offset(offset: u64) -> u32 {
     u32::try_from(offset).unwrap_or(u32::MAX)
 }
 
+/// The slot of `group_done` that waiters on group commit `group` wait on.
+fn group_slot(group: u64) -> usize {
+    (group % 2) as usize
+}
+
 /// A position in the log to wait for: everything appended up to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 #[must_use = "an appended entry is acknowledged only after waiting for its ticket"]
@@ -184,6 +193,11 @@ struct WriterState {
     written: u64,
     synced: u64,
     leader: bool,
+    /// Group commits started so far; while `leader` is set, the number of the one being
+    /// written, which covers the log up to `group_end` (synced if `group_syncs`).
+    group: u64,
+    group_end: u64,
+    group_syncs: bool,
     active: Option<Active>,
     /// Every segment on disk, as (bucket, seq) → length in bytes.
     segments: BTreeMap<(u64, u32), u64>,
@@ -199,6 +213,11 @@ struct WriterState {
 struct Shared {
     state: Mutex<WriterState>,
     changed: Condvar,
+    /// Waiters on a group commit, by the parity of the group's number: those the group
+    /// being written covers wait on its slot, the others on the next group's. A leader
+    /// that is done wakes its own slot's waiters and one of the next slot's, who leads
+    /// the next group; no waiter is woken only to wait again.
+    group_done: [Condvar; 2],
     /// Wakes the interval flusher for shutdown.
     flusher_wake: Condvar,
     /// Wakes the segment worker for a round of work or for shutdown.
@@ -219,6 +238,8 @@ struct Shared {
     seed: u64,
     segment_max_bytes: u64,
     fsyncs: AtomicU64,
+    commit_waits: AtomicU64,
+    commit_wakeups: AtomicU64,
     records: AtomicU64,
     bytes: AtomicU64,
     segments_deleted: AtomicU64,
@@ -244,6 +265,9 @@ impl Journal {
                 written: 0,
                 synced: 0,
                 leader: false,
+                group: 0,
+                group_end: 0,
+                group_syncs: false,
                 active: None,
                 segments: config.segments,
                 prepared: BTreeMap::new(),
@@ -251,6 +275,7 @@ impl Journal {
                 work_done: 0,
             }),
             changed: Condvar::new(),
+            group_done: [Condvar::new(), Condvar::new()],
             flusher_wake: Condvar::new(),
             worker_wake: Condvar::new(),
             poisoned: AtomicBool::new(false),
@@ -267,6 +292,8 @@ impl Journal {
             seed: config.frame_seed,
             segment_max_bytes: config.segment_max_bytes,
             fsyncs: AtomicU64::new(0),
+            commit_waits: AtomicU64::new(0),
+            commit_wakeups: AtomicU64::new(0),
             records: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
             segments_deleted: AtomicU64::new(config.segments_deleted),
@@ -519,6 +546,8 @@ impl Journal {
             segment_count,
             fsync_micros: shared.sync_times.snapshot(),
             fsyncs: shared.fsyncs.load(Ordering::Relaxed),
+            commit_waits: shared.commit_waits.load(Ordering::Relaxed),
+            commit_wakeups: shared.commit_wakeups.load(Ordering::Relaxed),
             log_records: shared.records.load(Ordering::Relaxed),
             log_bytes: shared.bytes.load(Ordering::Relaxed),
             segments_deleted: shared.segments_deleted.load(Ordering::Relaxed),
@@ -576,6 +605,9 @@ impl Shared {
     fn poison(&self, err: std::io::Error) -> Error {
         self.poisoned.store(true, Ordering::Release);
         self.changed.notify_all();
+        for slot in &self.group_done {
+            slot.notify_all();
+        }
         Error::Io(err)
     }
 
@@ -594,7 +626,10 @@ impl Shared {
                 return Ok(());
             }
             if state.leader {
-                self.changed.wait(state);
+                let covered = target <= state.group_end && (state.group_syncs || !sync);
+                let group = state.group + u64::from(!covered);
+                self.commit_waits.fetch_add(1, Ordering::Relaxed);
+                self.group_done[group_slot(group)].wait(state);
                 continue;
             }
             self.lead(state, sync)?;
@@ -621,6 +656,9 @@ impl Shared {
         let segment_end = active.appended_len;
         let sync_entry = sync && !active.entry_durable;
         state_ref.leader = true;
+        state_ref.group += 1;
+        state_ref.group_end = state_ref.appended;
+        state_ref.group_syncs = sync;
         let spare = std::mem::take(&mut state_ref.spare);
         let data = std::mem::replace(&mut state_ref.buffer, spare);
         let end = state_ref.appended;
@@ -652,7 +690,6 @@ impl Shared {
                 }
             }
         }
-        self.changed.notify_all();
         if let Err(err) = result {
             return Err(self.poison(err));
         }
@@ -661,6 +698,13 @@ impl Shared {
         if sync {
             state.synced = end;
         }
+        self.changed.notify_all();
+        let covered = self.group_done[group_slot(state.group)].notify_all();
+        let next_leader = self.group_done[group_slot(state.group + 1)].notify_one();
+        self.commit_wakeups.fetch_add(
+            (covered + usize::from(next_leader)) as u64,
+            Ordering::Relaxed,
+        );
         // Keep both buffers' capacity: the written one becomes the buffer again if nobody
         // appended meanwhile, else the spare.
         let mut data = data;
