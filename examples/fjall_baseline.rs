@@ -83,7 +83,7 @@ fn run(args: &Args) -> Result<Outcome, fjall::Error> {
     let started = Instant::now();
     let mut persisted = started;
     while done < args.keys {
-        let len = (args.keys - done).min(args.batch as u64) as usize;
+        let len = usize::try_from((args.keys - done).min(args.batch as u64)).unwrap_or(args.batch);
         stream.fill_ids(len, &mut ids);
         let batch_started = Instant::now();
         for id in &ids {
@@ -96,7 +96,7 @@ fn run(args: &Args) -> Result<Outcome, fjall::Error> {
             db.persist(fjall::PersistMode::SyncAll)?;
             persisted = Instant::now();
         }
-        batch_nanos.push(batch_started.elapsed().as_nanos() as u64);
+        batch_nanos.push(u64::try_from(batch_started.elapsed().as_nanos()).unwrap_or(u64::MAX));
         let before = done;
         done += len as u64;
         if done / PROGRESS_EVERY != before / PROGRESS_EVERY {
@@ -131,9 +131,11 @@ fn main() -> ExitCode {
         }
     };
     outcome.batch_nanos.sort_unstable();
-    let at = |q: f64| {
+    // The batch time at `permille` thousandths of the sorted list (1000 is the maximum).
+    let at = |permille: usize| {
         let n = outcome.batch_nanos.len();
-        outcome.batch_nanos[((n as f64 * q) as usize).min(n.saturating_sub(1))]
+        let index = (n * permille / 1000).min(n.saturating_sub(1));
+        outcome.batch_nanos.get(index).copied().unwrap_or(0)
     };
     println!(
         "fjall: {} ops, admitted {} of {} distinct, {:.3} M ops/s, batch p99 {:.2} ms, max {:.1} ms, peak RSS {} MiB",
@@ -141,8 +143,8 @@ fn main() -> ExitCode {
         outcome.admitted,
         outcome.distinct,
         args.keys as f64 / outcome.elapsed.as_secs_f64() / 1e6,
-        at(0.99) as f64 / 1e6,
-        at(1.0) as f64 / 1e6,
+        at(990) as f64 / 1e6,
+        at(1000) as f64 / 1e6,
         peak_rss_bytes() >> 20,
     );
     if outcome.admitted == outcome.distinct {

@@ -132,11 +132,6 @@ fn segment_offset(offset: u64) -> u32 {
     u32::try_from(offset).unwrap_or(u32::MAX)
 }
 
-/// The slot of `group_done` that waiters on group commit `group` wait on.
-fn group_slot(group: u64) -> usize {
-    (group % 2) as usize
-}
-
 /// A position in the log to wait for: everything appended up to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 #[must_use = "an appended entry is acknowledged only after waiting for its ticket"]
@@ -602,6 +597,14 @@ impl Shared {
         }
     }
 
+    /// The condition variable that waiters on group commit `group` sleep on: groups
+    /// alternate between two, so a leader wakes its own group's waiters without waking
+    /// those already queued for the next.
+    fn group_done(&self, group: u64) -> &Condvar {
+        let [even, odd] = &self.group_done;
+        if group.is_multiple_of(2) { even } else { odd }
+    }
+
     fn poison(&self, err: std::io::Error) -> Error {
         self.poisoned.store(true, Ordering::Release);
         self.changed.notify_all();
@@ -629,7 +632,7 @@ impl Shared {
                 let covered = target <= state.group_end && (state.group_syncs || !sync);
                 let group = state.group + u64::from(!covered);
                 self.commit_waits.fetch_add(1, Ordering::Relaxed);
-                self.group_done[group_slot(group)].wait(state);
+                self.group_done(group).wait(state);
                 continue;
             }
             self.lead(state, sync)?;
@@ -699,8 +702,8 @@ impl Shared {
             state.synced = end;
         }
         self.changed.notify_all();
-        let covered = self.group_done[group_slot(state.group)].notify_all();
-        let next_leader = self.group_done[group_slot(state.group + 1)].notify_one();
+        let covered = self.group_done(state.group).notify_all();
+        let next_leader = self.group_done(state.group + 1).notify_one();
         self.commit_wakeups.fetch_add(
             (covered + usize::from(next_leader)) as u64,
             Ordering::Relaxed,
