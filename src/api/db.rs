@@ -16,7 +16,7 @@ use crate::engine::{Engine, Grant, RecoveryReport, Reserved, VerifyReport};
 /// `Db` is a cheap handle: clones share one database, and it is `Send + Sync`.
 #[derive(Clone)]
 pub struct Db {
-    engine: Arc<Engine>,
+    pub(super) engine: Arc<Engine>,
 }
 
 impl Db {
@@ -77,6 +77,11 @@ impl Db {
     pub fn reserve(&self, scope: &Scope, key: &[u8], request: &[u8]) -> Result<Reservation> {
         self.engine.check_key(key)?;
         let reserved = with_scoped_key(scope, key, |scoped| self.engine.reserve(scoped, request))?;
+        Ok(self.reservation(scope, key, reserved))
+    }
+
+    /// What the engine's answer to a reserve means to the caller (observed).
+    pub(crate) fn reservation(&self, scope: &Scope, key: &[u8], reserved: Reserved) -> Reservation {
         let answer = match reserved {
             Reserved::Acquired(grant) => Reservation::Acquired(self.lease(scope, key, grant)),
             Reserved::TakenOver { grant, .. } => {
@@ -96,7 +101,7 @@ impl Db {
             Reserved::Mismatch { .. } => Reservation::Mismatch,
         };
         observe::reservation(scope, key, &answer);
-        Ok(answer)
+        answer
     }
 
     /// The record of `key` in `scope`, if one is inside the window.
@@ -151,7 +156,7 @@ impl Db {
         Ok(self.lease(scope, key, taken))
     }
 
-    fn lease(&self, scope: &Scope, key: &[u8], taken: Grant) -> Lease {
+    pub(super) fn lease(&self, scope: &Scope, key: &[u8], taken: Grant) -> Lease {
         Lease {
             engine: Arc::clone(&self.engine),
             scope: scope.clone(),
@@ -294,7 +299,11 @@ thread_local! {
 
 /// Runs `f` with `key` encoded in `scope` ([`Scope::encode_key`]) in this thread's buffer.
 /// The buffer is taken out for the call, so a nested call would get a fresh one.
-fn with_scoped_key<T>(scope: &Scope, key: &[u8], f: impl FnOnce(&[u8]) -> Result<T>) -> Result<T> {
+pub(crate) fn with_scoped_key<T>(
+    scope: &Scope,
+    key: &[u8],
+    f: impl FnOnce(&[u8]) -> Result<T>,
+) -> Result<T> {
     /// A buffer grown past this by a long key is not kept.
     const KEEP_BYTES: usize = 4096;
     let mut buffer = SCOPED_KEY.take();

@@ -2,6 +2,8 @@
 //! `Stats`. It validates input, hands plain values to the engine, and turns the
 //! engine's answers into public types.
 
+#[cfg(feature = "async")]
+mod committed;
 mod db;
 mod observe;
 mod options;

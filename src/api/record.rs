@@ -257,7 +257,7 @@ impl Lease {
         }
     }
 
-    fn observe(&self, result: &Result<()>, ending: &'static str) {
+    pub(super) fn observe(&self, result: &Result<()>, ending: &'static str) {
         let ending = match result {
             Ok(()) => ending,
             Err(crate::base::Error::Fenced) => "fenced",

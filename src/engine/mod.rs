@@ -28,6 +28,26 @@ pub(crate) use crate::wal::{RecoveryReport, VerifyReport, is_archive, verify_wit
 /// and a store raising once per restart never runs out.
 const LEASE_BLOCK: u64 = 1 << 24;
 
+/// How close to a roll-over, a sealing check and a lease floor raise an asynchronous
+/// write must not come to run inline: the room left for writes that race it there.
+#[cfg(feature = "async")]
+const ROLL_OVER_SLACK_BYTES: u64 = 256 << 10;
+#[cfg(feature = "async")]
+const SEAL_CHECK_SLACK_KEYS: u64 = 1024;
+#[cfg(feature = "async")]
+const LEASE_SLACK_IDS: u64 = 1 << 16;
+
+/// How a write waits for its log entries: here, blocking (the synchronous API), or by
+/// keeping the ticket to await through [`Engine::committed`] (the asynchronous API).
+#[derive(Debug)]
+pub(crate) enum Settle {
+    /// Wait in the call, leading a group commit if none is under way.
+    Block,
+    /// Keep the newest ticket the call logged up to.
+    #[cfg(feature = "async")]
+    Defer(Option<Ticket>),
+}
+
 /// What recovery (or a fresh in-memory open) assembles the engine from.
 pub(crate) struct Parts {
     pub(crate) index: Index,
@@ -268,8 +288,61 @@ impl Engine {
         }
     }
 
+    /// Waits for `ticket` as `settle` says: now, or later through [`Engine::committed`].
+    fn settle(&self, ticket: Option<Ticket>, settle: &mut Settle) -> Result<()> {
+        match settle {
+            Settle::Block => self.wait(ticket),
+            #[cfg(feature = "async")]
+            Settle::Defer(slot) => {
+                *slot = (*slot).max(ticket);
+                Ok(())
+            }
+        }
+    }
+
+    /// Completes a deferred write: resolves when the log covers its entries as the mode
+    /// asks (durable for `Sync`), without a thread blocked for it.
+    #[cfg(feature = "async")]
+    pub(crate) async fn committed(&self, settle: Settle) -> Result<()> {
+        let (Some(journal), Settle::Defer(Some(ticket))) = (&self.journal, settle) else {
+            return self.check_writable();
+        };
+        journal.commit(ticket).await?;
+        // Responses finished by deferred writes move to their frames once written.
+        self.log_responses(None);
+        Ok(())
+    }
+
+    /// Whether a write made now may do blocking file work on the calling thread: a
+    /// segment roll-over (it fsyncs the segment it leaves), an expiry or sealing check,
+    /// or a lease floor raise (a manifest rewrite). `bytes` is the keys, request and
+    /// response the write carries, `keys` how many keys it may admit, `leases` how many
+    /// lease ids it may take. The asynchronous API sends such writes
+    /// to the blocking pool and runs the others inline.
+    #[cfg(feature = "async")]
+    pub(crate) fn may_block_on_files(&self, bytes: usize, keys: usize, leases: u64) -> bool {
+        let Some(journal) = &self.journal else {
+            return false;
+        };
+        let bucket = self.current_bucket();
+        let logged_bytes = (bytes + keys * size_of::<Fingerprint>()) as u64;
+        journal.rolls_over_within(bucket, logged_bytes + ROLL_OVER_SLACK_BYTES)
+            || self
+                .sealer
+                .as_ref()
+                .is_some_and(|sealer| sealer.checks_within(keys as u64 + SEAL_CHECK_SLACK_KEYS))
+            || (leases > 0
+                && self.next_lease.load(Ordering::Relaxed) + leases + LEASE_SLACK_IDS
+                    >= self.lease_floor.load(Ordering::Acquire))
+    }
+
     /// Admits `key` unless it is live; logs it stamped with the bucket it got.
     pub(crate) fn insert_if_absent(&self, key: &[u8]) -> Result<bool> {
+        self.insert_if_absent_settled(key, &mut Settle::Block)
+    }
+
+    /// [`Engine::insert_if_absent`], waiting for the log as `settle` says.
+    pub(crate) fn insert_if_absent_settled(&self, key: &[u8], settle: &mut Settle) -> Result<bool> {
         self.check_key(key)?;
         self.check_writable()?;
         let bucket = self.current_bucket();
@@ -286,7 +359,7 @@ impl Engine {
                 bucket: stamp,
                 fingerprints: &[fingerprint],
             }])?;
-            self.wait(ticket)?;
+            self.settle(ticket, settle)?;
         }
         Ok(admitted)
     }
@@ -298,6 +371,16 @@ impl Engine {
         &self,
         keys: &[K],
         admitted: &mut Vec<bool>,
+    ) -> Result<()> {
+        self.insert_many_settled(keys, admitted, &mut Settle::Block)
+    }
+
+    /// [`Engine::insert_many`], waiting for the log as `settle` says.
+    pub(crate) fn insert_many_settled<K: AsRef<[u8]>>(
+        &self,
+        keys: &[K],
+        admitted: &mut Vec<bool>,
+        settle: &mut Settle,
     ) -> Result<()> {
         if keys.len() > MAX_BATCH_KEYS {
             return Err(Error::BatchTooLarge {
@@ -311,7 +394,7 @@ impl Engine {
         self.check_writable()?;
         admitted.clear();
         admitted.resize(keys.len(), false);
-        Scratch::with(|scratch| self.insert_many_with(keys, admitted, scratch))
+        Scratch::with(|scratch| self.insert_many_with(keys, admitted, scratch, settle))
     }
 
     #[expect(
@@ -327,6 +410,7 @@ impl Engine {
         keys: &[K],
         admitted: &mut [bool],
         scratch: &mut Scratch,
+        settle: &mut Settle,
     ) -> Result<()> {
         let Scratch {
             fingerprints,
@@ -394,7 +478,7 @@ impl Engine {
             return Err(self.fail(err));
         }
         if durable {
-            self.log_admitted(fingerprints, stamps, admitted, logged)?;
+            self.log_admitted(fingerprints, stamps, admitted, logged, settle)?;
         }
         self.after_inserts(admitted.iter().filter(|&&new| new).count() as u64)
     }
@@ -410,6 +494,7 @@ impl Engine {
         stamps: &[u64],
         admitted: &[bool],
         logged: &mut Vec<(u64, Fingerprint)>,
+        settle: &mut Settle,
     ) -> Result<()> {
         logged.clear();
         logged.extend(
@@ -441,7 +526,7 @@ impl Engine {
             }
             self.enqueue(&entries)?
         };
-        self.wait(ticket)
+        self.settle(ticket, settle)
     }
 
     /// Logs one `Keys` entry for `logged`, all stamped `stamp`.
@@ -472,9 +557,19 @@ impl Engine {
     /// Looks up or creates the record of `scoped_key`. A new record is logged under the
     /// shard lock, so the log holds the records of one key in the order memory saw them.
     pub(crate) fn reserve(&self, scoped_key: &[u8], request: &[u8]) -> Result<Reserved> {
+        self.reserve_settled(scoped_key, request, &mut Settle::Block)
+    }
+
+    /// [`Engine::reserve`], waiting for the log as `settle` says.
+    pub(crate) fn reserve_settled(
+        &self,
+        scoped_key: &[u8],
+        request: &[u8],
+        settle: &mut Settle,
+    ) -> Result<Reserved> {
         let fingerprint = self.hasher.record(scoped_key);
         loop {
-            match self.reserve_once(fingerprint, scoped_key, request)? {
+            match self.reserve_once(fingerprint, scoped_key, request, settle)? {
                 Reserved::Existing(record) => {
                     if let Some(record) = self.read_back(fingerprint, scoped_key, record)? {
                         return Ok(Reserved::Existing(record));
@@ -499,6 +594,7 @@ impl Engine {
         fingerprint: Fingerprint,
         scoped_key: &[u8],
         request: &[u8],
+        settle: &mut Settle,
     ) -> Result<Reserved> {
         self.check_writable()?;
         let request_hash = self.hasher.request(request);
@@ -537,7 +633,7 @@ impl Engine {
             };
             (reserved, ticket)
         };
-        self.wait(ticket)?;
+        self.settle(ticket, settle)?;
         Ok(reserved)
     }
 
@@ -563,6 +659,18 @@ impl Engine {
         lease_id: u64,
         finish: Finish,
     ) -> Result<()> {
+        self.finish_settled(fingerprint, lease_id, finish, &mut Settle::Block)
+    }
+
+    /// [`Engine::finish`], waiting for the log as `settle` says. A deferred finish
+    /// queues its response to move to the log once written, like any other.
+    pub(crate) fn finish_settled(
+        &self,
+        fingerprint: Fingerprint,
+        lease_id: u64,
+        finish: Finish,
+        settle: &mut Settle,
+    ) -> Result<()> {
         self.check_response(finish.response())?;
         self.check_writable()?;
         let now_ms = self.clock.now_ms();
@@ -586,7 +694,7 @@ impl Engine {
         let Some((ticket, span)) = located else {
             return Ok(());
         };
-        self.wait(Some(ticket))?;
+        self.settle(Some(ticket), settle)?;
         let unwritten = (!matches!(finish, Finish::Release)).then_some(responses::Unwritten {
             ticket,
             fingerprint,

@@ -103,6 +103,12 @@ pub(crate) struct SealStats {
 }
 
 impl Sealer {
+    /// Whether admitting `keys` more keys may reach the next expiry and sealing check.
+    #[cfg(feature = "async")]
+    pub(crate) fn checks_within(&self, keys: u64) -> bool {
+        self.since_check.load(Ordering::Relaxed) + keys >= CHECK_EVERY_KEYS
+    }
+
     /// The sealer of the store in `dir`: its live runs opened (fences and filters only),
     /// expired ones retired, half-written ones removed. Also returns the log position
     /// before which every keys entry is in a run.

@@ -233,18 +233,27 @@ pub trait StoreLease: Send + Sync + 'static {
     fn note(&self, note: &[u8]) -> impl Future<Output = Result<()>> + Send;
 }
 
+/// Runs `work` on the blocking pool: for a write that may do blocking file work on the
+/// way (see [`Db::may_block_on_files`]).
+async fn run_blocking<T: Send + 'static>(
+    db: &Db,
+    work: impl FnOnce(Db) -> Result<T> + Send + 'static,
+) -> Result<T> {
+    let db = db.clone();
+    tokio::task::spawn_blocking(move || work(db))
+        .await
+        .map_err(|err| Error::Io(std::io::Error::other(err)))?
+}
+
 /// Runs `work` on the blocking pool if the store may touch files, else inline.
 async fn run<T: Send + 'static>(
     db: &Db,
     work: impl FnOnce(Db) -> Result<T> + Send + 'static,
 ) -> Result<T> {
-    let db = db.clone();
     if !db.is_durable() {
-        return work(db);
+        return work(db.clone());
     }
-    tokio::task::spawn_blocking(move || work(db))
-        .await
-        .map_err(|err| Error::Io(std::io::Error::other(err)))?
+    run_blocking(db, work).await
 }
 
 impl Store for Db {
@@ -255,12 +264,18 @@ impl Store for Db {
     }
 
     async fn insert_if_absent(&self, key: &[u8]) -> Result<bool> {
-        let key = key.to_vec();
-        run(self, move |db| db.insert_if_absent(&key)).await
+        if self.may_block_on_files(key.len(), 1, 0) {
+            let key = key.to_vec();
+            return run_blocking(self, move |db| db.insert_if_absent(&key)).await;
+        }
+        self.insert_if_absent_committed(key).await
     }
 
     async fn insert_many(&self, keys: Vec<Vec<u8>>) -> Result<Vec<bool>> {
-        run(self, move |db| db.insert_many(&keys)).await
+        if self.may_block_on_files(0, keys.len(), 0) {
+            return run_blocking(self, move |db| db.insert_many(&keys)).await;
+        }
+        self.insert_many_committed(&keys).await
     }
 
     async fn reserve(
@@ -269,8 +284,11 @@ impl Store for Db {
         key: &[u8],
         request: &[u8],
     ) -> Result<Reservation<Lease>> {
-        let (scope, key, request) = (scope.clone(), key.to_vec(), request.to_vec());
-        run(self, move |db| db.reserve(&scope, &key, &request)).await
+        if self.may_block_on_files(key.len() + request.len(), 0, 1) {
+            let (scope, key, request) = (scope.clone(), key.to_vec(), request.to_vec());
+            return run_blocking(self, move |db| db.reserve(&scope, &key, &request)).await;
+        }
+        self.reserve_committed(scope, key, request).await
     }
 
     async fn get(&self, scope: &Scope, key: &[u8]) -> Result<Option<Record>> {
@@ -304,20 +322,32 @@ impl StoreLease for Lease {
     }
 
     async fn complete(self, response: &[u8]) -> Result<()> {
-        let response = response.to_vec();
-        self.finish(move |lease| lease.complete(&response).map_err(Error::from))
-            .await
+        if self.may_block_on_files(response.len()) {
+            let response = response.to_vec();
+            return self
+                .finish(move |lease| lease.complete(&response).map_err(Error::from))
+                .await;
+        }
+        self.complete_committed(response).await
     }
 
     async fn fail(self, response: &[u8]) -> Result<()> {
-        let response = response.to_vec();
-        self.finish(move |lease| lease.fail(&response).map_err(Error::from))
-            .await
+        if self.may_block_on_files(response.len()) {
+            let response = response.to_vec();
+            return self
+                .finish(move |lease| lease.fail(&response).map_err(Error::from))
+                .await;
+        }
+        self.fail_committed(response).await
     }
 
     async fn release(self) -> Result<()> {
-        self.finish(move |lease| lease.release().map_err(Error::from))
-            .await
+        if self.may_block_on_files(0) {
+            return self
+                .finish(move |lease| lease.release().map_err(Error::from))
+                .await;
+        }
+        self.release_committed().await
     }
 
     async fn note(&self, note: &[u8]) -> Result<()> {

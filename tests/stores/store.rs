@@ -87,3 +87,182 @@ fn a_durable_db_never_fsyncs_on_the_runtime_thread() {
         "an fsync ran on the runtime thread"
     );
 }
+
+/// Once armed, holds the first fsync of a thread other than the segment worker until
+/// released.
+#[derive(Default)]
+struct HeldSync {
+    /// Armed, holding an fsync, released.
+    state: parking_lot::Mutex<(bool, bool, bool)>,
+    changed: parking_lot::Condvar,
+}
+
+impl HeldSync {
+    fn on_sync(&self) {
+        if std::thread::current().name() == Some("oncedb-segments") {
+            return;
+        }
+        let mut state = self.state.lock();
+        if !state.0 || state.1 {
+            return; // not armed yet, or the one fsync is already held
+        }
+        state.1 = true;
+        self.changed.notify_all();
+        while !state.2 {
+            self.changed.wait(&mut state);
+        }
+    }
+
+    fn arm(&self) {
+        self.state.lock().0 = true;
+    }
+
+    fn await_held(&self) {
+        let mut state = self.state.lock();
+        while !state.1 {
+            self.changed.wait(&mut state);
+        }
+    }
+
+    fn release(&self) {
+        self.state.lock().2 = true;
+        self.changed.notify_all();
+    }
+}
+
+/// A `Sync` write through `Store` waits for its group commit without holding a thread:
+/// with a blocking pool of one thread, and that one (or the commit's) stuck in an fsync,
+/// every other write still reaches memory and the log and joins the next group. A
+/// design that parks a blocking-pool thread per waiting call admits one key while the
+/// fsync is held and pays an fsync per write.
+#[test]
+fn a_waiting_write_holds_no_thread() {
+    use oncedb::Store;
+    let gate = Arc::new(HeldSync::default());
+    let hook = Arc::clone(&gate);
+    let storage = WatchedStorage::new(MemStorage::new(), move || hook.on_sync());
+    let options = Options::new("/db")
+        .storage(Arc::new(storage))
+        .durability(Durability::Sync)
+        .window(Duration::from_secs(60))
+        .bucket_width(Duration::from_secs(6))
+        .clock(ManualClock::new(SystemTime::now()));
+    let db = Db::open(options).unwrap();
+    db.insert_if_absent(b"warm-up").unwrap();
+    db.flush().unwrap();
+    let before = db.stats();
+    gate.arm();
+    let writers = 16u64;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .max_blocking_threads(1)
+        .build()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut admitted_while_held = 0;
+    std::thread::scope(|s| {
+        let writes = s.spawn(|| {
+            runtime.block_on(async {
+                let tasks: Vec<_> = (0..writers)
+                    .map(|w| {
+                        let db = db.clone();
+                        tokio::spawn(
+                            async move { Store::insert_if_absent(&db, &w.to_le_bytes()).await },
+                        )
+                    })
+                    .collect();
+                for task in tasks {
+                    assert!(task.await.unwrap().unwrap());
+                }
+            });
+        });
+        gate.await_held();
+        while db.stats().live_keys - before.live_keys < writers
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::yield_now();
+        }
+        admitted_while_held = db.stats().live_keys - before.live_keys;
+        gate.release();
+        writes.join().unwrap();
+    });
+    assert_eq!(
+        admitted_while_held, writers,
+        "every write reached memory while one fsync was held"
+    );
+    let fsyncs = db.stats().fsyncs - before.fsyncs;
+    assert!(fsyncs <= 2, "the held group and the next: {fsyncs} fsyncs");
+    assert!((0..writers).all(|w| db.contains(&w.to_le_bytes()).unwrap()));
+}
+
+/// A waker that records that it was woken.
+#[derive(Default)]
+struct Woken {
+    woken: parking_lot::Mutex<bool>,
+    changed: parking_lot::Condvar,
+}
+
+impl std::task::Wake for Woken {
+    fn wake(self: Arc<Self>) {
+        *self.woken.lock() = true;
+        self.changed.notify_all();
+    }
+}
+
+/// A group commit that fails wakes every write waiting on it, each with
+/// `Error::Poisoned` (the committer thread met the I/O error), and the store stays
+/// poisoned: no write after it is acknowledged.
+#[test]
+fn a_failed_commit_wakes_every_waiting_write() {
+    use oncedb::Store;
+    use oncedb::io::FaultyStorage;
+    use std::future::Future;
+    use std::task::{Context, Poll};
+    let faulty = FaultyStorage::new(Arc::new(MemStorage::new()));
+    let options = Options::new("/db")
+        .storage(Arc::new(faulty.clone()))
+        .durability(Durability::Sync)
+        .window(Duration::from_secs(60))
+        .bucket_width(Duration::from_secs(6))
+        .clock(ManualClock::new(SystemTime::now()));
+    let db = Db::open(options).unwrap();
+    db.insert_if_absent(b"warm-up").unwrap();
+    db.flush().unwrap();
+    faulty.reset();
+    faulty.fail_at(1, true);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let _context = runtime.enter();
+    let keys: Vec<[u8; 8]> = (0..8u64).map(u64::to_le_bytes).collect();
+    let mut writes: Vec<_> = keys
+        .iter()
+        .map(|key| Box::pin(Store::insert_if_absent(&db, key)))
+        .collect();
+    let mut pending = Vec::new();
+    for (n, write) in writes.iter_mut().enumerate() {
+        let woken = Arc::new(Woken::default());
+        let waker = std::task::Waker::from(Arc::clone(&woken));
+        match write.as_mut().poll(&mut Context::from_waker(&waker)) {
+            Poll::Pending => pending.push((n, woken, waker)),
+            Poll::Ready(answer) => assert!(matches!(answer, Err(oncedb::Error::Poisoned))),
+        }
+    }
+    assert!(!pending.is_empty(), "the first write waits for its commit");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    for (n, woken, waker) in pending {
+        let mut flag = woken.woken.lock();
+        while !*flag && std::time::Instant::now() < deadline {
+            woken.changed.wait_until(&mut flag, deadline);
+        }
+        assert!(*flag, "write {n} was never woken");
+        drop(flag);
+        let answer = writes[n].as_mut().poll(&mut Context::from_waker(&waker));
+        assert!(
+            matches!(answer, Poll::Ready(Err(oncedb::Error::Poisoned))),
+            "{answer:?}"
+        );
+    }
+    faulty.reset();
+    let after = runtime.block_on(Store::insert_if_absent(&db, b"after"));
+    assert!(matches!(after, Err(oncedb::Error::Poisoned)), "{after:?}");
+}

@@ -9,6 +9,8 @@
 //! from damage to acknowledged bytes (see `docs/design.md`).
 
 use std::any::Any;
+#[cfg(feature = "async")]
+mod commit;
 mod worker;
 
 use std::collections::BTreeMap;
@@ -203,6 +205,9 @@ struct WriterState {
     /// runs while `work_done < work_requested`.
     work_requested: u64,
     work_done: u64,
+    /// Asynchronous callers waiting on a commit (see [`commit::Commit`]).
+    #[cfg(feature = "async")]
+    commits: Vec<commit::PendingCommit>,
 }
 
 struct Shared {
@@ -215,6 +220,12 @@ struct Shared {
     group_done: [Condvar; 2],
     /// Wakes the interval flusher for shutdown.
     flusher_wake: Condvar,
+    /// Wakes the committer thread: a commit is pending, or shutdown.
+    #[cfg(feature = "async")]
+    commit_wanted: Condvar,
+    /// Ids of [`commit::Commit`]s, to find a pending one's waker.
+    #[cfg(feature = "async")]
+    next_commit: AtomicU64,
     /// Wakes the segment worker for a round of work or for shutdown.
     worker_wake: Condvar,
     poisoned: AtomicBool,
@@ -246,6 +257,9 @@ pub(crate) struct Journal {
     shared: Arc<Shared>,
     flusher: Option<JoinHandle<()>>,
     worker: Option<JoinHandle<()>>,
+    /// Leads group commits for asynchronous callers.
+    #[cfg(feature = "async")]
+    committer: Option<JoinHandle<()>>,
     _lock: Box<dyn Any + Send + Sync>,
 }
 
@@ -268,10 +282,16 @@ impl Journal {
                 prepared: BTreeMap::new(),
                 work_requested: 0,
                 work_done: 0,
+                #[cfg(feature = "async")]
+                commits: Vec::new(),
             }),
             changed: Condvar::new(),
             group_done: [Condvar::new(), Condvar::new()],
             flusher_wake: Condvar::new(),
+            #[cfg(feature = "async")]
+            commit_wanted: Condvar::new(),
+            #[cfg(feature = "async")]
+            next_commit: AtomicU64::new(0),
             worker_wake: Condvar::new(),
             poisoned: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
@@ -312,6 +332,13 @@ impl Journal {
                 .name("oncedb-segments".into())
                 .spawn(move || shared.run_worker())?
         };
+        #[cfg(feature = "async")]
+        let committer = {
+            let shared = Arc::clone(&shared);
+            std::thread::Builder::new()
+                .name("oncedb-committer".into())
+                .spawn(move || shared.run_committer())?
+        };
         {
             // The worker's first round prepares the segments after the active one.
             let mut state = shared.state.lock();
@@ -322,6 +349,8 @@ impl Journal {
             shared,
             flusher,
             worker: Some(worker),
+            #[cfg(feature = "async")]
+            committer: Some(committer),
             _lock: config.lock,
         })
     }
@@ -350,6 +379,14 @@ impl Journal {
     }
     pub(crate) fn check_writable(&self) -> Result<()> {
         self.shared.check_writable()
+    }
+
+    /// Whether appending `bytes` more for `bucket` would roll the active segment over.
+    #[cfg(feature = "async")]
+    pub(crate) fn rolls_over_within(&self, bucket: u64, bytes: u64) -> bool {
+        let shared = &*self.shared;
+        let state = shared.state.lock();
+        shared.needs_roll_over(state.active.as_ref(), bucket, bytes)
     }
 
     /// Appends `entries` to the buffer, in order and contiguously, into a segment whose
@@ -557,6 +594,12 @@ impl Drop for Journal {
             let _state = self.shared.state.lock();
             self.shared.flusher_wake.notify_all();
             self.shared.worker_wake.notify_all();
+            #[cfg(feature = "async")]
+            self.shared.commit_wanted.notify_all();
+        }
+        #[cfg(feature = "async")]
+        if let Some(committer) = self.committer.take() {
+            let _ = committer.join();
         }
         if let Some(flusher) = self.flusher.take() {
             let _ = flusher.join();
@@ -608,6 +651,8 @@ impl Shared {
     fn poison(&self, err: std::io::Error) -> Error {
         self.poisoned.store(true, Ordering::Release);
         self.changed.notify_all();
+        #[cfg(feature = "async")]
+        self.commit_wanted.notify_all();
         for slot in &self.group_done {
             slot.notify_all();
         }
@@ -702,6 +747,8 @@ impl Shared {
             state.synced = end;
         }
         self.changed.notify_all();
+        #[cfg(feature = "async")]
+        self.wake_commits(state);
         let covered = self.group_done(state.group).notify_all();
         let next_leader = self.group_done(state.group + 1).notify_one();
         self.commit_wakeups.fetch_add(

@@ -1,0 +1,98 @@
+//! The writes of the asynchronous API (feature `async`): each runs on the calling task,
+//! logs its entries, and awaits their group commit through a waker, so no thread blocks
+//! for it. A write that may do blocking file work on the way (a roll-over, a seal, a
+//! lease floor raise: [`Db::may_block_on_files`]) is the caller's to run elsewhere.
+
+use std::sync::Arc;
+
+use super::db::{Db, with_scoped_key};
+use super::observe;
+use super::record::{Lease, Reservation, Scope};
+use crate::base::{Finish, Result};
+use crate::engine::Settle;
+
+impl Db {
+    /// Whether a write carrying `bytes` of keys and requests, admitting at most `keys`
+    /// keys and taking at most `leases` leases may do blocking file work on the calling
+    /// thread if made now.
+    pub(crate) fn may_block_on_files(&self, bytes: usize, keys: usize, leases: u64) -> bool {
+        self.engine.may_block_on_files(bytes, keys, leases)
+    }
+
+    /// [`Db::insert_if_absent`], awaiting the commit.
+    pub(crate) async fn insert_if_absent_committed(&self, key: &[u8]) -> Result<bool> {
+        let mut settle = Settle::Defer(None);
+        let admitted = self.engine.insert_if_absent_settled(key, &mut settle)?;
+        self.engine.committed(settle).await?;
+        observe::keys(&[admitted]);
+        Ok(admitted)
+    }
+
+    /// [`Db::insert_many`], awaiting the commit.
+    pub(crate) async fn insert_many_committed<K: AsRef<[u8]>>(
+        &self,
+        keys: &[K],
+    ) -> Result<Vec<bool>> {
+        let (mut admitted, mut settle) = (Vec::new(), Settle::Defer(None));
+        self.engine
+            .insert_many_settled(keys, &mut admitted, &mut settle)?;
+        self.engine.committed(settle).await?;
+        observe::keys(&admitted);
+        Ok(admitted)
+    }
+
+    /// [`Db::reserve`], awaiting the commit of a new or taken-over record.
+    pub(crate) async fn reserve_committed(
+        &self,
+        scope: &Scope,
+        key: &[u8],
+        request: &[u8],
+    ) -> Result<Reservation> {
+        self.engine.check_key(key)?;
+        let mut settle = Settle::Defer(None);
+        let reserved = with_scoped_key(scope, key, |scoped| {
+            self.engine.reserve_settled(scoped, request, &mut settle)
+        })?;
+        self.engine.committed(settle).await?;
+        Ok(self.reservation(scope, key, reserved))
+    }
+}
+
+impl Lease {
+    /// Whether ending the lease with a response of `bytes` may do blocking file work on
+    /// the calling thread if made now.
+    pub(crate) fn may_block_on_files(&self, bytes: usize) -> bool {
+        self.engine.may_block_on_files(bytes, 0, 0)
+    }
+
+    /// [`Lease::complete`], awaiting the commit.
+    pub(crate) async fn complete_committed(self, response: &[u8]) -> Result<()> {
+        self.engine.check_response(response)?;
+        self.end_committed(Finish::Complete(Arc::from(response)), "completed")
+            .await
+    }
+
+    /// [`Lease::fail`], awaiting the commit.
+    pub(crate) async fn fail_committed(self, response: &[u8]) -> Result<()> {
+        self.engine.check_response(response)?;
+        self.end_committed(Finish::Fail(Arc::from(response)), "failed")
+            .await
+    }
+
+    /// [`Lease::release`], awaiting the commit.
+    pub(crate) async fn release_committed(self) -> Result<()> {
+        self.end_committed(Finish::Release, "released").await
+    }
+
+    async fn end_committed(self, finish: Finish, ending: &'static str) -> Result<()> {
+        let mut settle = Settle::Defer(None);
+        let mut result =
+            self.engine
+                .finish_settled(self.fingerprint, self.lease_id, finish, &mut settle);
+        if result.is_ok() {
+            result = self.engine.committed(settle).await;
+        }
+        self.observe(&result, ending);
+        result
+    }
+}

@@ -1,0 +1,156 @@
+//! Commit notification for asynchronous callers: a future that completes when the log is
+//! durable (or written, as the mode asks) up to a ticket, without a thread waiting for it.
+//!
+//! A pending [`Commit`] leaves its waker in [`WriterState::commits`]. Whoever finishes a
+//! group commit (a blocking writer, the interval flusher, or the committer thread) wakes
+//! the commits it covered. The committer thread leads a group commit while some pending
+//! commit is past what is done and no blocking writer leads one for it: one thread for
+//! every asynchronous caller, where a blocking pool would hold a thread per waiting call.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll, Waker};
+
+use super::{INTERVAL_BUFFER_BYTES, Journal, Shared, Ticket, WriterState};
+use crate::base::{Durability, Result};
+
+/// An asynchronous caller waiting for the log up to `target`.
+pub(super) struct PendingCommit {
+    id: u64,
+    target: u64,
+    waker: Waker,
+}
+
+/// The log durable (or written) up to a ticket, as [`Journal::wait`] would block for.
+/// Dropping it before it completes withdraws its waker; the entries stay appended.
+#[must_use = "a commit does nothing unless awaited"]
+pub(crate) struct Commit<'a> {
+    shared: &'a Shared,
+    id: u64,
+    /// Zero when nothing needs waiting for (`Interval` with a small buffer).
+    target: u64,
+    sync: bool,
+    registered: bool,
+}
+
+impl Journal {
+    /// A future that completes when [`Journal::wait`] on `ticket` would return.
+    pub(crate) fn commit(&self, ticket: Ticket) -> Commit<'_> {
+        let shared = &*self.shared;
+        let (target, sync) = match shared.durability {
+            Durability::Sync => (ticket.0, true),
+            Durability::Buffered => (ticket.0, false),
+            Durability::Interval(_) => {
+                let large = shared.state.lock().buffer.len() >= INTERVAL_BUFFER_BYTES;
+                (if large { ticket.0 } else { 0 }, false)
+            }
+        };
+        Commit {
+            shared,
+            id: shared.next_commit.fetch_add(1, Ordering::Relaxed),
+            target,
+            sync,
+            registered: false,
+        }
+    }
+}
+
+impl Future for Commit<'_> {
+    type Output = Result<()>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        let shared = self.shared;
+        let mut state = shared.state.lock();
+        let reached = if self.sync {
+            state.synced
+        } else {
+            state.written
+        };
+        let outcome = shared.check_writable();
+        if outcome.is_err() || reached >= self.target {
+            self.withdraw(&mut state);
+            return Poll::Ready(outcome);
+        }
+        let id = self.id;
+        match state.commits.iter_mut().find(|pending| pending.id == id) {
+            Some(pending) => pending.waker.clone_from(cx.waker()),
+            None => state.commits.push(PendingCommit {
+                id,
+                target: self.target,
+                waker: cx.waker().clone(),
+            }),
+        }
+        self.registered = true;
+        shared.commit_wanted.notify_one();
+        Poll::Pending
+    }
+}
+
+impl Commit<'_> {
+    fn withdraw(&mut self, state: &mut WriterState) {
+        if std::mem::take(&mut self.registered) {
+            let id = self.id;
+            state.commits.retain(|pending| pending.id != id);
+        }
+    }
+}
+
+impl Drop for Commit<'_> {
+    fn drop(&mut self) {
+        if self.registered {
+            let shared = self.shared;
+            self.withdraw(&mut shared.state.lock());
+        }
+    }
+}
+
+impl Shared {
+    /// Wakes the pending commits the log now covers.
+    pub(super) fn wake_commits(&self, state: &mut WriterState) {
+        if state.commits.is_empty() {
+            return;
+        }
+        let reached = match self.durability {
+            Durability::Sync => state.synced,
+            Durability::Buffered | Durability::Interval(_) => state.written,
+        };
+        state.commits.retain(|pending| {
+            let done = pending.target <= reached;
+            if done {
+                pending.waker.wake_by_ref();
+            }
+            !done
+        });
+    }
+
+    /// The committer thread: leads a group commit whenever a pending commit is past what
+    /// is done, until shutdown. Writers that block lead their own groups meanwhile; the
+    /// leader election in [`Shared::persist`] keeps one group in flight at a time.
+    ///
+    /// It sleeps only when no pending commit is past what is done, so a commit never
+    /// waits on it unseen; once the store is poisoned, it wakes every pending commit
+    /// (each then reports the failure) and later ones never register.
+    pub(super) fn run_committer(&self) {
+        let sync = matches!(self.durability, Durability::Sync);
+        let mut state = self.state.lock();
+        while !self.shutdown.load(Ordering::Acquire) {
+            if self.check_writable().is_err() {
+                for pending in state.commits.drain(..) {
+                    pending.waker.wake();
+                }
+                self.commit_wanted.wait(&mut state);
+                continue;
+            }
+            let wanted = state.commits.iter().map(|pending| pending.target).max();
+            let reached = if sync { state.synced } else { state.written };
+            match wanted {
+                // A failure poisons the store: the next round wakes the commits.
+                Some(target) if target > reached => {
+                    let _ = self.persist(&mut state, target, sync);
+                }
+                _ => self.commit_wanted.wait(&mut state),
+            }
+        }
+    }
+}
