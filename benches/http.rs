@@ -1,6 +1,6 @@
 //! The cost of the `Idempotency-Key` layer: one POST through an axum router per
 //! iteration, without the layer, with it on a first request (reserve, handler, store the
-//! response) and on a replay, over an in-memory and a durable `Sync` store.
+//! response) and on a replay, over an in-memory, an `Interval(10 ms)` and a `Sync` store.
 //!
 //! `cargo bench --bench http --features http`.
 
@@ -61,12 +61,17 @@ fn layer(c: &mut Criterion) {
             async move { app.oneshot(request(key)).await.unwrap() }
         });
     });
-    let dir = tempfile::tempdir().unwrap();
+    let (sync_dir, interval_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let interval = Durability::Interval(std::time::Duration::from_millis(10));
     for (name, db) in [
         ("memory", Db::open(Options::in_memory()).unwrap()),
         (
+            "interval",
+            Db::open(Options::new(interval_dir.path()).durability(interval)).unwrap(),
+        ),
+        (
             "sync",
-            Db::open(Options::new(dir.path()).durability(Durability::Sync)).unwrap(),
+            Db::open(Options::new(sync_dir.path()).durability(Durability::Sync)).unwrap(),
         ),
     ] {
         let guarded = app(Some(db));

@@ -1,7 +1,7 @@
 //! The cost of the asynchronous `Store` interface over the embedded `Db`: a reserve and a
 //! complete per iteration, through the synchronous API on the calling thread and through
-//! `Store` on a tokio runtime, for an in-memory store (inline) and a durable `Sync` and
-//! `Interval` store (tokio's blocking pool).
+//! `Store` on a tokio runtime, for an in-memory store and a durable `Sync` and `Interval`
+//! store (each write on the calling task, awaiting its group commit).
 //!
 //! `cargo bench --bench store --features async`.
 
@@ -70,5 +70,57 @@ fn reserve_complete(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, reserve_complete);
+/// 64 tasks, each admitting fresh keys one at a time through `Store` on a `Sync` store:
+/// the time per admission, and (on stderr) the admissions each fsync covered. Against it:
+/// `oncedb bench --threads 64 --batch 1 --durability sync` (64 threads on the
+/// synchronous API) and one writer.
+fn sync_writers(c: &mut Criterion) {
+    const TASKS: u64 = 64;
+    let mut group = c.benchmark_group("store_sync_writers");
+    group.sample_size(10);
+    group.throughput(criterion::Throughput::Elements(1));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(Options::new(dir.path()).durability(Durability::Sync)).unwrap();
+    let next = std::sync::Arc::new(AtomicU64::new(0));
+    let before = db.stats();
+    group.bench_function("store_trait_64_tasks", |b| {
+        b.to_async(&runtime).iter_custom(|iters| {
+            let (db, next) = (db.clone(), std::sync::Arc::clone(&next));
+            async move {
+                let started = std::time::Instant::now();
+                let tasks: Vec<_> = (0..TASKS)
+                    .map(|_| {
+                        let (db, next) = (db.clone(), std::sync::Arc::clone(&next));
+                        tokio::spawn(async move {
+                            for _ in 0..iters.div_ceil(TASKS) {
+                                let key = next.fetch_add(1, Ordering::Relaxed).to_le_bytes();
+                                assert!(Store::insert_if_absent(&db, &key).await.unwrap());
+                            }
+                        })
+                    })
+                    .collect();
+                for task in tasks {
+                    task.await.unwrap();
+                }
+                started.elapsed()
+            }
+        });
+    });
+    let after = db.stats();
+    let (ops, fsyncs) = (
+        after.admitted - before.admitted,
+        after.fsyncs - before.fsyncs,
+    );
+    eprintln!(
+        "store_trait_64_tasks: {ops} admissions, {fsyncs} fsyncs, {:.1} admissions an fsync",
+        ops as f64 / fsyncs.max(1) as f64
+    );
+    group.finish();
+}
+
+criterion_group!(benches, reserve_complete, sync_writers);
 criterion_main!(benches);

@@ -2,13 +2,16 @@
 //! (feature `async`). The embedded [`Db`] implements it here; services written against
 //! [`Store`] can move to a shared engine without changing their request path.
 //!
-//! The embedded implementation never blocks a runtime thread on an fsync: calls on a
-//! durable store run on tokio's blocking pool (`spawn_blocking`), where a `Sync` write
-//! waits for its group commit; calls on an in-memory store, which never touch a file, run
-//! inline. `docs/scaling.md` gives the measured cost of each. One exception is the
-//! caller's: dropping the last handle of a durable `Db` closes it, which seals the newest
-//! segment with an fsync in the dropping thread; drop it off the runtime
-//! (`spawn_blocking(move || drop(db))`) where that matters.
+//! The embedded implementation never blocks a runtime thread on an fsync: a durable
+//! store's write changes memory and appends to the log's buffer on the calling task, then
+//! awaits its group commit through a waker, led by the journal's committer thread, so no
+//! thread is held per waiting call. A write that would come close to file work it must do
+//! inline (a segment roll-over, a sealing check, a lease floor raise), and `take_over`,
+//! `advance` and `note`, run on tokio's blocking pool (`spawn_blocking`); calls on an
+//! in-memory store, which never touch a file, run inline. `docs/scaling.md` gives the
+//! measured cost of each. One exception is the caller's: dropping the last handle of a
+//! durable `Db` closes it, which seals the newest segment with an fsync in the dropping
+//! thread; drop it off the runtime (`spawn_blocking(move || drop(db))`) where that matters.
 
 mod outage;
 

@@ -178,6 +178,51 @@ impl Active {
     }
 }
 
+/// The group-gathering policy of `Sync` commits. In a closed loop (each caller appends
+/// again once its write is acknowledged), the callers a group covers come back while the
+/// next group is already being synced, so groups alternate between two halves of the
+/// callers. The first leader after a group waits for them instead, at most a quarter of the
+/// last fsync's time, and skips the wait once after a wait that timed out (callers that
+/// did not come back), so an open workload pays at most that every other group.
+#[derive(Debug, Default)]
+struct Gather {
+    /// Appends in the buffer since a leader last took it.
+    buffered: u64,
+    /// Callers the last `Sync` group covered, until a leader gathers for them.
+    returning: u64,
+    /// How long the last `Sync` group's write and fsync took.
+    last_sync: Duration,
+    /// While a leader gathers: the appends it waits for.
+    wanted: u64,
+    /// Whether the last gathering timed out short of its callers.
+    missed: bool,
+}
+
+impl Gather {
+    /// Counts an append; wakes a gathering leader once its callers are in.
+    fn appended(&mut self, gathered: &Condvar) {
+        self.buffered += 1;
+        if self.wanted != 0 && self.buffered == self.wanted {
+            gathered.notify_one();
+        }
+    }
+
+    /// A `Sync` group of `callers` appends finished after `took`.
+    fn synced(&mut self, callers: u64, took: Duration) {
+        self.returning = callers;
+        self.last_sync = took;
+    }
+
+    /// The appends to wait for and how long, if a wait is due.
+    fn plan(&mut self) -> Option<(u64, Duration)> {
+        let returning = std::mem::take(&mut self.returning);
+        if std::mem::take(&mut self.missed) || returning <= 1 {
+            return None;
+        }
+        Some((self.buffered + returning, self.last_sync / 4))
+    }
+}
+
 struct WriterState {
     buffer: Vec<u8>,
     /// The other half of a double buffer: a leader writes one while appenders fill the
@@ -195,6 +240,9 @@ struct WriterState {
     group: u64,
     group_end: u64,
     group_syncs: bool,
+    /// Callers in the buffer and callers coming back: the next `Sync` group waits a
+    /// little for the latter (see [`Gather`]).
+    gather: Gather,
     active: Option<Active>,
     /// Every segment on disk, as (bucket, seq) → length in bytes.
     segments: BTreeMap<(u64, u32), u64>,
@@ -213,6 +261,8 @@ struct WriterState {
 struct Shared {
     state: Mutex<WriterState>,
     changed: Condvar,
+    /// Wakes a leader gathering its group once the callers it waits for appended.
+    gathered: Condvar,
     /// Waiters on a group commit, by the parity of the group's number: those the group
     /// being written covers wait on its slot, the others on the next group's. A leader
     /// that is done wakes its own slot's waiters and one of the next slot's, who leads
@@ -277,6 +327,7 @@ impl Journal {
                 group: 0,
                 group_end: 0,
                 group_syncs: false,
+                gather: Gather::default(),
                 active: None,
                 segments: config.segments,
                 prepared: BTreeMap::new(),
@@ -286,6 +337,7 @@ impl Journal {
                 commits: Vec::new(),
             }),
             changed: Condvar::new(),
+            gathered: Condvar::new(),
             group_done: [Condvar::new(), Condvar::new()],
             flusher_wake: Condvar::new(),
             #[cfg(feature = "async")]
@@ -453,6 +505,7 @@ impl Journal {
         }
         let added = (state.buffer.len() - before) as u64;
         state.appended += added;
+        state.gather.appended(&shared.gathered);
         shared
             .records
             .fetch_add(entries.len() as u64, Ordering::Relaxed);
@@ -680,8 +733,35 @@ impl Shared {
                 self.group_done(group).wait(state);
                 continue;
             }
+            if sync && self.gather(state) {
+                continue;
+            }
             self.lead(state, sync)?;
         }
+    }
+
+    /// Before a `Sync` group starts, waits (as its leader, so that nobody else leads)
+    /// for the callers the previous group covered to append again, at most a quarter of the
+    /// previous fsync's time: a closed loop of writers then fills one group instead of
+    /// alternating between two half groups. Whether it waited.
+    fn gather(&self, state: &mut MutexGuard<'_, WriterState>) -> bool {
+        let Some((want, budget)) = state.gather.plan() else {
+            return false;
+        };
+        let deadline = Instant::now() + budget;
+        state.leader = true;
+        state.gather.wanted = want;
+        let mut gathered = true;
+        while state.gather.buffered < want && !self.poisoned.load(Ordering::Acquire) {
+            if self.gathered.wait_until(state, deadline).timed_out() {
+                gathered = state.gather.buffered >= want;
+                break;
+            }
+        }
+        state.gather.wanted = 0;
+        state.gather.missed = !gathered;
+        state.leader = false;
+        true
     }
 
     /// One group commit: stamp the group's mark with the durable length, then write the
@@ -709,7 +789,9 @@ impl Shared {
         state_ref.group_syncs = sync;
         let spare = std::mem::take(&mut state_ref.spare);
         let data = std::mem::replace(&mut state_ref.buffer, spare);
+        let callers = std::mem::take(&mut state_ref.gather.buffered);
         let end = state_ref.appended;
+        let started = Instant::now();
         let result = MutexGuard::unlocked(state, || {
             if !data.is_empty() {
                 file.append(&data)?;
@@ -735,6 +817,7 @@ impl Shared {
                 if sync {
                     active.synced_len = segment_end;
                     active.entry_durable = true;
+                    state_ref.gather.synced(callers, started.elapsed());
                 }
             }
         }
@@ -982,7 +1065,29 @@ impl Shared {
 
 #[cfg(test)]
 mod tests {
-    use super::next_segment;
+    use super::{Gather, next_segment};
+    use std::time::Duration;
+
+    /// After a `Sync` group of 8 callers, the next leader waits for those 8 to append
+    /// again (on top of what is buffered) for a quarter of that group's fsync; not after
+    /// a group of one, and not right after a wait that timed out.
+    #[test]
+    fn a_leader_gathers_the_callers_the_last_group_covered() {
+        let condvar = parking_lot::Condvar::new();
+        let mut gather = Gather::default();
+        assert_eq!(gather.plan(), None, "no group yet");
+        gather.synced(8, Duration::from_millis(4));
+        gather.appended(&condvar);
+        assert_eq!(gather.plan(), Some((9, Duration::from_millis(1))));
+        assert_eq!(gather.plan(), None, "one leader gathers per group");
+        gather.synced(1, Duration::from_millis(4));
+        assert_eq!(gather.plan(), None, "a lone caller is not waited for");
+        gather.synced(8, Duration::from_millis(4));
+        gather.missed = true;
+        assert_eq!(gather.plan(), None, "a timed-out wait skips the next one");
+        gather.synced(8, Duration::from_millis(4));
+        assert!(gather.plan().is_some(), "and only that one");
+    }
 
     #[test]
     fn segment_names_continue_past_an_exhausted_sequence() {
