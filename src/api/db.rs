@@ -204,9 +204,10 @@ impl Db {
     }
 
     /// Durability barrier: when it returns, everything acknowledged before the call is on
-    /// stable storage, and the segment worker has finished the work asked of it so far
-    /// (expired segments unlinked, the next segments prepared). A no-op for in-memory
-    /// stores.
+    /// stable storage, the segment worker has finished the work asked of it so far
+    /// (expired segments unlinked, the next segments prepared), and so has the seal
+    /// under way with a memory budget (its run published, the tables it sealed freed;
+    /// its error, if it failed, is this call's). A no-op for in-memory stores.
     pub fn flush(&self) -> Result<()> {
         self.engine.flush()
     }

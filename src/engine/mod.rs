@@ -822,7 +822,9 @@ impl Engine {
 
     /// The sealed runs, for the index to look keys up in.
     fn sealed_keys(&self) -> Option<&dyn SealedKeys> {
-        self.sealer.as_ref().map(|sealer| sealer as &dyn SealedKeys)
+        self.sealer
+            .as_ref()
+            .map(|sealer| sealer.runs() as &dyn SealedKeys)
     }
 
     /// Whether calls may write files (and so wait for an fsync).
@@ -834,14 +836,14 @@ impl Engine {
         self.window
     }
 
-    /// Durability barrier.
+    /// Durability barrier; it also waits for the seal under way, if any.
     pub(crate) fn flush(&self) -> Result<()> {
         match &self.journal {
             Some(journal) => journal.flush()?,
             None => return Ok(()),
         }
         self.log_responses(None);
-        Ok(())
+        self.wait_for_seal()
     }
 
     pub(crate) fn recovery_report(&self) -> Option<&RecoveryReport> {

@@ -9,6 +9,11 @@
 //! 3. Write the run from the frozen tables, fsync, rename, fsync the directory.
 //! 4. Publish the run to lookups, then drop the frozen tables.
 //!
+//! Steps 1 and 2 run on the writer whose check found the tables over the threshold;
+//! steps 3 and 4 (and any merge the new run makes due) run on a thread of their own,
+//! `oncedb-sealer`, while writers go on. One seal runs at a time. A writer that finds
+//! the tables at the whole budget while a seal runs waits for it: the budget is a bound.
+//!
 //! Recovery opens the runs and skips the keys entries logged before the newest run's
 //! `covers`; a crash before step 3 ends leaves a temporary file that open removes, and the
 //! log still holds every key.
@@ -20,8 +25,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::{Mutex, RwLock};
 
 use super::Engine;
-use crate::base::{Error, Fingerprint, Result, Window};
-use crate::index::SealedKeys;
+use std::thread::JoinHandle;
+
+use crate::base::{Error, Fingerprint, Liveness, Result, Window};
+use crate::index::{DedupTable, SealedKeys};
 use crate::io::Storage;
 use crate::wal::{
     LogPosition, Run, RunSummary, RunWriter, is_temp_run_name, open_run, parse_run_name,
@@ -39,8 +46,9 @@ const CHECK_EVERY_KEYS: u64 = 4096;
 /// keys, so the runs a key is probed against grow with the logarithm of the sealed keys.
 const MERGE_FANOUT: usize = 4;
 
-/// The sealed runs of a store with a memory budget, and what sealing needs.
-pub(crate) struct Sealer {
+/// The sealed runs of a store with a memory budget, and what writing them needs: shared
+/// by the store's writers and the thread that seals.
+pub(crate) struct SealedRuns {
     storage: Arc<dyn Storage>,
     dir: PathBuf,
     archive: Option<PathBuf>,
@@ -50,17 +58,47 @@ pub(crate) struct Sealer {
     runs: RwLock<Vec<Arc<Run>>>,
     /// `runs.len()`, read on every lookup without the lock.
     live_runs: std::sync::atomic::AtomicUsize,
-    /// Held while a seal runs: one at a time.
-    sealing: Mutex<()>,
     next_run_id: AtomicU64,
-    since_check: AtomicU64,
     /// Runs written, removed and merged since open.
     sealed: AtomicU64,
     expired: AtomicU64,
     merged: AtomicU64,
 }
 
-impl SealedKeys for Sealer {
+/// The memory budget's bookkeeping on the engine: the runs, when to look at the tables'
+/// size, and the seal under way.
+pub(crate) struct Sealer {
+    runs: Arc<SealedRuns>,
+    since_check: AtomicU64,
+    /// The seal running on its own thread, if one was started and not yet joined: at
+    /// most one. Held while one is started or joined, and while runs expire (so that
+    /// no merge reads a run being removed).
+    task: Mutex<Option<SealTask>>,
+}
+
+/// A seal (and the merges it made due) running on the `oncedb-sealer` thread.
+struct SealTask {
+    thread: JoinHandle<TaskEnd>,
+}
+
+/// How a seal task ended: whether its run was published (so that the frozen tables may
+/// go), and the first error, if any (an I/O error has poisoned the store already).
+struct TaskEnd {
+    published: bool,
+    result: Result<()>,
+}
+
+impl Drop for Sealer {
+    /// A store closing waits for the seal under way: its run is whole when the close
+    /// returns. (A crash instead leaves a temporary file that the next open removes.)
+    fn drop(&mut self) {
+        if let Some(task) = self.task.get_mut().take() {
+            drop(task.thread.join());
+        }
+    }
+}
+
+impl SealedKeys for SealedRuns {
     fn is_empty(&self) -> bool {
         self.live_runs.load(Ordering::Acquire) == 0
     }
@@ -139,7 +177,7 @@ impl Sealer {
             .map(|run| run.summary().covers)
             .max()
             .unwrap_or_default();
-        let sealer = Sealer {
+        let runs = SealedRuns {
             storage: Arc::clone(storage),
             dir: dir.to_path_buf(),
             archive: archive.map(Path::to_path_buf),
@@ -147,16 +185,35 @@ impl Sealer {
             budget_bytes,
             live_runs: std::sync::atomic::AtomicUsize::new(runs.len()),
             runs: RwLock::new(runs),
-            sealing: Mutex::new(()),
             next_run_id: AtomicU64::new(next_run_id),
-            since_check: AtomicU64::new(0),
             sealed: AtomicU64::new(0),
             expired: AtomicU64::new(expired.len() as u64),
             merged: AtomicU64::new(0),
         };
+        let sealer = Sealer {
+            runs: Arc::new(runs),
+            since_check: AtomicU64::new(0),
+            task: Mutex::new(None),
+        };
         Ok((sealer, covers))
     }
 
+    /// The runs, as lookups see them.
+    pub(crate) fn runs(&self) -> &SealedRuns {
+        &self.runs
+    }
+
+    /// The newest bucket any live run holds keys of.
+    pub(crate) fn newest_bucket(&self) -> u64 {
+        self.runs.newest_bucket()
+    }
+
+    pub(crate) fn stats(&self) -> SealStats {
+        self.runs.stats()
+    }
+}
+
+impl SealedRuns {
     /// The newest bucket any live run holds keys of.
     pub(crate) fn newest_bucket(&self) -> u64 {
         self.runs
@@ -197,16 +254,13 @@ impl Sealer {
             .sum()
     }
 
-    /// Removes (or archives) the runs whose newest bucket left the window at `current`;
-    /// not while a seal or merge runs (which may be reading them): the next look does.
+    /// Removes (or archives) the runs whose newest bucket left the window at `current`.
+    /// The caller makes sure no seal task runs (a merge may be reading them).
     fn expire(&self, window: Window, current: u64) -> Result<()> {
         let live = |run: &Arc<Run>| window.is_live(run.summary().newest_bucket, current);
         if self.runs.read().iter().all(live) {
             return Ok(());
         }
-        let Some(_sealing) = self.sealing.try_lock() else {
-            return Ok(());
-        };
         let expired: Vec<Arc<Run>> = {
             let mut runs = self.runs.write();
             let (live, expired) = std::mem::take(&mut *runs)
@@ -244,8 +298,8 @@ impl Sealer {
             .then(|| tail.to_vec())
     }
 
-    /// Merges the newest runs while [`Sealer::tail_to_merge`] finds some (the sealing
-    /// lock held).
+    /// Merges the newest runs while [`SealedRuns::tail_to_merge`] finds some (on the seal
+    /// task's thread).
     fn merge_tail(&self, span: u64) -> Result<()> {
         while let Some(inputs) = self.tail_to_merge(span) {
             self.merge(&inputs)?;
@@ -372,10 +426,11 @@ fn remove_merged(storage: &dyn Storage, dir: &Path, runs: Vec<Arc<Run>>) -> Resu
 }
 
 impl Engine {
-    /// After `admitted` keys: every few thousand, retires expired runs and, if the dedup
-    /// tables (with the runs' filters) hold half the memory budget, seals them. One
-    /// writer seals; the others go on, unless the tables hold the whole budget, when
-    /// they wait for the seal under way.
+    /// After `admitted` keys: every few thousand, joins a seal task that finished,
+    /// retires expired runs and, if the dedup tables (with the runs' filters) hold half
+    /// the memory budget, freezes them and starts a seal task. Writers go on while it
+    /// runs, unless the tables hold the whole budget: then the writer that looks waits
+    /// for the task, and so does any other that looks meanwhile.
     pub(crate) fn after_inserts(&self, admitted: u64) -> Result<()> {
         let Some(sealer) = &self.sealer else {
             return Ok(());
@@ -384,35 +439,62 @@ impl Engine {
             return Ok(());
         }
         sealer.since_check.store(0, Ordering::Relaxed);
-        let current = self.current_bucket();
-        sealer
-            .expire(self.window, current)
-            .map_err(|err| self.fail(err))?;
-        let (tables, threshold) = (self.index.table_bytes(), sealer.threshold());
-        if tables < threshold {
-            return Ok(());
-        }
-        let guard = if tables >= 2 * threshold {
-            sealer.sealing.lock()
+        let full = self.index.table_bytes() >= 2 * sealer.runs.threshold();
+        let mut task = if full {
+            sealer.task.lock()
         } else {
-            match sealer.sealing.try_lock() {
-                Some(guard) => guard,
+            match sealer.task.try_lock() {
+                Some(task) => task,
                 None => return Ok(()),
             }
         };
-        // Another writer may have sealed while this one waited.
-        if self.index.table_bytes() < sealer.threshold() {
+        self.join_seal(&mut task, full)?;
+        if task.is_some() {
             return Ok(());
         }
-        let sealed = self.seal(sealer);
-        drop(guard);
-        sealed.map_err(|err| self.fail(err))
+        sealer
+            .runs
+            .expire(self.window, self.current_bucket())
+            .map_err(|err| self.fail(err))?;
+        if self.index.table_bytes() < sealer.runs.threshold() {
+            return Ok(());
+        }
+        *task = self.start_seal(sealer)?;
+        Ok(())
     }
 
-    /// Seals every key in memory into a new run (the sealing lock held).
-    fn seal(&self, sealer: &Sealer) -> Result<()> {
-        let Some(journal) = &self.journal else {
+    /// Waits for the seal task under way, if any, and joins it (for `flush`).
+    pub(crate) fn wait_for_seal(&self) -> Result<()> {
+        match &self.sealer {
+            Some(sealer) => self.join_seal(&mut sealer.task.lock(), true),
+            None => Ok(()),
+        }
+    }
+
+    /// Ends the seal task in `slot` if it finished, or, with `wait`, once it does: drops
+    /// the frozen tables if its run was published, and returns its error.
+    fn join_seal(&self, slot: &mut Option<SealTask>, wait: bool) -> Result<()> {
+        let Some(task) = slot.take_if(|task| wait || task.thread.is_finished()) else {
             return Ok(());
+        };
+        let end = task.thread.join().unwrap_or_else(|_| TaskEnd {
+            published: false,
+            result: Err(Error::Io(std::io::Error::other(
+                "the sealing thread panicked",
+            ))),
+        });
+        if end.published {
+            self.index.release_frozen();
+        }
+        end.result.map_err(|err| self.fail(err))
+    }
+
+    /// Freezes every shard's table at the log's position now and starts the task that
+    /// seals them into a new run (then merges what that makes due). `None` in memory
+    /// (where no budget is accepted).
+    fn start_seal(&self, sealer: &Sealer) -> Result<Option<SealTask>> {
+        let Some(journal) = &self.journal else {
+            return Ok(None);
         };
         let covers = journal.position();
         let frozen = self.index.freeze_all();
@@ -422,24 +504,55 @@ impl Engine {
         // is at least its position's.
         let newest = currents.clone().max().unwrap_or(0).max(covers.bucket);
         let oldest = currents.min().unwrap_or(0).saturating_sub(span);
+        let run_id = sealer.runs.next_run_id.fetch_add(1, Ordering::Relaxed);
         let summary = RunSummary {
-            database_id: sealer.database_id,
-            run_id: sealer.next_run_id.fetch_add(1, Ordering::Relaxed),
+            database_id: sealer.runs.database_id,
+            run_id,
             shard_bits: self.index.shard_bits(),
             keys: 0,
             oldest_bucket: oldest,
             newest_bucket: newest,
             covers,
             level: 0,
-            replaces_from: 0,
+            replaces_from: run_id,
         };
-        let summary = RunSummary {
-            replaces_from: summary.run_id,
-            ..summary
-        };
-        let mut writer = RunWriter::create(&*sealer.storage, &sealer.dir, summary)?;
+        let (runs, poisoner) = (Arc::clone(&sealer.runs), journal.poisoner());
+        let thread = std::thread::Builder::new()
+            .name("oncedb-sealer".to_owned())
+            .spawn(move || {
+                let sealed = runs.write_sealed(summary, &frozen);
+                drop(frozen);
+                let published = sealed.is_ok();
+                let result = sealed.and_then(|()| runs.merge_tail(span));
+                TaskEnd {
+                    published,
+                    result: result.map_err(|err| poisoner.fail(err)),
+                }
+            })
+            .map_err(|err| self.fail(Error::Io(err)))?;
+        Ok(Some(SealTask { thread }))
+    }
+
+    /// A failed seal or run removal: an I/O error poisons the store like a failed write.
+    pub(crate) fn fail(&self, err: Error) -> Error {
+        match &self.journal {
+            Some(journal) => journal.fail(err),
+            None => err,
+        }
+    }
+}
+
+/// Per shard, the frozen table (if it held anything), the liveness its stamps are read
+/// with, and the shard's bucket when it froze.
+type Frozen = [Option<(Arc<DedupTable>, Liveness, u64)>];
+
+impl SealedRuns {
+    /// Writes the frozen tables as the run `summary` describes (each tag once, with its
+    /// newest bucket), fsyncs and renames it, then publishes it to lookups.
+    fn write_sealed(&self, summary: RunSummary, frozen: &Frozen) -> Result<()> {
+        let mut writer = RunWriter::create(&*self.storage, &self.dir, summary)?;
         let mut entries = Vec::new();
-        for shard in &frozen {
+        for shard in frozen {
             entries.clear();
             if let Some((table, live, current)) = shard {
                 let current = *current;
@@ -463,24 +576,13 @@ impl Engine {
             "oncedb: sealed {} keys into {} (buckets {}..={})",
             run.summary().keys,
             run.path().display(),
-            oldest,
-            newest
+            summary.oldest_bucket,
+            summary.newest_bucket
         );
-        {
-            let mut runs = sealer.runs.write();
-            runs.push(Arc::new(run));
-            sealer.live_runs.store(runs.len(), Ordering::Release);
-        }
-        self.index.release_frozen();
-        sealer.sealed.fetch_add(1, Ordering::Relaxed);
-        sealer.merge_tail(self.window.span)
-    }
-
-    /// A failed seal or run removal: an I/O error poisons the store like a failed write.
-    pub(crate) fn fail(&self, err: Error) -> Error {
-        match &self.journal {
-            Some(journal) => journal.fail(err),
-            None => err,
-        }
+        let mut runs = self.runs.write();
+        runs.push(Arc::new(run));
+        self.live_runs.store(runs.len(), Ordering::Release);
+        self.sealed.fetch_add(1, Ordering::Relaxed);
+        Ok(())
     }
 }

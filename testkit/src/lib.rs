@@ -4,6 +4,7 @@
 //!   the fuzz harness both check the engine against;
 //! - [`servers`]: real PostgreSQL, Redis (single and cluster) and NATS servers, started on
 //!   free loopback ports in temp dirs and stopped when dropped;
+//! - [`gate`]: holds chosen threads' fsyncs until the test lets them go;
 //! - [`watched`]: storage that calls a hook after every sync (who syncs, and when);
 //! - [`workload`]: the deterministic key streams of `oncedb bench` and the criterion
 //!   benches.
@@ -12,6 +13,7 @@
 //! loss uses it too.
 
 pub mod fixtures;
+pub mod gate;
 pub mod model;
 pub mod servers;
 pub mod watched;

@@ -271,46 +271,6 @@ fn a_batch_costs_one_fsync_and_writers_share_fsyncs() {
     assert!(fsyncs * 3 <= writes, "{fsyncs} fsyncs for {writes} writes");
 }
 
-/// Holds the next writer fsyncs (not the segment worker's) until the test opens them.
-#[derive(Default)]
-struct SyncGate {
-    /// Fsyncs still to hold, fsyncs held so far, fsyncs let go.
-    state: parking_lot::Mutex<(u32, u32, u32)>,
-    changed: parking_lot::Condvar,
-}
-
-impl SyncGate {
-    fn on_sync(&self) {
-        if std::thread::current().name() == Some("oncedb-segments") {
-            return;
-        }
-        let mut state = self.state.lock();
-        if state.0 == 0 {
-            return;
-        }
-        state.0 -= 1;
-        let me = state.1;
-        state.1 += 1;
-        self.changed.notify_all();
-        while state.2 <= me {
-            self.changed.wait(&mut state);
-        }
-    }
-
-    /// Waits until `n` fsyncs have been held.
-    fn await_held(&self, n: u32) {
-        let mut state = self.state.lock();
-        while state.1 < n {
-            self.changed.wait(&mut state);
-        }
-    }
-
-    fn release_one(&self) {
-        self.state.lock().2 += 1;
-        self.changed.notify_all();
-    }
-}
-
 /// `Sync` group commits wake each waiter once: the writers that append while a leader
 /// syncs sleep until the next group, which one of them leads (the only one the leader
 /// wakes) and which covers the others. A leader that woke every sleeper would wake all
@@ -318,9 +278,8 @@ impl SyncGate {
 #[test]
 fn a_group_commit_wakes_only_the_waiters_it_covers() {
     let disk = oncedb::io::MemStorage::new();
-    let gate = std::sync::Arc::new(SyncGate::default());
-    let hook = std::sync::Arc::clone(&gate);
-    let watch = oncedb_testkit::watched::WatchedStorage::new(disk, move || hook.on_sync());
+    let gate = oncedb_testkit::gate::SyncGate::writers();
+    let watch = gate.storage(disk);
     let options = Options::new("/db")
         .window(WINDOW)
         .bucket_width(BUCKET)
@@ -332,7 +291,7 @@ fn a_group_commit_wakes_only_the_waiters_it_covers() {
     db.flush().unwrap();
     let before = db.stats();
     let writers = 8u64;
-    gate.state.lock().0 = 2;
+    gate.hold(2);
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let mut woken_first = 0;
     std::thread::scope(|s| {

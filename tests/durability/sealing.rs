@@ -9,6 +9,7 @@ use std::sync::Arc;
 use crate::support::{BUCKET, WINDOW, manual_clock};
 use oncedb::io::{FaultyStorage, MemStorage, Storage};
 use oncedb::{Db, Durability, Error, ManualClock, Options};
+use oncedb_testkit::gate::SyncGate;
 
 /// A small budget over few shards: the tables seal every few thousand keys.
 const BUDGET: u64 = 1 << 18;
@@ -38,8 +39,16 @@ fn key(n: u32) -> [u8; 16] {
     key
 }
 
-/// Admits keys `range` in batches of 256 and returns how many were new.
+/// Admits keys `range` in batches of 256 and returns how many were new, then flushes
+/// (which waits for the seal under way: the stats and files are settled).
 fn admit(db: &Db, range: std::ops::Range<u32>) -> Result<usize, Error> {
+    let new = admit_unflushed(db, range)?;
+    db.flush()?;
+    Ok(new)
+}
+
+/// [`admit`] without the flush.
+fn admit_unflushed(db: &Db, range: std::ops::Range<u32>) -> Result<usize, Error> {
     let keys: Vec<[u8; 16]> = range.map(key).collect();
     let mut new = 0;
     for batch in keys.chunks(256) {
@@ -117,6 +126,58 @@ fn a_batch_reads_each_page_of_a_run_once() {
     assert!(reads <= 64, "{reads} page reads for 1,024 sealed keys");
     let fresh: Vec<[u8; 16]> = (admitted..admitted + 1_024).map(key).collect();
     assert!(db.insert_many(&fresh).unwrap().iter().all(|&new| new));
+}
+
+/// A seal runs on a thread of its own: with the sealing thread held inside the new run's
+/// fsync, a writer goes on admitting keys, the frozen keys stay duplicates, and once the
+/// seal ends (`flush` waits for it) the run answers for them. A seal on the writer's path
+/// would stall the writer at the gate for as long as the seal is held.
+#[test]
+fn writers_go_on_while_a_seal_runs() {
+    let disk = MemStorage::new();
+    let gate = SyncGate::thread("oncedb-sealer");
+    let clock = manual_clock();
+    let db = Db::open(options(Arc::new(gate.storage(disk.clone())), &clock)).unwrap();
+    let release = gate.release_on_drop();
+    gate.hold(1);
+    let limit = std::time::Duration::from_secs(30);
+    let (done, outcome) = std::sync::mpsc::channel();
+    let admitted = std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut admitted = 0;
+            // A seal starts when the tables freeze: their keys stop counting as live.
+            while db.stats().live_keys == u64::from(admitted) && admitted < 100_000 {
+                assert_eq!(admit_unflushed(&db, admitted..admitted + 256).unwrap(), 256);
+                admitted += 256;
+            }
+            let held = gate.await_held_within(1, limit);
+            let seal_under_way = db.stats().runs_sealed == 0;
+            // The seal is stuck in its fsync: writes go on, and every answer stays exact.
+            let fresh = admit_unflushed(&db, admitted..admitted + 1_024).unwrap();
+            let repeats = admit_unflushed(&db, 0..admitted + 1_024).unwrap();
+            let _ = done.send((admitted, held, seal_under_way, fresh, repeats));
+        });
+        let outcome = outcome.recv_timeout(2 * limit);
+        drop(release);
+        let (admitted, held, seal_under_way, fresh, repeats) =
+            outcome.expect("the writer stalled while the seal was held");
+        assert!(held, "no seal reached its fsync on a thread of its own");
+        assert!(seal_under_way, "the seal ended while held");
+        assert_eq!((fresh, repeats), (1_024, 0));
+        admitted
+    });
+    db.flush().unwrap();
+    let stats = db.stats();
+    assert_eq!(stats.runs_sealed, 1, "{stats:?}");
+    assert_eq!(
+        stats.sealed_keys + stats.live_keys,
+        u64::from(admitted) + 1_024
+    );
+    assert_eq!(admit(&db, 0..admitted + 1_024).unwrap(), 0);
+    drop(db);
+    disk.process_crash();
+    let db = Db::open(options(Arc::new(disk.clone()), &clock)).unwrap();
+    assert_eq!(admit(&db, 0..admitted + 1_024).unwrap(), 0);
 }
 
 #[test]

@@ -9,6 +9,7 @@ use std::time::{Duration, SystemTime};
 use crate::conformance::suite;
 use oncedb::io::MemStorage;
 use oncedb::{Db, Durability, ManualClock, Options, StoreOptions};
+use oncedb_testkit::gate::SyncGate;
 use oncedb_testkit::watched::WatchedStorage;
 
 /// The thread of every file and directory sync.
@@ -88,48 +89,6 @@ fn a_durable_db_never_fsyncs_on_the_runtime_thread() {
     );
 }
 
-/// Once armed, holds the first fsync of a thread other than the segment worker until
-/// released.
-#[derive(Default)]
-struct HeldSync {
-    /// Armed, holding an fsync, released.
-    state: parking_lot::Mutex<(bool, bool, bool)>,
-    changed: parking_lot::Condvar,
-}
-
-impl HeldSync {
-    fn on_sync(&self) {
-        if std::thread::current().name() == Some("oncedb-segments") {
-            return;
-        }
-        let mut state = self.state.lock();
-        if !state.0 || state.1 {
-            return; // not armed yet, or the one fsync is already held
-        }
-        state.1 = true;
-        self.changed.notify_all();
-        while !state.2 {
-            self.changed.wait(&mut state);
-        }
-    }
-
-    fn arm(&self) {
-        self.state.lock().0 = true;
-    }
-
-    fn await_held(&self) {
-        let mut state = self.state.lock();
-        while !state.1 {
-            self.changed.wait(&mut state);
-        }
-    }
-
-    fn release(&self) {
-        self.state.lock().2 = true;
-        self.changed.notify_all();
-    }
-}
-
 /// A `Sync` write through `Store` waits for its group commit without holding a thread:
 /// with a blocking pool of one thread, and that one (or the commit's) stuck in an fsync,
 /// every other write still reaches memory and the log and joins the next group. A
@@ -138,9 +97,8 @@ impl HeldSync {
 #[test]
 fn a_waiting_write_holds_no_thread() {
     use oncedb::Store;
-    let gate = Arc::new(HeldSync::default());
-    let hook = Arc::clone(&gate);
-    let storage = WatchedStorage::new(MemStorage::new(), move || hook.on_sync());
+    let gate = SyncGate::writers();
+    let storage = gate.storage(MemStorage::new());
     let options = Options::new("/db")
         .storage(Arc::new(storage))
         .durability(Durability::Sync)
@@ -151,7 +109,7 @@ fn a_waiting_write_holds_no_thread() {
     db.insert_if_absent(b"warm-up").unwrap();
     db.flush().unwrap();
     let before = db.stats();
-    gate.arm();
+    gate.hold(1);
     let writers = 16u64;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .max_blocking_threads(1)
@@ -175,14 +133,14 @@ fn a_waiting_write_holds_no_thread() {
                 }
             });
         });
-        gate.await_held();
+        gate.await_held(1);
         while db.stats().live_keys - before.live_keys < writers
             && std::time::Instant::now() < deadline
         {
             std::thread::yield_now();
         }
         admitted_while_held = db.stats().live_keys - before.live_keys;
-        gate.release();
+        gate.release_one();
         writes.join().unwrap();
     });
     assert_eq!(

@@ -302,6 +302,19 @@ struct Shared {
     sync_times: SyncTimes,
 }
 
+/// Fails the store closed from a thread outside the journal, as [`Journal::fail`] does.
+pub(crate) struct Poisoner(Arc<Shared>);
+
+impl Poisoner {
+    /// `err`, after poisoning the store if it is an I/O error.
+    pub(crate) fn fail(&self, err: Error) -> Error {
+        match err {
+            Error::Io(err) => self.0.poison(err),
+            other => other,
+        }
+    }
+}
+
 /// The append side of a durable store.
 pub(crate) struct Journal {
     shared: Arc<Shared>,
@@ -529,10 +542,12 @@ impl Journal {
     /// `err`, after poisoning the store if it is an I/O error: a failed write outside the
     /// journal (a sealed run) fails the store closed like a failed append.
     pub(crate) fn fail(&self, err: Error) -> Error {
-        match err {
-            Error::Io(err) => self.shared.poison(err),
-            other => other,
-        }
+        self.poisoner().fail(err)
+    }
+
+    /// A handle that fails the store from another thread (the one sealing runs).
+    pub(crate) fn poisoner(&self) -> Poisoner {
+        Poisoner(Arc::clone(&self.shared))
     }
 
     /// Whether everything up to `ticket` has reached the segment files (written, if not
