@@ -85,11 +85,13 @@ pub(crate) struct Engine {
     stuck_after_ms: u64,
     /// A reserve that finds a record in flight this long takes it over; `None`: never.
     lease_timeout_ms: Option<u64>,
+    /// With a memory budget: the sealed runs. Declared before the journal, so that a
+    /// closing store waits for the seal under way while it still holds the directory's
+    /// lock (fields drop in declaration order).
+    sealer: Option<sealing::Sealer>,
     journal: Option<Journal>,
     /// Responses memory holds until the log is written past them.
     unwritten: responses::UnwrittenQueue,
-    /// With a memory budget: the sealed runs.
-    sealer: Option<sealing::Sealer>,
     recovery: Option<RecoveryReport>,
 }
 
