@@ -384,6 +384,9 @@ fn run_scenario(args: &BenchArgs, scenario: Scenario) -> Result<Outcome, String>
     if scenario.workload == Workload::Records && args.advance_every == 0 {
         replay_sample(&db, &driver)?;
     }
+    // The figures are taken; settle the store (the seal under way with a budget) so that
+    // the summary counts every run.
+    db.flush().map_err(|e| e.to_string())?;
     let stats = db.stats();
     if stats.runs_sealed > 0 {
         noteln!(
