@@ -74,6 +74,8 @@ fn baseline() -> &'static Baseline {
         for batch in keys.chunks(100) {
             db.insert_many(batch).unwrap();
         }
+        // Waits for the seal under way.
+        db.flush().unwrap();
         assert!(db.stats().runs_sealed >= 1, "the baseline seals");
         drop(db);
         let files: Vec<(PathBuf, Vec<u8>)> = disk
