@@ -494,7 +494,7 @@ impl Shard {
     fn admit_at(&mut self, fingerprint: Fingerprint, stamp: u64) -> bool {
         if self.table.needs_growth() {
             self.table
-                .rebuild(self.live_keys as usize, self.view().liveness(self.current));
+                .grow(self.live_keys as usize, self.view().liveness(self.current));
             self.oldest_bucket = self.current.saturating_sub(self.window.span);
         }
         let admitted = self.table.insert_stamped(
