@@ -32,6 +32,14 @@ pub trait StorageFile: Send + Sync {
     fn truncate(&mut self, len: u64) -> io::Result<()>;
 }
 
+/// A file kept open for positioned reads: one open for many reads (a sealed run's data
+/// pages), where [`Storage::read_at`] by path opens the file for each.
+pub trait ReadAtFile: Send + Sync {
+    /// Fills `buf` with the file's bytes from `offset` (one positioned read); fails with
+    /// `UnexpectedEof` if the file ends first.
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+}
+
 /// The operations oncedb performs on a directory and its files.
 pub trait Storage: Send + Sync + 'static {
     /// Creates `dir` and its parents if missing.
@@ -60,6 +68,13 @@ pub trait Storage: Send + Sync + 'static {
             .ok_or(io::ErrorKind::UnexpectedEof)?;
         buf.copy_from_slice(bytes);
         Ok(())
+    }
+    /// Opens `path` for many positioned reads, where the storage has a cheaper way than
+    /// [`Storage::read_at`] by path: a real file system opens the file once, and the
+    /// handle reads it even after a rename or removal. `None` (the default) leaves every
+    /// read to `read_at` by path, so a wrapper that counts or fails reads sees each one.
+    fn open_read(&self, _path: &Path) -> io::Result<Option<Box<dyn ReadAtFile>>> {
+        Ok(None)
     }
     /// Atomically replaces `to` with `from`.
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;

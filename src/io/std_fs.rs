@@ -10,13 +10,22 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 
-use super::{Storage, StorageFile};
+use super::{ReadAtFile, Storage, StorageFile};
 
 /// The operating system's file system.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct StdStorage;
 
 struct StdFile(File);
+
+/// A file opened once for positioned reads.
+struct StdReadFile(File);
+
+impl ReadAtFile for StdReadFile {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        std::os::unix::fs::FileExt::read_exact_at(&self.0, buf, offset)
+    }
+}
 
 impl StorageFile for StdFile {
     fn append(&mut self, data: &[u8]) -> io::Result<()> {
@@ -81,6 +90,10 @@ impl Storage for StdStorage {
 
     fn read_at(&self, path: &Path, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         std::os::unix::fs::FileExt::read_exact_at(&File::open(path)?, buf, offset)
+    }
+
+    fn open_read(&self, path: &Path) -> io::Result<Option<Box<dyn ReadAtFile>>> {
+        Ok(Some(Box::new(StdReadFile(File::open(path)?))))
     }
 
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {

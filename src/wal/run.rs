@@ -16,7 +16,7 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use super::format::{get_u32, get_u64};
 use crate::base::{Error, Fingerprint, Result, Window};
-use crate::io::Storage;
+use crate::io::{ReadAtFile, Storage};
 
 /// Bytes of one entry: the key's 64-bit tag and its bucket, relative to the run's oldest.
 const ENTRY_LEN: usize = 12;
@@ -101,6 +101,18 @@ pub(crate) struct Run {
     path: PathBuf,
     summary: RunSummary,
     sections: Box<[Section]>,
+    pages: PageReader,
+}
+
+/// Where a run's pages are read from: its file kept open since the run was opened or
+/// written (one open for every read), or, where the storage has no such handle, its path
+/// at each read.
+struct PageReader(Option<Box<dyn ReadAtFile>>);
+
+impl std::fmt::Debug for PageReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "open" } else { "by path" })
+    }
 }
 
 /// The name of run `run_id` in a store's directory.
@@ -171,7 +183,7 @@ impl Run {
             return Ok(Vec::new());
         };
         let mut bytes = vec![0; size(section.entries)? * ENTRY_LEN];
-        storage.read_at(&self.path, section.data_offset, &mut bytes)?;
+        self.read_at(storage, section.data_offset, &mut bytes)?;
         let mut entries = Vec::with_capacity(bytes.len() / ENTRY_LEN);
         for (page, &(first, checksum)) in bytes.chunks(PAGE_LEN).zip(section.fences.iter()) {
             let offset = section.data_offset + (entries.len() * ENTRY_LEN) as u64;
@@ -290,7 +302,7 @@ impl Run {
         let len = usize::try_from(in_page).unwrap_or(PAGE_ENTRIES) * ENTRY_LEN;
         let offset = section.data_offset + first_entry * ENTRY_LEN as u64;
         let bytes = buffer.get_mut(..len).unwrap_or_default();
-        storage.read_at(&self.path, offset, bytes)?;
+        self.read_at(storage, offset, bytes)?;
         if xxh3_64(bytes) != checksum {
             return Err(corrupted(
                 &self.path,
@@ -299,6 +311,15 @@ impl Run {
             ));
         }
         Ok(bytes)
+    }
+
+    /// Fills `buf` from `offset` of the run's file: one positioned read.
+    fn read_at(&self, storage: &dyn Storage, offset: u64, buf: &mut [u8]) -> Result<()> {
+        match &self.pages.0 {
+            Some(file) => file.read_at(offset, buf)?,
+            None => storage.read_at(&self.path, offset, buf)?,
+        }
+        Ok(())
     }
 
     /// Whether the checked page `bytes` holds `tag` stamped with a bucket live at
@@ -450,6 +471,7 @@ impl<'a> RunWriter<'a> {
             .rename(&temp_path(&self.dir, self.summary.run_id), &path)?;
         self.storage.sync_dir(&self.dir)?;
         Ok(Run {
+            pages: PageReader(self.storage.open_read(&path)?),
             path,
             summary: self.summary,
             sections: sections.into_boxed_slice(),
@@ -614,6 +636,7 @@ pub(crate) fn open(storage: &dyn Storage, path: &Path, database_id: u64) -> Resu
         ));
     }
     Ok(Run {
+        pages: PageReader(storage.open_read(path)?),
         path: path.to_path_buf(),
         summary,
         sections: sections.into_boxed_slice(),
@@ -775,6 +798,32 @@ mod tests {
             open(&disk, written.path(), 8).is_err(),
             "another store's run"
         );
+    }
+
+    /// On a real file system a run reads its pages through the file it opened once, not
+    /// by path (an open and a close for every page read): moved away after it was
+    /// written and after it was opened, it still answers every lookup.
+    #[test]
+    fn a_run_reads_its_pages_through_the_file_it_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = crate::io::StdStorage;
+        let mut writer = RunWriter::create(&storage, dir.path(), summary()).unwrap();
+        let keys: Vec<(u64, u64)> = (1..=2000u64).map(|t| (t * 3, 11)).collect();
+        writer.add_section(&keys).unwrap();
+        writer.add_section(&[]).unwrap();
+        let written = writer.finish().unwrap();
+        let opened = open(&storage, written.path(), 7).unwrap();
+        std::fs::rename(written.path(), dir.path().join("moved")).unwrap();
+        let window = Window::new(4, 1);
+        for run in [&written, &opened] {
+            for &(tag, _) in keys.iter().step_by(97) {
+                assert!(
+                    run.contains(&storage, fingerprint_in(0, tag), window, 12)
+                        .unwrap()
+                );
+            }
+            assert_eq!(run.read_section(&storage, 0).unwrap().len(), 2000);
+        }
     }
 
     /// A run written with the version 1 footer (96 bytes: no level, no merged range)
