@@ -8,7 +8,7 @@ use super::records::{RecordMap, Response, StoredRecord};
 use super::table::{DedupTable, Inserted};
 use std::sync::Arc;
 
-use super::SealedKeys;
+use super::{PREFETCH_AHEAD, SealedKeys};
 use crate::base::{Advance, Liveness, LogSpan, Record, RecordStatus};
 use crate::base::{Error, Fingerprint, Finish, FullPolicy, Result, Window};
 
@@ -388,12 +388,30 @@ impl Shard {
         let view = self.view();
         let liveness = view.liveness(self.current);
         pending.clear();
-        pending.extend(group.iter().copied().filter(|&index| {
-            let frozen = self.frozen.as_ref();
-            fingerprints.get(index as usize).is_some_and(|fp| {
-                frozen.is_none_or(|frozen| !frozen.contains_frozen(fp.tag(), liveness))
-            })
-        }));
+        let tag_at = |n: usize| {
+            let index = *group.get(n)?;
+            Some((index, fingerprints.get(index as usize)?.tag()))
+        };
+        match self.frozen.as_deref() {
+            // The frozen table is as large as the live one: load the home slots of the
+            // key `PREFETCH_AHEAD` places on while checking this one, as inserts do.
+            Some(frozen) => {
+                for (_, tag) in (0..PREFETCH_AHEAD).filter_map(tag_at) {
+                    frozen.prefetch(tag);
+                }
+                for n in 0..group.len() {
+                    if let Some((_, ahead)) = tag_at(n + PREFETCH_AHEAD) {
+                        frozen.prefetch(ahead);
+                    }
+                    if let Some((index, tag)) = tag_at(n)
+                        && !frozen.contains_frozen(tag, liveness)
+                    {
+                        pending.push(index);
+                    }
+                }
+            }
+            None => pending.extend((0..group.len()).filter_map(tag_at).map(|(index, _)| index)),
+        }
         if let Some(sealed) = sealed.filter(|sealed| !sealed.is_empty()) {
             sealed.retain_absent(fingerprints, pending, view, self.current)?;
         }
