@@ -22,10 +22,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use std::thread::JoinHandle;
+
 use parking_lot::{Mutex, RwLock};
 
 use super::Engine;
-use std::thread::JoinHandle;
 
 use crate::base::{Error, Fingerprint, Liveness, Result, Window};
 use crate::index::{DedupTable, SealedKeys};

@@ -308,10 +308,7 @@ pub(crate) struct Poisoner(Arc<Shared>);
 impl Poisoner {
     /// `err`, after poisoning the store if it is an I/O error.
     pub(crate) fn fail(&self, err: Error) -> Error {
-        match err {
-            Error::Io(err) => self.0.poison(err),
-            other => other,
-        }
+        self.0.fail(err)
     }
 }
 
@@ -542,7 +539,7 @@ impl Journal {
     /// `err`, after poisoning the store if it is an I/O error: a failed write outside the
     /// journal (a sealed run) fails the store closed like a failed append.
     pub(crate) fn fail(&self, err: Error) -> Error {
-        self.poisoner().fail(err)
+        self.shared.fail(err)
     }
 
     /// A handle that fails the store from another thread (the one sealing runs).
@@ -714,6 +711,14 @@ impl Shared {
     fn group_done(&self, group: u64) -> &Condvar {
         let [even, odd] = &self.group_done;
         if group.is_multiple_of(2) { even } else { odd }
+    }
+
+    /// `err`, after poisoning the store if it is an I/O error.
+    fn fail(&self, err: Error) -> Error {
+        match err {
+            Error::Io(err) => self.poison(err),
+            other => other,
+        }
     }
 
     fn poison(&self, err: std::io::Error) -> Error {
