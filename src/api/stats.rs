@@ -114,6 +114,14 @@ pub struct Stats {
     /// Merges since open: each wrote one run from the newest few of one level and
     /// removed them (`docs/design.md`, "Sealed key runs").
     pub runs_merged: u64,
+    /// Memory of the dedup tables frozen for the seal under way (included in
+    /// `index_bytes`): dropped once its run is published.
+    pub frozen_table_bytes: u64,
+    /// Times since open a writer waited for the seal or merge under way because the
+    /// dedup tables had reached the budget's bound (`docs/design.md`, "Sealed key runs").
+    pub budget_waits: u64,
+    /// Writers waiting so now.
+    pub budget_waiters: u64,
 }
 
 /// The upper bound, in µs, of the histogram bucket holding the quantile `per_mille` /
@@ -182,6 +190,9 @@ impl Stats {
             runs_sealed: engine.sealing.runs_written,
             runs_expired: engine.sealing.runs_expired,
             runs_merged: engine.sealing.runs_merged,
+            frozen_table_bytes: index.frozen_bytes,
+            budget_waits: engine.sealing.budget_waits,
+            budget_waiters: engine.sealing.budget_waiters,
             bytes_on_disk: engine.bytes_on_disk,
             clock_readings_held_back: engine.clock_held_back,
             ..Stats::default()

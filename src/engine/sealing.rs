@@ -11,8 +11,11 @@
 //!
 //! Steps 1 and 2 run on the writer whose check found the tables over the threshold;
 //! steps 3 and 4 (and any merge the new run makes due) run on a thread of their own,
-//! `oncedb-sealer`, while writers go on. One seal runs at a time. A writer that finds
-//! the tables at the whole budget while a seal runs waits for it: the budget is a bound.
+//! `oncedb-sealer`, while writers go on. One seal runs at a time. The frozen tables go
+//! at the first look after the run is published, even if merges follow. A writer that
+//! finds the tables at the bound waits until a step of the task frees memory: the bound
+//! is the whole budget while the run is written (the frozen tables count), and half of
+//! it while a merge runs (whose filters, old and new, are held together meanwhile).
 //!
 //! Recovery opens the runs and skips the keys entries logged before the newest run's
 //! `covers`; a crash before step 3 ends leaves a temporary file that open removes, and the
@@ -24,7 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use std::thread::JoinHandle;
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Condvar, Mutex, RwLock};
 
 use super::Engine;
 
@@ -64,6 +67,47 @@ pub(crate) struct SealedRuns {
     sealed: AtomicU64,
     expired: AtomicU64,
     merged: AtomicU64,
+    /// Where the seal task under way is (one at a time).
+    progress: Progress,
+}
+
+/// The steps of a seal task that change what memory it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Writing the run: the frozen tables are needed.
+    Sealing,
+    /// The run is published: the frozen tables may go.
+    Published,
+    /// A merge runs: its inputs' filters and its output's are held together.
+    Merging,
+    /// The task ended (or none was started): joining it does not wait.
+    Ended,
+}
+
+/// The phase of the seal task under way, and a condition variable for writers waiting
+/// at the bound for it to move.
+struct Progress {
+    phase: Mutex<Phase>,
+    moved: Condvar,
+}
+
+impl Progress {
+    fn get(&self) -> Phase {
+        *self.phase.lock()
+    }
+
+    fn set(&self, phase: Phase) {
+        *self.phase.lock() = phase;
+        self.moved.notify_all();
+    }
+
+    /// Waits until the phase is no longer `seen`.
+    fn wait_past(&self, seen: Phase) {
+        let mut phase = self.phase.lock();
+        while *phase == seen {
+            self.moved.wait(&mut phase);
+        }
+    }
 }
 
 /// The memory budget's bookkeeping on the engine: the runs, when to look at the tables'
@@ -75,11 +119,33 @@ pub(crate) struct Sealer {
     /// most one. Held while one is started or joined, and while runs expire (so that
     /// no merge reads a run being removed).
     task: Mutex<Option<SealTask>>,
+    /// Times a writer waited at the bound, and writers waiting now.
+    waits: AtomicU64,
+    waiting: AtomicU64,
 }
 
 /// A seal (and the merges it made due) running on the `oncedb-sealer` thread.
 struct SealTask {
     thread: JoinHandle<TaskEnd>,
+    /// Whether the frozen tables were dropped (once the run was published).
+    released: bool,
+}
+
+/// The seal task's hold on the runs: marks the task ended when dropped.
+struct EndsTask(Arc<SealedRuns>);
+
+impl std::ops::Deref for EndsTask {
+    type Target = SealedRuns;
+
+    fn deref(&self) -> &SealedRuns {
+        &self.0
+    }
+}
+
+impl Drop for EndsTask {
+    fn drop(&mut self) {
+        self.0.progress.set(Phase::Ended);
+    }
 }
 
 /// How a seal task ended: whether its run was published (so that the frozen tables may
@@ -139,6 +205,8 @@ pub(crate) struct SealStats {
     pub(crate) runs_written: u64,
     pub(crate) runs_expired: u64,
     pub(crate) runs_merged: u64,
+    pub(crate) budget_waits: u64,
+    pub(crate) budget_waiters: u64,
 }
 
 impl Sealer {
@@ -190,11 +258,17 @@ impl Sealer {
             sealed: AtomicU64::new(0),
             expired: AtomicU64::new(expired.len() as u64),
             merged: AtomicU64::new(0),
+            progress: Progress {
+                phase: Mutex::new(Phase::Ended),
+                moved: Condvar::new(),
+            },
         };
         let sealer = Sealer {
             runs: Arc::new(runs),
             since_check: AtomicU64::new(0),
             task: Mutex::new(None),
+            waits: AtomicU64::new(0),
+            waiting: AtomicU64::new(0),
         };
         Ok((sealer, covers))
     }
@@ -210,7 +284,11 @@ impl Sealer {
     }
 
     pub(crate) fn stats(&self) -> SealStats {
-        self.runs.stats()
+        SealStats {
+            budget_waits: self.waits.load(Ordering::Relaxed),
+            budget_waiters: self.waiting.load(Ordering::Relaxed),
+            ..self.runs.stats()
+        }
     }
 }
 
@@ -234,6 +312,18 @@ impl SealedRuns {
             runs_written: self.sealed.load(Ordering::Relaxed),
             runs_expired: self.expired.load(Ordering::Relaxed),
             runs_merged: self.merged.load(Ordering::Relaxed),
+            ..SealStats::default()
+        }
+    }
+
+    /// The table bytes at which writers wait: the whole budget (twice the threshold)
+    /// while a run is written, since the frozen tables count; the threshold while a merge
+    /// runs, which holds filters of up to a quarter of the budget on top of the runs'.
+    fn bound(&self) -> u64 {
+        let threshold = self.threshold();
+        match self.progress.get() {
+            Phase::Merging => threshold,
+            Phase::Sealing | Phase::Published | Phase::Ended => 2 * threshold,
         }
     }
 
@@ -303,7 +393,10 @@ impl SealedRuns {
     /// task's thread).
     fn merge_tail(&self, span: u64) -> Result<()> {
         while let Some(inputs) = self.tail_to_merge(span) {
-            self.merge(&inputs)?;
+            self.progress.set(Phase::Merging);
+            let merged = self.merge(&inputs);
+            self.progress.set(Phase::Published);
+            merged?;
         }
         Ok(())
     }
@@ -335,10 +428,12 @@ impl SealedRuns {
         };
         let mut writer = RunWriter::create(&*self.storage, &self.dir, summary)?;
         for index in 0..sections {
-            let mut entries = Vec::new();
-            for run in inputs {
-                entries = merge_sorted(&entries, &run.read_section(&*self.storage, index)?);
-            }
+            let parts = inputs
+                .iter()
+                .map(|run| run.read_section(&*self.storage, index))
+                .collect::<Result<Vec<_>>>()?;
+            let entries = merge_sections(&parts);
+            drop(parts);
             writer.add_section(&entries)?;
         }
         let merged = Arc::new(writer.finish()?);
@@ -364,24 +459,29 @@ impl SealedRuns {
     }
 }
 
-/// The union of two sections' entries, each sorted by tag with each tag once: sorted,
-/// each tag once, with the newer of its two buckets. Linear in their lengths.
-fn merge_sorted(left: &[(u64, u64)], right: &[(u64, u64)]) -> Vec<(u64, u64)> {
-    let mut merged = Vec::with_capacity(left.len() + right.len());
-    let (mut left, mut right) = (left.iter().peekable(), right.iter().peekable());
+/// The union of sections' entries, each sorted by tag with each tag once: sorted, each
+/// tag once, with its newest bucket. One pass over all of them, into one vector.
+fn merge_sections(parts: &[Vec<(u64, u64)>]) -> Vec<(u64, u64)> {
+    let mut merged = Vec::with_capacity(parts.iter().map(Vec::len).sum());
+    let mut heads = vec![0; parts.len()];
     loop {
-        let next = match (left.peek(), right.peek()) {
-            (Some(&&a), Some(&&b)) if a.0 == b.0 => {
-                left.next();
-                right.next();
-                (a.0, a.1.max(b.1))
-            }
-            (Some(&&a), Some(&&b)) if a.0 < b.0 => *left.next().unwrap_or(&a),
-            (_, Some(_)) => right.next().copied().unwrap_or_default(),
-            (Some(_), None) => left.next().copied().unwrap_or_default(),
-            (None, None) => return merged,
+        let heads_now = parts
+            .iter()
+            .zip(&heads)
+            .filter_map(|(part, &at)| part.get(at));
+        let Some(tag) = heads_now.map(|entry| entry.0).min() else {
+            return merged;
         };
-        merged.push(next);
+        let mut newest = 0;
+        for (part, at) in parts.iter().zip(&mut heads) {
+            if let Some(&(head, bucket)) = part.get(*at)
+                && head == tag
+            {
+                newest = newest.max(bucket);
+                *at += 1;
+            }
+        }
+        merged.push((tag, newest));
     }
 }
 
@@ -427,11 +527,12 @@ fn remove_merged(storage: &dyn Storage, dir: &Path, runs: Vec<Arc<Run>>) -> Resu
 }
 
 impl Engine {
-    /// After `admitted` keys: every few thousand, joins a seal task that finished,
-    /// retires expired runs and, if the dedup tables (with the runs' filters) hold half
-    /// the memory budget, freezes them and starts a seal task. Writers go on while it
-    /// runs, unless the tables hold the whole budget: then the writer that looks waits
-    /// for the task, and so does any other that looks meanwhile.
+    /// After `admitted` keys: every few thousand, settles the seal task under way (drops
+    /// the frozen tables once its run is published, joins it once it ended), retires
+    /// expired runs and, if the dedup tables (with the runs' filters) hold half the
+    /// memory budget, freezes them and starts a seal task. Writers go on while it runs,
+    /// unless the tables reach its bound ([`SealedRuns::bound`]): then the writer that
+    /// looks waits, and so does any other that looks meanwhile.
     pub(crate) fn after_inserts(&self, admitted: u64) -> Result<()> {
         let Some(sealer) = &self.sealer else {
             return Ok(());
@@ -440,16 +541,12 @@ impl Engine {
             return Ok(());
         }
         sealer.since_check.store(0, Ordering::Relaxed);
-        let full = self.index.table_bytes() >= 2 * sealer.runs.threshold();
-        let mut task = if full {
-            sealer.task.lock()
-        } else {
-            match sealer.task.try_lock() {
-                Some(task) => task,
-                None => return Ok(()),
-            }
+        let mut task = match sealer.task.try_lock() {
+            Some(task) => task,
+            None if self.index.table_bytes() >= sealer.runs.bound() => sealer.task.lock(),
+            None => return Ok(()),
         };
-        self.join_seal(&mut task, full)?;
+        self.wait_within_bound(sealer, &mut task)?;
         if task.is_some() {
             return Ok(());
         }
@@ -464,6 +561,52 @@ impl Engine {
         Ok(())
     }
 
+    /// Settles the task in `slot`; while it runs and the tables are at its bound, waits
+    /// for it to move on and settles it again.
+    fn wait_within_bound(&self, sealer: &Sealer, slot: &mut Option<SealTask>) -> Result<()> {
+        let mut waited = false;
+        let settled = loop {
+            // Read before settling: a move after it ends the wait below at once.
+            let seen = sealer.runs.progress.get();
+            if let Err(err) = self.settle_seal(slot, seen) {
+                break Err(err);
+            }
+            if slot.is_none() || self.index.table_bytes() < sealer.runs.bound() {
+                break Ok(());
+            }
+            if !waited {
+                waited = true;
+                sealer.waits.fetch_add(1, Ordering::Relaxed);
+                sealer.waiting.fetch_add(1, Ordering::Relaxed);
+            }
+            sealer.runs.progress.wait_past(seen);
+        };
+        if waited {
+            sealer.waiting.fetch_sub(1, Ordering::Relaxed);
+        }
+        settled
+    }
+
+    /// Joins the task in `slot` if it ended; otherwise drops the frozen tables once its
+    /// run is published (`phase` read before the call).
+    fn settle_seal(&self, slot: &mut Option<SealTask>, phase: Phase) -> Result<()> {
+        let Some(task) = slot.as_mut() else {
+            return Ok(());
+        };
+        if phase == Phase::Ended {
+            // Its thread is returning: the join is short.
+            return self.join_seal(slot, true);
+        }
+        if task.thread.is_finished() {
+            return self.join_seal(slot, false);
+        }
+        if phase != Phase::Sealing && !task.released {
+            self.index.release_frozen();
+            task.released = true;
+        }
+        Ok(())
+    }
+
     /// Waits for the seal task under way, if any, and joins it (for `flush`).
     pub(crate) fn wait_for_seal(&self) -> Result<()> {
         match &self.sealer {
@@ -473,7 +616,8 @@ impl Engine {
     }
 
     /// Ends the seal task in `slot` if it finished, or, with `wait`, once it does: drops
-    /// the frozen tables if its run was published, and returns its error.
+    /// the frozen tables if its run was published (and they are still held), and
+    /// returns its error.
     fn join_seal(&self, slot: &mut Option<SealTask>, wait: bool) -> Result<()> {
         let Some(task) = slot.take_if(|task| wait || task.thread.is_finished()) else {
             return Ok(());
@@ -484,7 +628,7 @@ impl Engine {
                 "the sealing thread panicked",
             ))),
         });
-        if end.published {
+        if end.published && !task.released {
             self.index.release_frozen();
         }
         end.result.map_err(|err| self.fail(err))
@@ -518,20 +662,30 @@ impl Engine {
             replaces_from: run_id,
         };
         let (runs, poisoner) = (Arc::clone(&sealer.runs), journal.poisoner());
+        sealer.runs.progress.set(Phase::Sealing);
         let thread = std::thread::Builder::new()
             .name("oncedb-sealer".to_owned())
             .spawn(move || {
+                // Ended even if the task panics, so that no writer waits for it forever.
+                let runs = EndsTask(runs);
                 let sealed = runs.write_sealed(summary, &frozen);
                 drop(frozen);
                 let published = sealed.is_ok();
-                let result = sealed.and_then(|()| runs.merge_tail(span));
-                TaskEnd {
-                    published,
-                    result: result.map_err(|err| poisoner.fail(err)),
+                if published {
+                    runs.progress.set(Phase::Published);
                 }
+                let result = sealed.and_then(|()| runs.merge_tail(span));
+                let result = result.map_err(|err| poisoner.fail(err));
+                TaskEnd { published, result }
             })
-            .map_err(|err| self.fail(Error::Io(err)))?;
-        Ok(Some(SealTask { thread }))
+            .map_err(|err| {
+                sealer.runs.progress.set(Phase::Ended);
+                self.fail(Error::Io(err))
+            })?;
+        Ok(Some(SealTask {
+            thread,
+            released: false,
+        }))
     }
 
     /// A failed seal or run removal: an I/O error poisons the store like a failed write.

@@ -90,6 +90,8 @@ pub(crate) struct IndexStats {
     pub(crate) table_slots_used: u64,
     pub(crate) table_probes: u64,
     pub(crate) heap_bytes: u64,
+    /// Bytes of the tables frozen for a seal (included in `heap_bytes`).
+    pub(crate) frozen_bytes: u64,
     pub(crate) buckets_live: u64,
 }
 
@@ -326,6 +328,7 @@ impl Index {
             stats.table_slots_used += shard.table_slots_used() as u64;
             stats.table_probes += shard.table_probes();
             stats.heap_bytes += shard.heap_bytes() as u64;
+            stats.frozen_bytes += shard.frozen_bytes() as u64;
             shard.mark_live_buckets(&mut live_buckets);
         }
         stats.buckets_live = live_buckets.iter().filter(|&&live| live).count() as u64;

@@ -481,6 +481,11 @@ impl Shard {
         self.frozen = None;
     }
 
+    /// Bytes of the frozen table, if any.
+    pub(crate) fn frozen_bytes(&self) -> usize {
+        self.frozen.as_ref().map_or(0, |table| table.heap_bytes())
+    }
+
     /// Bytes of the dedup tables: the one taking writes and any frozen one.
     pub(crate) fn table_bytes(&self) -> usize {
         self.table.heap_bytes() + self.frozen.as_ref().map_or(0, |t| t.heap_bytes())
@@ -996,8 +1001,9 @@ impl Shard {
         }
     }
 
+    /// Bytes of the shard's tables, any frozen one included.
     pub(crate) fn heap_bytes(&self) -> usize {
-        self.table.heap_bytes()
+        self.table_bytes()
             + self.records.heap_bytes()
             + self.marks.heap_bytes()
             + self.ring.len() * size_of::<BucketCount>()

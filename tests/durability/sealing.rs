@@ -180,6 +180,69 @@ fn writers_go_on_while_a_seal_runs() {
     assert_eq!(admit(&db, 0..admitted + 1_024).unwrap(), 0);
 }
 
+/// While a merge runs, the frozen tables of the seal that made it due are gone (its run
+/// is published), and writers wait when the fresh tables reach half the budget: the
+/// merge holds its inputs' filters and its output's together meanwhile.
+#[test]
+fn a_merge_under_way_holds_no_frozen_table_and_writers_at_half_the_budget() {
+    const BUDGET_BYTES: u64 = 1 << 20;
+    let disk = MemStorage::new();
+    let gate = SyncGate::thread("oncedb-sealer");
+    let clock = manual_clock();
+    let storage = Arc::new(gate.storage(disk.clone()));
+    let db = Db::open(budgeted(storage, &clock, BUDGET_BYTES)).unwrap();
+    let release = gate.release_on_drop();
+    gate.hold(u32::MAX);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let limit = std::time::Duration::from_secs(30);
+    let admitted = std::thread::scope(|s| {
+        let writer = s.spawn(|| {
+            let mut admitted = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && admitted < 2_000_000 {
+                assert_eq!(admit_unflushed(&db, admitted..admitted + 256).unwrap(), 256);
+                admitted += 256;
+            }
+            admitted
+        });
+        // Let the sealing thread's fsyncs go one at a time until the one held is the
+        // merge's: the fourth run is published and nothing is merged yet.
+        let mut held = 1;
+        while gate.await_held_within(held, limit) && db.stats().runs_sealed < 4 {
+            gate.release_one();
+            held += 1;
+        }
+        let stats = db.stats();
+        assert_eq!((stats.runs_sealed, stats.runs_merged), (4, 0), "{stats:?}");
+        let deadline = std::time::Instant::now() + limit;
+        while db.stats().budget_waiters == 0 && std::time::Instant::now() < deadline {
+            assert!(
+                !writer.is_finished(),
+                "the writer never waited for the merge"
+            );
+            std::thread::yield_now();
+        }
+        let stats = db.stats();
+        assert_eq!(stats.budget_waiters, 1, "{stats:?}");
+        assert_eq!(stats.frozen_table_bytes, 0, "{stats:?}");
+        // Outside a merge, writers wait at what the filters leave of the budget.
+        let tables = stats.index_bytes - stats.sealed_filter_bytes;
+        let bound_outside_merges = BUDGET_BYTES - stats.sealed_filter_bytes - 1;
+        assert!(
+            tables < bound_outside_merges,
+            "{tables} bytes of tables: {stats:?}"
+        );
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        drop(release);
+        writer.join().unwrap()
+    });
+    db.flush().unwrap();
+    let stats = db.stats();
+    assert_eq!(stats.runs_merged, 1, "{stats:?}");
+    assert_eq!(stats.budget_waiters, 0, "{stats:?}");
+    assert_eq!(stats.sealed_keys + stats.live_keys, u64::from(admitted));
+    assert_eq!(admit(&db, 0..admitted).unwrap(), 0);
+}
+
 #[test]
 fn a_budget_needs_a_durable_store_and_no_key_limit() {
     let clock = manual_clock();
