@@ -390,14 +390,15 @@ fn run_scenario(args: &BenchArgs, scenario: Scenario) -> Result<Outcome, String>
     let stats = db.stats();
     if stats.runs_sealed > 0 {
         noteln!(
-            "   sealed: {} runs written, {} merges, {} live holding {} keys; filters and fences {:.1} MiB ({:.2} bytes a sealed key); {} keys in memory",
+            "   sealed: {} runs written, {} merges, {} live holding {} keys; filters and fences {:.1} MiB ({:.2} bytes a sealed key); {} keys in memory; writers waited at the budget {} times",
             stats.runs_sealed,
             stats.runs_merged,
             stats.sealed_runs,
             stats.sealed_keys,
             stats.sealed_filter_bytes as f64 / f64::from(1 << 20),
             stats.sealed_filter_bytes as f64 / stats.sealed_keys.max(1) as f64,
-            stats.live_keys
+            stats.live_keys,
+            stats.budget_waits
         );
     }
     if stats.commit_waits > 0 {

@@ -109,9 +109,10 @@ impl Options {
     /// bytes a key) and the tables start empty. A lookup that misses reads nothing from
     /// disk except on a filter false positive (about 1 in 256 per run); a hit costs one
     /// page read. Answers stay exact. A seal (and any merge of runs it makes due) runs on
-    /// a thread of its own while writers go on; writers that find the tables at the whole
-    /// budget wait for the seal under way, and so does [`Db::flush`](crate::Db::flush)
-    /// and closing the store. Runs are removed (or archived, with
+    /// a thread of its own while writers go on. Writers that find the tables at the whole
+    /// budget (half of it while a merge runs, which holds old and new filters together)
+    /// wait for the task to move on ([`Stats::budget_waits`](crate::Stats)); [`Db::flush`](crate::Db::flush)
+    /// and closing the store wait for it to end. Runs are removed (or archived, with
     /// [`archive_dir`](Self::archive_dir)) whole once their newest bucket leaves the
     /// window. Records are not sealed. Durable stores only, and not with
     /// [`max_keys`](Self::max_keys). Default: no budget (every key in memory).

@@ -8,20 +8,36 @@ use std::sync::Arc;
 use super::entry::{DecodedEntry, DecodedFinish, decode_entry};
 use super::format::{FrameError, MAX_APPEND_BYTES, decode_frame_at};
 use crate::base::{Error, Fingerprint, LogSpan, Result};
-use crate::io::Storage;
+use crate::io::{ReadAtFile, Storage};
+
+/// Where a logged frame is read from: the segment's handle kept open for replays, or
+/// else its path (which errors name either way).
+pub(crate) struct FrameSource<'a> {
+    pub(crate) path: &'a Path,
+    pub(crate) storage: &'a dyn Storage,
+    pub(crate) file: Option<&'a dyn ReadAtFile>,
+}
+
+impl FrameSource<'_> {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        match self.file {
+            Some(file) => file.read_at(offset, buf),
+            None => self.storage.read_at(self.path, offset, buf),
+        }
+    }
+}
 
 /// The response of the finish frame at `span` of the segment at `path`. The frame must
 /// verify (position, header check, checksum under `seed`) and end lease `lease_id` of
 /// `fingerprint` with a response; anything else is `Corrupted`, since memory said that
 /// frame was written there.
 pub(crate) fn read(
-    storage: &dyn Storage,
-    path: &Path,
+    source: FrameSource<'_>,
     seed: u64,
     span: LogSpan,
     (fingerprint, lease_id): (Fingerprint, u64),
 ) -> Result<Arc<[u8]>> {
-    read_entry(storage, (path, seed, span), |entry| match entry {
+    read_entry(&source, (seed, span), |entry| match entry {
         DecodedEntry::Finish {
             fingerprint: found,
             lease_id: found_lease,
@@ -36,13 +52,12 @@ pub(crate) fn read(
 /// verify and reserve a record of `fingerprint` (under any lease: a take-over keeps the
 /// key and its frame); anything else is `Corrupted`.
 pub(crate) fn read_key(
-    storage: &dyn Storage,
-    path: &Path,
+    source: FrameSource<'_>,
     seed: u64,
     span: LogSpan,
     fingerprint: Fingerprint,
 ) -> Result<Box<[u8]>> {
-    read_entry(storage, (path, seed, span), |entry| match entry {
+    read_entry(&source, (seed, span), |entry| match entry {
         DecodedEntry::Reserve {
             fingerprint: found,
             scoped_key,
@@ -55,12 +70,12 @@ pub(crate) fn read_key(
 /// Reads the frame at `span` with one positioned read, checks that it verifies and spans
 /// exactly `span`, and hands its entry to `pick`.
 fn read_entry<T>(
-    storage: &dyn Storage,
-    (path, seed, span): (&Path, u64, LogSpan),
+    source: &FrameSource<'_>,
+    (seed, span): (u64, LogSpan),
     pick: impl FnOnce(DecodedEntry<'_>) -> std::result::Result<T, &'static str>,
 ) -> Result<T> {
     let corrupted = |reason: &str| Error::Corrupted {
-        path: path.to_path_buf(),
+        path: source.path.to_path_buf(),
         offset: u64::from(span.start),
         reason: reason.to_owned(),
     };
@@ -69,7 +84,7 @@ fn read_entry<T>(
         return Err(corrupted("a logged frame's span exceeds the frame limit"));
     }
     let mut frame = vec![0; len];
-    storage.read_at(path, u64::from(span.start), &mut frame)?;
+    source.read_at(u64::from(span.start), &mut frame)?;
     let decoded = decode_frame_at(&frame, span.start as usize, seed).map_err(|err| match err {
         FrameError::Truncated => corrupted("the logged frame is cut short"),
         FrameError::Invalid(reason) => corrupted(reason),

@@ -2,8 +2,9 @@
 //! and the fuzz corpus, in one test binary.
 //!
 //! The crash tests re-run this binary as their child process, with
-//! `--exact crash_recovery::crash_writer_child` and
-//! `--exact crash_rollover::crash_rollover_child`. A child holds copies of this process's
+//! `--exact crash_recovery::crash_writer_child`,
+//! `--exact crash_rollover::crash_rollover_child` and
+//! `--exact crash_sealing::crash_sealing_child`. A child holds copies of this process's
 //! file descriptors until it execs, store locks included, so tests that spawn children and
 //! tests that reopen stores on the real file system do not overlap (`support`).
 
@@ -22,6 +23,7 @@ mod archive;
 mod corruption;
 mod crash_recovery;
 mod crash_rollover;
+mod crash_sealing;
 mod durability;
 mod faults;
 mod fuzz_corpus;

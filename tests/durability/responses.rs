@@ -216,3 +216,65 @@ fn a_failed_read_of_a_response_poisons_the_store() {
         Err(Error::Poisoned)
     ));
 }
+
+/// The file descriptors of this process that point at a `seg-` file of `dir`, with
+/// the targets the kernel names (a removed file's ends with "(deleted)").
+fn open_segments(dir: &Path) -> Vec<String> {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .map(|target| target.display().to_string())
+        .filter(|target| target.starts_with(&dir.display().to_string()) && target.contains("/seg-"))
+        .collect()
+}
+
+/// On the real file system a replay reads through the segment's file, opened at the
+/// first replay and kept: moved away after that, every response still replays. The
+/// handles of segments that expire are let go, so their disk space is freed.
+#[test]
+fn replays_read_through_segment_files_kept_open_until_they_expire() {
+    let _files = crate::support::real_files();
+    let dir = tempfile::tempdir().unwrap();
+    let clock = manual_clock();
+    let scope = Scope::new("org", "pay");
+    let options =
+        || crate::support::durable_options(dir.path(), &clock).durability(Durability::Buffered);
+    let db = Db::open(options()).unwrap();
+    complete_all(&db, &scope);
+    db.flush().unwrap();
+    replays_all(&db, &scope);
+    let segments: Vec<std::path::PathBuf> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| {
+            path.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("seg-")
+        })
+        .collect();
+    let moved = |path: &Path| path.with_extension("moved");
+    for path in &segments {
+        std::fs::rename(path, moved(path)).unwrap();
+    }
+    replays_all(&db, &scope);
+    for path in &segments {
+        std::fs::rename(moved(path), path).unwrap();
+    }
+    assert!(!open_segments(dir.path()).is_empty());
+    clock.forward(WINDOW + BUCKET);
+    assert!(db.insert_if_absent(b"now").unwrap());
+    db.flush().unwrap();
+    assert!(db.stats().segments_deleted > 0);
+    let deleted: Vec<String> = open_segments(dir.path())
+        .into_iter()
+        .filter(|target| target.ends_with("(deleted)"))
+        .collect();
+    assert!(
+        deleted.is_empty(),
+        "expired segments held open: {deleted:?}"
+    );
+    drop(db);
+    let db = Db::open(options()).unwrap();
+    assert!(!db.insert_if_absent(b"now").unwrap());
+}

@@ -11,10 +11,11 @@
 use std::any::Any;
 #[cfg(feature = "async")]
 mod commit;
+mod readers;
 mod worker;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
@@ -27,6 +28,7 @@ use super::entry::{LogEntry, encode_mark};
 use super::format::{MARK_FRAME_LEN, MAX_APPEND_BYTES, SEGMENT_HEADER_LEN, SegmentHeader, put};
 use super::manifest::Manifest;
 use super::names::{prepared_path, segment_path};
+use super::response::FrameSource;
 use crate::base::{Durability, Error, Fingerprint, LogSpan, Result, Window};
 use crate::io::{Storage, StorageFile};
 
@@ -300,6 +302,8 @@ struct Shared {
     bytes: AtomicU64,
     segments_deleted: AtomicU64,
     sync_times: SyncTimes,
+    /// Segment files kept open for replays.
+    readers: readers::SegmentReaders,
 }
 
 /// Fails the store closed from a thread outside the journal, as [`Journal::fail`] does.
@@ -375,6 +379,7 @@ impl Journal {
             bytes: AtomicU64::new(0),
             segments_deleted: AtomicU64::new(config.segments_deleted),
             sync_times: SyncTimes::new(),
+            readers: readers::SegmentReaders::default(),
         });
         shared.start(config.adopt, config.bucket)?;
         let flusher = match config.durability {
@@ -564,8 +569,8 @@ impl Journal {
         fingerprint: Fingerprint,
         lease_id: u64,
     ) -> Result<Option<Arc<[u8]>>> {
-        self.read_logged(span, |storage, path, seed| {
-            super::response::read(storage, path, seed, span, (fingerprint, lease_id))
+        self.read_logged(span, |source, seed| {
+            super::response::read(source, seed, span, (fingerprint, lease_id))
         })
     }
 
@@ -576,19 +581,34 @@ impl Journal {
         span: LogSpan,
         fingerprint: Fingerprint,
     ) -> Result<Option<Box<[u8]>>> {
-        self.read_logged(span, |storage, path, seed| {
-            super::response::read_key(storage, path, seed, span, fingerprint)
+        self.read_logged(span, |source, seed| {
+            super::response::read_key(source, seed, span, fingerprint)
         })
     }
 
     fn read_logged<T>(
         &self,
         span: LogSpan,
-        read: impl FnOnce(&dyn Storage, &Path, u64) -> Result<T>,
+        read: impl FnOnce(FrameSource<'_>, u64) -> Result<T>,
     ) -> Result<Option<T>> {
         let shared = &*self.shared;
         let path = segment_path(&shared.dir, span.bucket, span.seq);
-        match read(&*shared.storage, &path, shared.seed) {
+        let segment = (span.bucket, span.seq);
+        let found = shared
+            .readers
+            .get(&*shared.storage, (segment, &path), || {
+                shared.expired(span.bucket)
+            })
+            .map_err(Error::Io)
+            .and_then(|file| {
+                let source = FrameSource {
+                    path: &path,
+                    storage: &*shared.storage,
+                    file: file.as_deref(),
+                };
+                read(source, shared.seed)
+            });
+        match found {
             Ok(found) => Ok(Some(found)),
             Err(Error::Io(err))
                 if err.kind() == std::io::ErrorKind::NotFound && shared.expired(span.bucket) =>

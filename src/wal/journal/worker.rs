@@ -157,6 +157,7 @@ impl Shared {
                     .time(&self.fsyncs, || self.storage.sync_dir(dir))
             },
         )?;
+        self.readers.forget(&plan.expired);
         for ((bucket, seq), file) in plan.stale {
             drop(file);
             self.storage
