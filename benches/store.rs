@@ -1,7 +1,8 @@
 //! The cost of the asynchronous `Store` interface over the embedded `Db`: a reserve and a
 //! complete per iteration, through the synchronous API on the calling thread and through
 //! `Store` on a tokio runtime, for an in-memory store and a durable `Sync` and `Interval`
-//! store (each write on the calling task, awaiting its group commit).
+//! store (each write on the calling task, awaiting its group commit); and an ordering-guard
+//! advance per iteration, the same ways.
 //!
 //! `cargo bench --bench store --features async`.
 
@@ -70,6 +71,35 @@ fn reserve_complete(c: &mut Criterion) {
     group.finish();
 }
 
+/// An ordering-guard advance per iteration (a fresh aggregate, so each is applied and
+/// logged), through the synchronous API and through `Store`.
+fn advance(c: &mut Criterion) {
+    let mut group = c.benchmark_group("store_advance");
+    group.sample_size(20);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .unwrap();
+    let scope = Scope::new("org", "op");
+    let next = AtomicU64::new(0);
+    for (name, db, _dir) in stores() {
+        group.bench_function(format!("{name}/sync_api"), |b| {
+            b.iter(|| {
+                let key = next.fetch_add(1, Ordering::Relaxed).to_le_bytes();
+                db.advance(&scope, &key, 1).unwrap();
+            });
+        });
+        group.bench_function(format!("{name}/store_trait"), |b| {
+            b.to_async(&runtime).iter(|| {
+                let key = next.fetch_add(1, Ordering::Relaxed).to_le_bytes();
+                let (db, scope) = (&db, &scope);
+                async move { Store::advance(db, scope, &key, 1).await.unwrap() }
+            });
+        });
+    }
+    group.finish();
+}
+
 /// 64 tasks, each admitting fresh keys one at a time through `Store` on a `Sync` store:
 /// the time per admission, and (on stderr) the admissions each fsync covered. Against it:
 /// `oncedb bench --threads 64 --batch 1 --durability sync` (64 threads on the
@@ -122,5 +152,5 @@ fn sync_writers(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, reserve_complete, sync_writers);
+criterion_group!(benches, reserve_complete, advance, sync_writers);
 criterion_main!(benches);

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use super::db::{Db, with_scoped_key};
 use super::observe;
 use super::record::{Lease, Reservation, Scope};
-use crate::base::{Finish, Result};
+use crate::base::{Advance, Finish, Result};
 use crate::engine::Settle;
 
 impl Db {
@@ -56,6 +56,38 @@ impl Db {
         self.engine.committed(settle).await?;
         Ok(self.reservation(scope, key, reserved))
     }
+
+    /// [`Db::take_over`], awaiting the commit.
+    pub(crate) async fn take_over_committed(
+        &self,
+        scope: &Scope,
+        key: &[u8],
+    ) -> Result<Option<Lease>> {
+        self.engine.check_key(key)?;
+        let mut settle = Settle::Defer(None);
+        let taken = with_scoped_key(scope, key, |scoped| {
+            self.engine.take_over_settled(scoped, &mut settle)
+        })?;
+        self.engine.committed(settle).await?;
+        Ok(self.taken_over(scope, key, taken))
+    }
+
+    /// [`Db::advance`], awaiting the commit.
+    pub(crate) async fn advance_committed(
+        &self,
+        scope: &Scope,
+        aggregate_id: &[u8],
+        version: u64,
+    ) -> Result<Advance> {
+        self.engine.check_key(aggregate_id)?;
+        let mut settle = Settle::Defer(None);
+        let answer = with_scoped_key(scope, aggregate_id, |scoped| {
+            self.engine.advance_settled(scoped, version, &mut settle)
+        })?;
+        self.engine.committed(settle).await?;
+        observe::version(scope, answer);
+        Ok(answer)
+    }
 }
 
 impl Lease {
@@ -77,6 +109,19 @@ impl Lease {
         self.engine.check_response(response)?;
         self.end_committed(Finish::Fail(Arc::from(response)), "failed")
             .await
+    }
+
+    /// [`Lease::note`], awaiting the commit.
+    pub(crate) async fn note_committed(&self, note: &[u8]) -> Result<()> {
+        let mut settle = Settle::Defer(None);
+        let mut result =
+            self.engine
+                .note_settled((self.fingerprint, self.lease_id), note, &mut settle);
+        if result.is_ok() {
+            result = self.engine.committed(settle).await;
+        }
+        self.observe(&result, "noted");
+        result
     }
 
     /// [`Lease::release`], awaiting the commit.

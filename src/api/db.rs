@@ -141,10 +141,20 @@ impl Db {
     pub fn take_over(&self, scope: &Scope, key: &[u8]) -> Result<Option<Lease>> {
         self.engine.check_key(key)?;
         let taken = with_scoped_key(scope, key, |scoped| self.engine.take_over(scoped))?;
-        Ok(taken.map(|taken| {
+        Ok(self.taken_over(scope, key, taken))
+    }
+
+    /// The lease a take-over granted, if any, observed.
+    pub(super) fn taken_over(
+        &self,
+        scope: &Scope,
+        key: &[u8],
+        taken: Option<Grant>,
+    ) -> Option<Lease> {
+        taken.map(|taken| {
             observe::take_over(scope, key, taken.lease_id);
             self.lease(scope, key, taken)
-        }))
+        })
     }
 
     /// The lease of epoch `epoch` on the record of `key` in `scope`, for a worker that

@@ -709,6 +709,16 @@ impl Engine {
 
     /// Attaches `note` to the record lease `lease_id` holds in flight, durably.
     pub(crate) fn note(&self, fingerprint: Fingerprint, lease_id: u64, note: &[u8]) -> Result<()> {
+        self.note_settled((fingerprint, lease_id), note, &mut Settle::Block)
+    }
+
+    /// [`Engine::note`], waiting for the log as `settle` says.
+    pub(crate) fn note_settled(
+        &self,
+        (fingerprint, lease_id): (Fingerprint, u64),
+        note: &[u8],
+        settle: &mut Settle,
+    ) -> Result<()> {
         if note.len() > MAX_NOTE_BYTES {
             return Err(Error::NoteTooLong { len: note.len() });
         }
@@ -724,13 +734,22 @@ impl Engine {
                 note: &note,
             }])?
         };
-        self.wait(ticket)
+        self.settle(ticket, settle)
     }
 
     /// A new, higher lease on the record of `scoped_key` if it is in flight; the old
     /// lease is fenced from then on, across reopens too (the take-over is logged under
     /// the shard lock, like the reserve it follows).
     pub(crate) fn take_over(&self, scoped_key: &[u8]) -> Result<Option<Grant>> {
+        self.take_over_settled(scoped_key, &mut Settle::Block)
+    }
+
+    /// [`Engine::take_over`], waiting for the log as `settle` says.
+    pub(crate) fn take_over_settled(
+        &self,
+        scoped_key: &[u8],
+        settle: &mut Settle,
+    ) -> Result<Option<Grant>> {
         self.check_writable()?;
         let fingerprint = self.hasher.record(scoped_key);
         let now_ms = self.clock.now_ms();
@@ -755,7 +774,7 @@ impl Engine {
                 }
             }
         };
-        self.wait(ticket)?;
+        self.settle(ticket, settle)?;
         Ok(taken)
     }
 
@@ -784,6 +803,16 @@ impl Engine {
     /// The ordering guard for the aggregate of `scoped_key`; an applied version is
     /// logged under the shard lock, stamped with its bucket.
     pub(crate) fn advance(&self, scoped_key: &[u8], version: u64) -> Result<Advance> {
+        self.advance_settled(scoped_key, version, &mut Settle::Block)
+    }
+
+    /// [`Engine::advance`], waiting for the log as `settle` says.
+    pub(crate) fn advance_settled(
+        &self,
+        scoped_key: &[u8],
+        version: u64,
+        settle: &mut Settle,
+    ) -> Result<Advance> {
         self.check_writable()?;
         let fingerprint = self.hasher.mark(scoped_key);
         let bucket = self.current_bucket();
@@ -801,7 +830,7 @@ impl Engine {
             };
             (answer, ticket)
         };
-        self.wait(ticket)?;
+        self.settle(ticket, settle)?;
         Ok(answer)
     }
 

@@ -248,17 +248,6 @@ async fn run_blocking<T: Send + 'static>(
         .map_err(|err| Error::Io(std::io::Error::other(err)))?
 }
 
-/// Runs `work` on the blocking pool if the store may touch files, else inline.
-async fn run<T: Send + 'static>(
-    db: &Db,
-    work: impl FnOnce(Db) -> Result<T> + Send + 'static,
-) -> Result<T> {
-    if !db.is_durable() {
-        return work(db.clone());
-    }
-    run_blocking(db, work).await
-}
-
 impl Store for Db {
     type Lease = Lease;
 
@@ -304,8 +293,11 @@ impl Store for Db {
     }
 
     async fn take_over(&self, scope: &Scope, key: &[u8]) -> Result<Option<Lease>> {
-        let (scope, key) = (scope.clone(), key.to_vec());
-        run(self, move |db| db.take_over(&scope, &key)).await
+        if self.may_block_on_files(key.len(), 0, 1) {
+            let (scope, key) = (scope.clone(), key.to_vec());
+            return run_blocking(self, move |db| db.take_over(&scope, &key)).await;
+        }
+        self.take_over_committed(scope, key).await
     }
 
     async fn resume(&self, scope: &Scope, key: &[u8], epoch: u64) -> Result<Lease> {
@@ -314,8 +306,11 @@ impl Store for Db {
     }
 
     async fn advance(&self, scope: &Scope, aggregate_id: &[u8], version: u64) -> Result<Advance> {
-        let (scope, aggregate_id) = (scope.clone(), aggregate_id.to_vec());
-        run(self, move |db| db.advance(&scope, &aggregate_id, version)).await
+        if self.may_block_on_files(aggregate_id.len(), 0, 0) {
+            let (scope, aggregate_id) = (scope.clone(), aggregate_id.to_vec());
+            return run_blocking(self, move |db| db.advance(&scope, &aggregate_id, version)).await;
+        }
+        self.advance_committed(scope, aggregate_id, version).await
     }
 }
 
@@ -354,13 +349,13 @@ impl StoreLease for Lease {
     }
 
     async fn note(&self, note: &[u8]) -> Result<()> {
-        if !self.engine.is_durable() {
-            return Lease::note(self, note);
+        if self.may_block_on_files(note.len()) {
+            let (lease, note) = (self.handle(), note.to_vec());
+            return tokio::task::spawn_blocking(move || lease.note(&note))
+                .await
+                .map_err(|err| Error::Io(std::io::Error::other(err)))?;
         }
-        let (lease, note) = (self.handle(), note.to_vec());
-        tokio::task::spawn_blocking(move || lease.note(&note))
-            .await
-            .map_err(|err| Error::Io(std::io::Error::other(err)))?
+        self.note_committed(note).await
     }
 }
 

@@ -152,6 +152,94 @@ fn a_waiting_write_holds_no_thread() {
     assert!((0..writers).all(|w| db.contains(&w.to_le_bytes()).unwrap()));
 }
 
+/// Take-overs, ordering-guard advances and notes through `Store` wait for their group
+/// commit as the other writes do, holding no thread: with a blocking pool of one thread
+/// and one fsync held, sixteen of each reach memory and the log, and join the next group.
+/// Sent through the blocking pool, they would move one at a time while the fsync is held.
+#[test]
+fn take_overs_advances_and_notes_hold_no_thread_while_they_wait() {
+    use oncedb::{Advance, Reservation, Scope, Store, StoreLease};
+    let gate = SyncGate::writers();
+    let storage = gate.storage(MemStorage::new());
+    let options = Options::new("/db")
+        .storage(Arc::new(storage))
+        .durability(Durability::Sync)
+        .window(Duration::from_secs(60))
+        .bucket_width(Duration::from_secs(6))
+        .clock(ManualClock::new(SystemTime::now()));
+    let db = Db::open(options).unwrap();
+    let scope = Scope::new("org", "op");
+    let writers = 16u64;
+    let acquire = |n: u64| match db.reserve(&scope, &n.to_le_bytes(), b"r").unwrap() {
+        Reservation::Acquired(lease) => lease,
+        other => panic!("a fresh key is acquired: {other:?}"),
+    };
+    // One record in flight per writer to take over, and one lease per writer to note on.
+    let taken: Vec<_> = (0..writers).map(acquire).collect();
+    let noted: Vec<_> = (0..writers).map(|w| acquire(1_000 + w)).collect();
+    db.flush().unwrap();
+    let before = db.stats();
+    let noted_now = || {
+        db.in_flight(Duration::ZERO)
+            .iter()
+            .filter(|record| record.note.as_deref() == Some(&b"step"[..]))
+            .count() as u64
+    };
+    let progress = || {
+        let stats = db.stats();
+        (stats.take_overs - before.take_overs)
+            + (stats.versions_applied - before.versions_applied)
+            + noted_now()
+    };
+    gate.hold(1);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .max_blocking_threads(1)
+        .build()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut done_while_held = 0;
+    std::thread::scope(|s| {
+        let writes = s.spawn(|| {
+            runtime.block_on(async {
+                let mut tasks = Vec::new();
+                for (w, lease) in (0..writers).zip(noted) {
+                    let (db, scope) = (db.clone(), scope.clone());
+                    let (db2, scope2) = (db.clone(), scope.clone());
+                    tasks.push(tokio::spawn(async move {
+                        let lease = Store::take_over(&db, &scope, &w.to_le_bytes()).await;
+                        assert!(lease.unwrap().is_some(), "record {w} is taken over");
+                    }));
+                    tasks.push(tokio::spawn(async move {
+                        let advanced = Store::advance(&db2, &scope2, &w.to_le_bytes(), 1).await;
+                        assert_eq!(advanced.unwrap(), Advance::Applied);
+                    }));
+                    tasks.push(tokio::spawn(async move {
+                        StoreLease::note(&lease, b"step").await.unwrap();
+                    }));
+                }
+                for task in tasks {
+                    task.await.unwrap();
+                }
+            });
+        });
+        gate.await_held(1);
+        while progress() < 3 * writers && std::time::Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+        done_while_held = progress();
+        gate.release_one();
+        writes.join().unwrap();
+    });
+    drop(taken);
+    assert_eq!(
+        done_while_held,
+        3 * writers,
+        "writes that reached memory while one fsync was held"
+    );
+    let fsyncs = db.stats().fsyncs - before.fsyncs;
+    assert!(fsyncs <= 2, "the held group and the next: {fsyncs} fsyncs");
+}
+
 /// A waker that records that it was woken.
 #[derive(Default)]
 struct Woken {
