@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use oncedb::{Db, Durability, Options, Reservation, Scope, Store, StoreLease};
+use oncedb::{Advance, Db, Durability, Options, Reservation, Scope, Store, StoreLease};
 
 fn stores() -> Vec<(&'static str, Db, tempfile::TempDir)> {
     let mut out = Vec::new();
@@ -86,7 +86,7 @@ fn advance(c: &mut Criterion) {
         group.bench_function(format!("{name}/sync_api"), |b| {
             b.iter(|| {
                 let key = next.fetch_add(1, Ordering::Relaxed).to_le_bytes();
-                db.advance(&scope, &key, 1).unwrap();
+                assert_eq!(db.advance(&scope, &key, 1).unwrap(), Advance::Applied);
             });
         });
         group.bench_function(format!("{name}/store_trait"), |b| {
