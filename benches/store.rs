@@ -34,70 +34,81 @@ fn stores() -> Vec<(&'static str, Db, tempfile::TempDir)> {
     out
 }
 
-fn reserve_complete(c: &mut Criterion) {
-    let mut group = c.benchmark_group("store_reserve_complete");
-    group.sample_size(20);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+/// The runtime the `Store` calls run on: two worker threads, one a core.
+fn two_workers() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .build()
-        .unwrap();
-    let scope = Scope::new("org", "op");
-    let next = AtomicU64::new(0);
-    for (name, db, _dir) in stores() {
-        group.bench_function(format!("{name}/sync_api"), |b| {
-            b.iter(|| {
-                let key = next.fetch_add(1, Ordering::Relaxed).to_le_bytes();
-                let Reservation::Acquired(lease) = db.reserve(&scope, &key, b"req").unwrap() else {
+        .unwrap()
+}
+
+/// The call one iteration makes, on a fresh key each time.
+#[derive(Clone, Copy)]
+enum Call {
+    /// A reserve and a complete.
+    ReserveComplete,
+    /// An ordering-guard advance of a fresh aggregate: applied and logged.
+    Advance,
+}
+
+impl Call {
+    fn sync_api(self, db: &Db, scope: &Scope, key: &[u8]) {
+        match self {
+            Call::ReserveComplete => {
+                let Reservation::Acquired(lease) = db.reserve(scope, key, b"req").unwrap() else {
                     panic!("fresh key");
                 };
                 lease.complete(b"response").unwrap();
-            });
+            }
+            Call::Advance => assert_eq!(db.advance(scope, key, 1).unwrap(), Advance::Applied),
+        }
+    }
+
+    async fn store_trait(self, db: &Db, scope: &Scope, key: &[u8]) {
+        match self {
+            Call::ReserveComplete => {
+                let Reservation::Acquired(lease) =
+                    Store::reserve(db, scope, key, b"req").await.unwrap()
+                else {
+                    panic!("fresh key");
+                };
+                StoreLease::complete(lease, b"response").await.unwrap();
+            }
+            Call::Advance => {
+                let advanced = Store::advance(db, scope, key, 1).await.unwrap();
+                assert_eq!(advanced, Advance::Applied);
+            }
+        }
+    }
+}
+
+/// `call` per iteration on every store, through the synchronous API on the calling
+/// thread and through `Store` on the runtime.
+fn each_store(c: &mut Criterion, group_name: &str, call: Call) {
+    let mut group = c.benchmark_group(group_name);
+    group.sample_size(20);
+    let (runtime, scope, next) = (two_workers(), Scope::new("org", "op"), AtomicU64::new(0));
+    let fresh = || next.fetch_add(1, Ordering::Relaxed).to_le_bytes();
+    for (name, db, _dir) in stores() {
+        group.bench_function(format!("{name}/sync_api"), |b| {
+            b.iter(|| call.sync_api(&db, &scope, &fresh()));
         });
         group.bench_function(format!("{name}/store_trait"), |b| {
             b.to_async(&runtime).iter(|| {
-                let key = next.fetch_add(1, Ordering::Relaxed).to_le_bytes();
-                let (db, scope) = (&db, &scope);
-                async move {
-                    let Reservation::Acquired(lease) =
-                        Store::reserve(db, scope, &key, b"req").await.unwrap()
-                    else {
-                        panic!("fresh key");
-                    };
-                    StoreLease::complete(lease, b"response").await.unwrap();
-                }
+                let (key, db, scope) = (fresh(), &db, &scope);
+                async move { call.store_trait(db, scope, &key).await }
             });
         });
     }
     group.finish();
 }
 
-/// An ordering-guard advance per iteration (a fresh aggregate, so each is applied and
-/// logged), through the synchronous API and through `Store`.
+fn reserve_complete(c: &mut Criterion) {
+    each_store(c, "store_reserve_complete", Call::ReserveComplete);
+}
+
 fn advance(c: &mut Criterion) {
-    let mut group = c.benchmark_group("store_advance");
-    group.sample_size(20);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .build()
-        .unwrap();
-    let scope = Scope::new("org", "op");
-    let next = AtomicU64::new(0);
-    for (name, db, _dir) in stores() {
-        group.bench_function(format!("{name}/sync_api"), |b| {
-            b.iter(|| {
-                let key = next.fetch_add(1, Ordering::Relaxed).to_le_bytes();
-                assert_eq!(db.advance(&scope, &key, 1).unwrap(), Advance::Applied);
-            });
-        });
-        group.bench_function(format!("{name}/store_trait"), |b| {
-            b.to_async(&runtime).iter(|| {
-                let key = next.fetch_add(1, Ordering::Relaxed).to_le_bytes();
-                let (db, scope) = (&db, &scope);
-                async move { Store::advance(db, scope, &key, 1).await.unwrap() }
-            });
-        });
-    }
-    group.finish();
+    each_store(c, "store_advance", Call::Advance);
 }
 
 /// 64 tasks, each admitting fresh keys one at a time through `Store` on a `Sync` store:
@@ -109,10 +120,7 @@ fn sync_writers(c: &mut Criterion) {
     let mut group = c.benchmark_group("store_sync_writers");
     group.sample_size(10);
     group.throughput(criterion::Throughput::Elements(1));
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .build()
-        .unwrap();
+    let runtime = two_workers();
     let dir = tempfile::tempdir().unwrap();
     let db = Db::open(Options::new(dir.path()).durability(Durability::Sync)).unwrap();
     let next = std::sync::Arc::new(AtomicU64::new(0));

@@ -113,15 +113,12 @@ impl Lease {
 
     /// [`Lease::note`], awaiting the commit.
     pub(crate) async fn note_committed(&self, note: &[u8]) -> Result<()> {
-        let mut settle = Settle::Defer(None);
-        let mut result =
-            self.engine
-                .note_settled((self.fingerprint, self.lease_id), note, &mut settle);
-        if result.is_ok() {
-            result = self.engine.committed(settle).await;
-        }
-        self.observe(&result, "noted");
-        result
+        let lease = (self.fingerprint, self.lease_id);
+        self.settled(
+            |settle| self.engine.note_settled(lease, note, settle),
+            "noted",
+        )
+        .await
     }
 
     /// [`Lease::release`], awaiting the commit.
@@ -130,10 +127,23 @@ impl Lease {
     }
 
     async fn end_committed(self, finish: Finish, ending: &'static str) -> Result<()> {
-        let mut settle = Settle::Defer(None);
-        let mut result =
+        let (fingerprint, lease_id) = (self.fingerprint, self.lease_id);
+        let end = |settle: &mut Settle| {
             self.engine
-                .finish_settled(self.fingerprint, self.lease_id, finish, &mut settle);
+                .finish_settled(fingerprint, lease_id, finish, settle)
+        };
+        self.settled(end, ending).await
+    }
+
+    /// Makes the lease's write `write` with its wait deferred, awaits its commit, and
+    /// observes the outcome as `ending`.
+    async fn settled(
+        &self,
+        write: impl FnOnce(&mut Settle) -> Result<()>,
+        ending: &'static str,
+    ) -> Result<()> {
+        let mut settle = Settle::Defer(None);
+        let mut result = write(&mut settle);
         if result.is_ok() {
             result = self.engine.committed(settle).await;
         }

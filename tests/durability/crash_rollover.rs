@@ -9,15 +9,14 @@
 //! the store and checks every acknowledged key and record that is still inside the
 //! window. Rounds: 12, or `ONCEDB_CRASH_ROUNDS`.
 
-use std::any::Any;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
-use crate::support::spawning_children;
-use oncedb::io::{StdStorage, Storage, StorageFile};
+use crate::support::{PausingStorage, Step, say, spawning_children};
+use oncedb::io::{StdStorage, Storage};
 use oncedb::{Db, Durability, ManualClock, Options, RecordStatus, Reservation, Scope};
 
 const CHILD_ROLE: &str = "ONCEDB_ROLL_ROLE";
@@ -70,9 +69,7 @@ fn crash_rollover_child() {
     let dir = PathBuf::from(env(CHILD_DIR));
     let clock = clock_at(env(CHILD_START_BUCKET).parse().unwrap());
     if role == "open" {
-        let storage = Arc::new(PausingStorage {
-            pause_at: env(CHILD_PAUSE_AT),
-        });
+        let storage = Arc::new(pausing_at(env(CHILD_PAUSE_AT)));
         let db = Db::open(options(&dir, &clock, storage)).unwrap();
         say("opened\n");
         drop(db);
@@ -80,7 +77,7 @@ fn crash_rollover_child() {
     }
     let first: u64 = env(CHILD_FIRST_KEY).parse().unwrap();
     let storage: Arc<dyn Storage> = match std::env::var(CHILD_PAUSE_AT) {
-        Ok(pause_at) => Arc::new(PausingStorage { pause_at }),
+        Ok(pause_at) => Arc::new(pausing_at(pause_at)),
         Err(_) => Arc::new(StdStorage),
     };
     let db = Arc::new(Db::open(options(&dir, &clock, storage)).unwrap());
@@ -103,12 +100,6 @@ fn crash_rollover_child() {
     }
 }
 
-fn say(line: &str) {
-    let mut out = std::io::stdout().lock();
-    out.write_all(line.as_bytes()).unwrap();
-    out.flush().unwrap();
-}
-
 /// Writes key or record `n`, then prints it with the bucket the clock showed before.
 fn write_one(db: &Db, clock: &ManualClock, n: u64) {
     let bucket = bucket_of(clock);
@@ -125,86 +116,22 @@ fn write_one(db: &Db, clock: &ManualClock, n: u64) {
     }
 }
 
-/// The real file system, except that the chosen call on a segment (`seg-`) file
-/// (`truncate`, `remove`, or `rename` of a prepared file into the log) is made and then
-/// never returns: the child says so and waits to be killed. Calls on other files (the
-/// manifest, prepared files being cleaned up) never pause.
-struct PausingStorage {
-    pause_at: String,
-}
-
 fn is_segment(path: &Path) -> bool {
     path.file_name()
         .is_some_and(|name| name.to_string_lossy().starts_with("seg-"))
 }
 
-fn pause() -> ! {
-    say("paused\n");
-    loop {
-        std::thread::park();
-    }
-}
-
-struct PausingFile {
-    inner: Box<dyn StorageFile>,
-    pause: bool,
-}
-
-impl StorageFile for PausingFile {
-    fn append(&mut self, data: &[u8]) -> std::io::Result<()> {
-        self.inner.append(data)
-    }
-    fn sync(&mut self) -> std::io::Result<()> {
-        self.inner.sync()
-    }
-    fn len(&self) -> std::io::Result<u64> {
-        self.inner.len()
-    }
-    fn truncate(&mut self, len: u64) -> std::io::Result<()> {
-        self.inner.truncate(len)?;
-        if self.pause {
-            pause();
-        }
-        Ok(())
-    }
-}
-
-impl Storage for PausingStorage {
-    fn create_dir_all(&self, dir: &Path) -> std::io::Result<()> {
-        StdStorage.create_dir_all(dir)
-    }
-    fn list(&self, dir: &Path) -> std::io::Result<Vec<PathBuf>> {
-        StdStorage.list(dir)
-    }
-    fn open_append(&self, path: &Path, create: bool) -> std::io::Result<Box<dyn StorageFile>> {
-        Ok(Box::new(PausingFile {
-            inner: StdStorage.open_append(path, create)?,
-            pause: self.pause_at == "truncate" && is_segment(path),
-        }))
-    }
-    fn read(&self, path: &Path, max_bytes: u64) -> std::io::Result<Vec<u8>> {
-        StdStorage.read(path, max_bytes)
-    }
-    fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
-        StdStorage.rename(from, to)?;
-        if self.pause_at == "rename" && is_segment(to) {
-            pause();
-        }
-        Ok(())
-    }
-    fn remove(&self, path: &Path) -> std::io::Result<()> {
-        StdStorage.remove(path)?;
-        if self.pause_at == "remove" && is_segment(path) {
-            pause();
-        }
-        Ok(())
-    }
-    fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
-        StdStorage.sync_dir(dir)
-    }
-    fn lock(&self, path: &Path) -> std::io::Result<Box<dyn Any + Send + Sync>> {
-        StdStorage.lock(path)
-    }
+/// The real file system, except that the chosen call on a segment (`seg-`) file
+/// (`truncate`, `remove`, or `rename` of a prepared file into the log) is made and then
+/// never returns: the child says so and waits to be killed. Calls on other files (the
+/// manifest, prepared files being cleaned up) never pause.
+fn pausing_at(pause_at: String) -> PausingStorage {
+    PausingStorage::new(move |step| match step {
+        Step::Truncated(path) => pause_at == "truncate" && is_segment(path),
+        Step::Renamed(to) => pause_at == "rename" && is_segment(to),
+        Step::Removed(path) => pause_at == "remove" && is_segment(path),
+        _ => false,
+    })
 }
 
 /// An acknowledged key (`record` false) or record, with the bucket before its call, and

@@ -10,15 +10,14 @@
 //! and checks that every key acknowledged in any round is a duplicate, and that
 //! `oncedb::verify` finds the store clean. Rounds: 15, or `ONCEDB_CRASH_ROUNDS`.
 
-use std::any::Any;
-use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
+use std::io::{BufRead, BufReader};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::support::spawning_children;
-use oncedb::io::{ReadAtFile, SplitMix64, StdStorage, Storage, StorageFile};
+use crate::support::{PausingStorage, Step, say, spawning_children};
+use oncedb::io::SplitMix64;
 use oncedb::{Db, Durability, Options};
 
 const CHILD_DIR: &str = "ONCEDB_SEAL_DIR";
@@ -43,12 +42,6 @@ fn key(n: u64) -> [u8; 8] {
     n.to_le_bytes()
 }
 
-fn say(line: &str) {
-    let mut out = std::io::stdout().lock();
-    out.write_all(line.as_bytes()).unwrap();
-    out.flush().unwrap();
-}
-
 /// The writer: admits batches of fresh keys until it is killed, printing `keys N` after
 /// each batch `N..N + BATCH` is acknowledged.
 #[test]
@@ -60,10 +53,9 @@ fn crash_sealing_child() {
     // End the test harness's "test ... " line, so every line after it is ours.
     say("\n");
     let first: u64 = std::env::var(CHILD_FIRST_KEY).unwrap().parse().unwrap();
-    let storage = Arc::new(PausingStorage {
-        pause_at: std::env::var(CHILD_PAUSE_AT).unwrap_or_default(),
-        run_renamed: AtomicBool::new(false),
-    });
+    let storage = Arc::new(pausing_at(
+        std::env::var(CHILD_PAUSE_AT).unwrap_or_default(),
+    ));
     let db = Db::open(options(Path::new(&dir)).storage(storage)).unwrap();
     say("opened\n");
     let mut n = first;
@@ -85,101 +77,23 @@ fn has_extension(path: &Path, extension: &str) -> bool {
     is_run(path) && path.extension().is_some_and(|e| e == extension)
 }
 
-/// Parks the calling thread for good after saying so: the parent kills the process.
-fn pause() -> ! {
-    say("paused\n");
-    loop {
-        std::thread::park();
-    }
-}
-
 /// The real file system, except that the chosen step of sealing is made and then never
 /// returns. Calls on other files never pause.
-struct PausingStorage {
-    pause_at: String,
-    /// A run was renamed into place: the next directory fsync is the one that makes it
-    /// durable.
-    run_renamed: AtomicBool,
-}
-
-struct PausingFile {
-    inner: Box<dyn StorageFile>,
-    pause_after_sync: bool,
-}
-
-impl StorageFile for PausingFile {
-    fn append(&mut self, data: &[u8]) -> std::io::Result<()> {
-        self.inner.append(data)
-    }
-    fn sync(&mut self) -> std::io::Result<()> {
-        self.inner.sync()?;
-        if self.pause_after_sync {
-            pause();
+fn pausing_at(pause_at: String) -> PausingStorage {
+    // A run was renamed into place: the next directory fsync makes it durable.
+    let run_renamed = AtomicBool::new(false);
+    PausingStorage::new(move |step| match step {
+        Step::Created(path) => pause_at == "create" && has_extension(path, "tmp"),
+        Step::Synced(path) => pause_at == "sync" && has_extension(path, "tmp"),
+        Step::Renamed(to) => {
+            let run = has_extension(to, "keys");
+            run_renamed.fetch_or(run, Ordering::SeqCst);
+            run && pause_at == "rename"
         }
-        Ok(())
-    }
-    fn len(&self) -> std::io::Result<u64> {
-        self.inner.len()
-    }
-    fn truncate(&mut self, len: u64) -> std::io::Result<()> {
-        self.inner.truncate(len)
-    }
-}
-
-impl Storage for PausingStorage {
-    fn create_dir_all(&self, dir: &Path) -> std::io::Result<()> {
-        StdStorage.create_dir_all(dir)
-    }
-    fn list(&self, dir: &Path) -> std::io::Result<Vec<PathBuf>> {
-        StdStorage.list(dir)
-    }
-    fn open_append(&self, path: &Path, create: bool) -> std::io::Result<Box<dyn StorageFile>> {
-        let inner = StdStorage.open_append(path, create)?;
-        let temp_run = has_extension(path, "tmp");
-        if temp_run && self.pause_at == "create" {
-            pause();
-        }
-        Ok(Box::new(PausingFile {
-            inner,
-            pause_after_sync: temp_run && self.pause_at == "sync",
-        }))
-    }
-    fn read(&self, path: &Path, max_bytes: u64) -> std::io::Result<Vec<u8>> {
-        StdStorage.read(path, max_bytes)
-    }
-    fn read_at(&self, path: &Path, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
-        StdStorage.read_at(path, offset, buf)
-    }
-    fn open_read(&self, path: &Path) -> std::io::Result<Option<Box<dyn ReadAtFile>>> {
-        StdStorage.open_read(path)
-    }
-    fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
-        StdStorage.rename(from, to)?;
-        if has_extension(to, "keys") {
-            if self.pause_at == "rename" {
-                pause();
-            }
-            self.run_renamed.store(true, Ordering::SeqCst);
-        }
-        Ok(())
-    }
-    fn remove(&self, path: &Path) -> std::io::Result<()> {
-        StdStorage.remove(path)?;
-        if has_extension(path, "keys") && self.pause_at == "remove" {
-            pause();
-        }
-        Ok(())
-    }
-    fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
-        StdStorage.sync_dir(dir)?;
-        if self.pause_at == "sync_dir" && self.run_renamed.swap(false, Ordering::SeqCst) {
-            pause();
-        }
-        Ok(())
-    }
-    fn lock(&self, path: &Path) -> std::io::Result<Box<dyn Any + Send + Sync>> {
-        StdStorage.lock(path)
-    }
+        Step::DirSynced => pause_at == "sync_dir" && run_renamed.swap(false, Ordering::SeqCst),
+        Step::Removed(path) => pause_at == "remove" && has_extension(path, "keys"),
+        Step::Truncated(_) => false,
+    })
 }
 
 /// Runs a writer from key `first` with `pause_at`, kills it where it pauses (or after

@@ -89,6 +89,25 @@ fn a_durable_db_never_fsyncs_on_the_runtime_thread() {
     );
 }
 
+/// A `Sync` store whose writers' fsyncs pass through `gate`.
+fn sync_db_behind(gate: &Arc<SyncGate>) -> Db {
+    let options = Options::new("/db")
+        .storage(Arc::new(gate.storage(MemStorage::new())))
+        .durability(Durability::Sync)
+        .window(Duration::from_secs(60))
+        .bucket_width(Duration::from_secs(6))
+        .clock(ManualClock::new(SystemTime::now()));
+    Db::open(options).unwrap()
+}
+
+/// A current-thread runtime whose blocking pool has one thread.
+fn one_blocking_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .max_blocking_threads(1)
+        .build()
+        .unwrap()
+}
+
 /// A `Sync` write through `Store` waits for its group commit without holding a thread:
 /// with a blocking pool of one thread, and that one (or the commit's) stuck in an fsync,
 /// every other write still reaches memory and the log and joins the next group. A
@@ -98,23 +117,13 @@ fn a_durable_db_never_fsyncs_on_the_runtime_thread() {
 fn a_waiting_write_holds_no_thread() {
     use oncedb::Store;
     let gate = SyncGate::writers();
-    let storage = gate.storage(MemStorage::new());
-    let options = Options::new("/db")
-        .storage(Arc::new(storage))
-        .durability(Durability::Sync)
-        .window(Duration::from_secs(60))
-        .bucket_width(Duration::from_secs(6))
-        .clock(ManualClock::new(SystemTime::now()));
-    let db = Db::open(options).unwrap();
+    let db = sync_db_behind(&gate);
     db.insert_if_absent(b"warm-up").unwrap();
     db.flush().unwrap();
     let before = db.stats();
     gate.hold(1);
     let writers = 16u64;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .max_blocking_threads(1)
-        .build()
-        .unwrap();
+    let runtime = one_blocking_thread();
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let mut admitted_while_held = 0;
     std::thread::scope(|s| {
@@ -160,14 +169,7 @@ fn a_waiting_write_holds_no_thread() {
 fn take_overs_advances_and_notes_hold_no_thread_while_they_wait() {
     use oncedb::{Advance, Reservation, Scope, Store, StoreLease};
     let gate = SyncGate::writers();
-    let storage = gate.storage(MemStorage::new());
-    let options = Options::new("/db")
-        .storage(Arc::new(storage))
-        .durability(Durability::Sync)
-        .window(Duration::from_secs(60))
-        .bucket_width(Duration::from_secs(6))
-        .clock(ManualClock::new(SystemTime::now()));
-    let db = Db::open(options).unwrap();
+    let db = sync_db_behind(&gate);
     let scope = Scope::new("org", "op");
     let writers = 16u64;
     let acquire = |n: u64| match db.reserve(&scope, &n.to_le_bytes(), b"r").unwrap() {
@@ -192,10 +194,7 @@ fn take_overs_advances_and_notes_hold_no_thread_while_they_wait() {
             + noted_now()
     };
     gate.hold(1);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .max_blocking_threads(1)
-        .build()
-        .unwrap();
+    let runtime = one_blocking_thread();
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let mut done_while_held = 0;
     std::thread::scope(|s| {
