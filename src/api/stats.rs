@@ -120,7 +120,8 @@ pub struct Stats {
     /// Times since open a writer waited for the seal or merge under way because the
     /// dedup tables had reached the budget's bound (`docs/design.md`, "Sealed key runs").
     pub budget_waits: u64,
-    /// Writers waiting so now.
+    /// Writers waiting now for the seal or merge under way, the dedup tables at the
+    /// budget's bound.
     pub budget_waiters: u64,
 }
 

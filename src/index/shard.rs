@@ -488,7 +488,7 @@ impl Shard {
 
     /// Bytes of the dedup tables: the one taking writes and any frozen one.
     pub(crate) fn table_bytes(&self) -> usize {
-        self.table.heap_bytes() + self.frozen.as_ref().map_or(0, |t| t.heap_bytes())
+        self.table.heap_bytes() + self.frozen_bytes()
     }
 
     /// Re-admits a key during recovery with the bucket it was stamped with when it was
