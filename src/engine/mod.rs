@@ -347,14 +347,14 @@ impl Engine {
     pub(crate) fn insert_if_absent_settled(&self, key: &[u8], settle: &mut Settle) -> Result<bool> {
         self.check_key(key)?;
         self.check_writable()?;
-        let bucket = self.current_bucket();
+        // Hash and prefetch before the clock: the home slot's miss overlaps the clock
+        // read and the lock instead of following them.
         let fingerprint = self.hasher.key(key);
-        let (admitted, stamp) = {
-            let mut shard = self.index.lock(fingerprint, bucket);
-            let admitted = shard.insert_key(fingerprint, self.sealed_keys())?;
-            shard.after_writes(1);
-            (admitted, shard.current())
-        };
+        self.index.prefetch_home(fingerprint);
+        let bucket = self.current_bucket();
+        let (admitted, stamp) = self
+            .index
+            .admit_one(fingerprint, bucket, self.sealed_keys())?;
         self.after_inserts(u64::from(admitted))?;
         if admitted {
             let ticket = self.enqueue(&[LogEntry::Keys {
@@ -549,8 +549,9 @@ impl Engine {
     /// Whether `key` is live. Read only.
     pub(crate) fn contains(&self, key: &[u8]) -> Result<bool> {
         self.check_key(key)?;
-        let bucket = self.current_bucket();
         let fingerprint = self.hasher.key(key);
+        self.index.prefetch_home(fingerprint);
+        let bucket = self.current_bucket();
         self.index
             .lock(fingerprint, bucket)
             .contains_key_anywhere(fingerprint, self.sealed_keys())

@@ -193,13 +193,46 @@ impl Index {
     }
 
     /// Records where the table of `shard` (locked, owning `fingerprint`) is now, for
-    /// [`Index::prefetch_group`].
+    /// [`Index::prefetch_group`] and [`Index::prefetch_home`]. Writes the hint only when
+    /// the table moved, so that callers on other threads keep their copy of its line.
     pub(crate) fn publish_table(&self, fingerprint: Fingerprint, shard: &Shard) {
         if let Some(padded) = self.shards.get(fingerprint.shard(self.shard_bits)) {
+            let hint = &padded.0.hint;
             let (base, slots) = shard.table_place();
-            padded.0.hint.base.store(base, Ordering::Relaxed);
-            padded.0.hint.slots.store(slots, Ordering::Relaxed);
+            if hint.base.load(Ordering::Relaxed) != base {
+                hint.base.store(base, Ordering::Relaxed);
+            }
+            if hint.slots.load(Ordering::Relaxed) != slots {
+                hint.slots.store(slots, Ordering::Relaxed);
+            }
         }
+    }
+
+    /// Prefetches, without the lock, the home slot of `fingerprint` at the table place
+    /// last published for its shard. A single-key call issues it first, so that its one
+    /// DRAM miss is under way while it reads the clock and takes the lock.
+    pub(crate) fn prefetch_home(&self, fingerprint: Fingerprint) {
+        if let Some(padded) = self.shards.get(fingerprint.shard(self.shard_bits)) {
+            let base = padded.0.hint.base.load(Ordering::Relaxed);
+            let slots = padded.0.hint.slots.load(Ordering::Relaxed);
+            prefetch_address(table::home_address(base, slots, fingerprint.tag()));
+        }
+    }
+
+    /// Admits one dedup key in its shard, moved to `bucket`: whether it was absent, and
+    /// the shard's bucket it was stamped with. Publishes the table's place, which an
+    /// insert that grew the table has moved.
+    pub(crate) fn admit_one(
+        &self,
+        fingerprint: Fingerprint,
+        bucket: u64,
+        sealed: Option<&dyn SealedKeys>,
+    ) -> crate::base::Result<(bool, u64)> {
+        let mut shard = self.lock(fingerprint, bucket);
+        let admitted = shard.insert_key(fingerprint, sealed)?;
+        shard.after_writes(1);
+        self.publish_table(fingerprint, &shard);
+        Ok((admitted, shard.current()))
     }
 
     /// Prefetches, without the lock, the home slots of up to `PREFETCH_AHEAD` members of
@@ -398,5 +431,42 @@ pub(crate) fn for_each_prefetched(
             shard.prefetch(fp);
         }
         visit(shard, index as usize);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A single-key admission that grows its shard's table publishes the new place, so
+    /// that the next call's lock-free prefetch reads the table the probe will use.
+    #[test]
+    fn single_key_admissions_keep_the_table_hint_current_as_tables_grow() {
+        let config = IndexConfig {
+            window: Window::new(4, 1),
+            retention: None,
+            shards: 4,
+            expected_keys: 0,
+            shard_capacity: None,
+            full_policy: FullPolicy::Reject,
+            huge_pages: false,
+        };
+        let index = Index::new(config, 0).unwrap();
+        let first: Vec<(usize, usize)> =
+            (0..4).map(|i| index.lock_index(i).table_place()).collect();
+        for n in 0..20_000u64 {
+            let fingerprint = Fingerprint(xxhash_rust::xxh3::xxh3_128(&n.to_le_bytes()));
+            assert!(index.admit_one(fingerprint, 0, None).unwrap().0);
+        }
+        for (i, padded) in index.shards.iter().enumerate() {
+            let place = index.lock_index(i).table_place();
+            assert_ne!(place, first[i], "shard {i}'s table grew and moved");
+            let hint = &padded.0.hint;
+            let published = (
+                hint.base.load(Ordering::Relaxed),
+                hint.slots.load(Ordering::Relaxed),
+            );
+            assert_eq!(published, place, "shard {i}");
+        }
     }
 }
