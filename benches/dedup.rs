@@ -86,6 +86,31 @@ fn run_bare_probe(ids: &[[u8; 16]]) -> u64 {
     count
 }
 
+/// The bare table growing from empty: it doubles (every hash moved once, in order) when
+/// an insert would take it past a load of 7/8. The ceiling for a single-key path whose
+/// tables grow, as oncedb's do without `expected_keys`.
+fn run_bare_probe_growing(ids: &[[u8; 16]]) -> u64 {
+    let mut slots = vec![0u64; 1024];
+    let mut count = 0;
+    for id in ids {
+        if (count as usize + 1) * 8 > slots.len() * 7 {
+            let mut grown = vec![0u64; slots.len() * 2];
+            let mask = grown.len() - 1;
+            for &hash in slots.iter().filter(|&&hash| hash != 0) {
+                probe_insert(&mut grown, mask, hash);
+            }
+            slots = grown;
+        }
+        let mask = slots.len() - 1;
+        count += u64::from(probe_insert(
+            &mut slots,
+            mask,
+            xxhash_rust::xxh3::xxh3_64(id).max(1),
+        ));
+    }
+    count
+}
+
 /// Linear probing for `hash` in the bare table: inserts it if absent; true if it was.
 #[inline]
 fn probe_insert(slots: &mut [u64], mask: usize, hash: u64) -> bool {
@@ -238,6 +263,12 @@ fn memory_common(group: &mut Group<'_>, ids: &[[u8; 16]]) {
         run_oncedb_single(db, ids)
     });
     bench(group, "dashmap_entry", || (), |()| run_dashmap(ids));
+    bench(
+        group,
+        "bare_open_addressing_growing",
+        || (),
+        |()| run_bare_probe_growing(ids),
+    );
 }
 
 fn memory(c: &mut Criterion) {

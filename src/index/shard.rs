@@ -752,18 +752,14 @@ impl Shard {
         lease_id: u64,
     ) -> Result<&mut StoredRecord> {
         let (window, current) = (self.view(), self.current);
-        let fenced = self
-            .records
-            .live_mut(fingerprint.0, None, window, current)?
-            .is_some_and(|record| record.fences(lease_id));
-        if fenced {
-            self.counters.fenced += 1;
-            return Err(Error::Fenced);
-        }
         match self
             .records
             .live_mut(fingerprint.0, None, window, current)?
         {
+            Some(record) if record.fences(lease_id) => {
+                self.counters.fenced += 1;
+                Err(Error::Fenced)
+            }
             Some(record) if record.in_flight_under(lease_id) => Ok(record),
             _ => {
                 self.counters.leases_lost += 1;
