@@ -13,10 +13,11 @@
 //! - The dedup key is the input's `Nats-Msg-Id`, or `h:` and the XXH3-128 of the payload
 //!   when the header is absent.
 //! - A batch is fetched from the durable pull consumer `oncedb` (created if missing,
-//!   explicit acks); its keys are reserved in one blocking call with one fsync; new
-//!   messages are published in order and all their confirmations from the output stream
-//!   awaited; the records are completed with one more fsync; then the inputs are
-//!   acknowledged.
+//!   explicit acks); its keys are reserved concurrently on the consumer's task through
+//!   [`Store`] over a `Durability::Sync` store, so that the batch's reserves share one
+//!   group commit and no thread waits on the fsync; new messages are published in order
+//!   and all their confirmations from the output stream awaited; the records are
+//!   completed the same way (one more group commit); then the inputs are acknowledged.
 //! - A record found in flight was reserved by a run that died before completing it: it is
 //!   taken over and forwarded again with the same id, which the output stream's own
 //!   duplicate window absorbs if the first send got through.
@@ -39,7 +40,8 @@ use std::time::{Duration, Instant};
 use async_nats::HeaderMap;
 use async_nats::jetstream::{self, consumer::AckPolicy, consumer::pull};
 use futures_util::StreamExt;
-use oncedb::{Db, Durability, Lease, Options, Reservation, Scope};
+use futures_util::future::join_all;
+use oncedb::{Db, Durability, Lease, Options, Reservation, Scope, Store, StoreLease};
 
 struct Args {
     server: String,
@@ -168,32 +170,37 @@ enum Step {
     Drop,
 }
 
-/// Reserves every key of a batch and fsyncs once (on the blocking pool).
-fn reserve_batch(db: &Db, scope: &Scope, batch: &[(String, Vec<u8>)]) -> Vec<Step> {
+/// Reserves every key of a batch at once: each reserve writes inline and awaits its
+/// group commit, so the batch's reserves are durable after one or two fsyncs and no
+/// thread is held while they wait.
+async fn reserve_batch(db: &Db, scope: &Scope, batch: &[(String, Vec<u8>)]) -> Vec<Step> {
     let mut seen = HashSet::new();
-    let steps = batch
-        .iter()
-        .map(|(key, payload)| {
-            if !seen.insert(key.clone()) {
-                // The same id twice in one batch: the first one carries it.
-                return Step::Drop;
-            }
-            match db.reserve(scope, key.as_bytes(), payload).expect("reserve") {
-                Reservation::Acquired(lease) => Step::Forward(lease),
-                // Left in flight by a run that died before completing it.
-                Reservation::InFlight { .. } => db
-                    .take_over(scope, key.as_bytes())
-                    .expect("take over")
-                    .map_or(Step::Drop, Step::Forward),
-                Reservation::Completed(_)
-                | Reservation::Failed(_)
-                | Reservation::Expired(_)
-                | Reservation::Mismatch => Step::Drop,
-            }
-        })
-        .collect();
-    db.flush().expect("flush");
-    steps
+    // The same id twice in one batch: the first one carries it.
+    let first: Vec<bool> = batch.iter().map(|(key, _)| seen.insert(key)).collect();
+    let reserves = batch.iter().zip(first).map(|((key, payload), first)| async move {
+        if first {
+            reserve_one(db, scope, key, payload).await
+        } else {
+            Step::Drop
+        }
+    });
+    join_all(reserves).await
+}
+
+async fn reserve_one(db: &Db, scope: &Scope, key: &str, payload: &[u8]) -> Step {
+    let reservation = Store::reserve(db, scope, key.as_bytes(), payload).await;
+    match reservation.expect("reserve") {
+        Reservation::Acquired(lease) => Step::Forward(lease),
+        // Left in flight by a run that died before completing it.
+        Reservation::InFlight { .. } => Store::take_over(db, scope, key.as_bytes())
+            .await
+            .expect("take over")
+            .map_or(Step::Drop, Step::Forward),
+        Reservation::Completed(_)
+        | Reservation::Failed(_)
+        | Reservation::Expired(_)
+        | Reservation::Mismatch => Step::Drop,
+    }
 }
 
 /// The naive pattern: remember every key (one fsync), forward the new ones afterwards.
@@ -275,7 +282,7 @@ async fn run(args: &Args) -> Result<(), async_nats::Error> {
         .await?;
     let db = Db::open(
         Options::new(&args.dir)
-            .durability(Durability::Buffered)
+            .durability(Durability::Sync)
             .window(Duration::from_secs(7 * 24 * 3600)),
     )?;
     let scope = Scope::new(args.input_stream.as_bytes(), b"forward");
@@ -314,15 +321,13 @@ async fn run(args: &Args) -> Result<(), async_nats::Error> {
             .iter()
             .map(|m| (key_of(&m.message), m.message.payload.to_vec()))
             .collect();
-        let steps = {
-            let (db, scope, mode) = (db.clone(), scope.clone(), args.mode);
-            let batch = batch.clone();
-            tokio::task::spawn_blocking(move || match mode {
-                Mode::Reserve => reserve_batch(&db, &scope, &batch),
-                Mode::Naive => remember_batch(&db, &batch),
-                Mode::Passthrough => batch.iter().map(|_| Step::ForwardUnleased).collect(),
-            })
-            .await?
+        let steps = match args.mode {
+            Mode::Reserve => reserve_batch(&db, &scope, &batch).await,
+            Mode::Naive => {
+                let (db, batch) = (db.clone(), batch.clone());
+                tokio::task::spawn_blocking(move || remember_batch(&db, &batch)).await?
+            }
+            Mode::Passthrough => batch.iter().map(|_| Step::ForwardUnleased).collect(),
         };
         // Forward the new ones: every publish is sent in order on the one connection, then
         // every confirmation is awaited. A missing confirmation ends the run before any
@@ -359,16 +364,13 @@ async fn run(args: &Args) -> Result<(), async_nats::Error> {
             confirmation.await?;
             forwarded += 1;
         }
-        let db_for_completion = db.clone();
-        tokio::task::spawn_blocking(move || {
-            for lease in leases {
-                if let Err(err) = lease.complete(b"") {
-                    eprintln!("complete: {}", err.error());
-                }
+        // Every completion awaits its group commit before any input is acknowledged.
+        let completions = leases.into_iter().map(|lease| StoreLease::complete(lease, b""));
+        for result in join_all(completions).await {
+            if let Err(err) = result {
+                eprintln!("complete: {err}");
             }
-            db_for_completion.flush().expect("flush");
-        })
-        .await?;
+        }
         for message in &messages {
             message.ack().await?;
         }
