@@ -177,13 +177,16 @@ async fn reserve_batch(db: &Db, scope: &Scope, batch: &[(String, Vec<u8>)]) -> V
     let mut seen = HashSet::new();
     // The same id twice in one batch: the first one carries it.
     let first: Vec<bool> = batch.iter().map(|(key, _)| seen.insert(key)).collect();
-    let reserves = batch.iter().zip(first).map(|((key, payload), first)| async move {
-        if first {
-            reserve_one(db, scope, key, payload).await
-        } else {
-            Step::Drop
-        }
-    });
+    let reserves = batch
+        .iter()
+        .zip(first)
+        .map(|((key, payload), first)| async move {
+            if first {
+                reserve_one(db, scope, key, payload).await
+            } else {
+                Step::Drop
+            }
+        });
     join_all(reserves).await
 }
 
@@ -365,7 +368,9 @@ async fn run(args: &Args) -> Result<(), async_nats::Error> {
             forwarded += 1;
         }
         // Every completion awaits its group commit before any input is acknowledged.
-        let completions = leases.into_iter().map(|lease| StoreLease::complete(lease, b""));
+        let completions = leases
+            .into_iter()
+            .map(|lease| StoreLease::complete(lease, b""));
         for result in join_all(completions).await {
             if let Err(err) = result {
                 eprintln!("complete: {err}");
