@@ -100,3 +100,50 @@ fn with_interval_durability_only_the_log_buffers_grow() {
         "{allocations} allocations in 200 batches"
     );
 }
+
+/// A record keeps one heap buffer: its scoped key while in flight, replaced at
+/// completion by one holding the key and the response. Reserve and complete allocate
+/// those two buffers and nothing else (no box for the record's fields, no copy of the
+/// response made before the store's own).
+#[test]
+fn a_completed_record_holds_one_buffer() {
+    use oncedb::{Reservation, Scope};
+    const RECORDS: usize = 1000;
+    let db = Db::open(Options::in_memory()).unwrap();
+    let scope = Scope::new("tenant", "create_payment");
+    let response = vec![7u8; 256];
+    let keys: Vec<String> = (0..2 * RECORDS).map(|i| format!("key-{i:056}")).collect();
+    let (warm_up, measured) = keys.split_at(RECORDS);
+    let run = |keys: &[String]| {
+        for key in keys {
+            let Reservation::Acquired(lease) = db.reserve(&scope, key.as_bytes(), b"r").unwrap()
+            else {
+                panic!("{key} is new");
+            };
+            lease.complete(&response).unwrap();
+        }
+    };
+    // The first records grow the shard maps and queues; those growths are not counted.
+    run(warm_up);
+    let ((), stats) = measure(|| run(measured));
+    // Growth still under way: each of the 64 shards' record maps may grow once more
+    // (a block) and its expiry queue with it (a reallocation, not counted here).
+    let slack = 2 * 64;
+    assert!(
+        stats.allocs <= 2 * RECORDS as u64 + slack,
+        "{} allocations for {RECORDS} records",
+        stats.allocs
+    );
+    let held = stats.allocs.saturating_sub(stats.deallocs);
+    assert!(
+        held <= RECORDS as u64 + slack,
+        "{held} blocks held for {RECORDS} records"
+    );
+    assert_eq!(
+        db.get(&scope, measured[7].as_bytes())
+            .unwrap()
+            .unwrap()
+            .response(),
+        Some(&response[..])
+    );
+}

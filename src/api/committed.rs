@@ -3,8 +3,6 @@
 //! for it. A write that may do blocking file work on the way (a roll-over, a seal, a
 //! lease floor raise: [`Db::may_block_on_files`]) is the caller's to run elsewhere.
 
-use std::sync::Arc;
-
 use super::db::{Db, with_scoped_key};
 use super::observe;
 use super::record::{Lease, Reservation, Scope};
@@ -100,15 +98,14 @@ impl Lease {
     /// [`Lease::complete`], awaiting the commit.
     pub(crate) async fn complete_committed(self, response: &[u8]) -> Result<()> {
         self.engine.check_response(response)?;
-        self.end_committed(Finish::Complete(Arc::from(response)), "completed")
+        self.end_committed(Finish::Complete(response), "completed")
             .await
     }
 
     /// [`Lease::fail`], awaiting the commit.
     pub(crate) async fn fail_committed(self, response: &[u8]) -> Result<()> {
         self.engine.check_response(response)?;
-        self.end_committed(Finish::Fail(Arc::from(response)), "failed")
-            .await
+        self.end_committed(Finish::Fail(response), "failed").await
     }
 
     /// [`Lease::note`], awaiting the commit.
@@ -126,7 +123,7 @@ impl Lease {
         self.end_committed(Finish::Release, "released").await
     }
 
-    async fn end_committed(self, finish: Finish, ending: &'static str) -> Result<()> {
+    async fn end_committed(self, finish: Finish<'_>, ending: &'static str) -> Result<()> {
         let (fingerprint, lease_id) = (self.fingerprint, self.lease_id);
         let end = |settle: &mut Settle| {
             self.engine

@@ -206,7 +206,7 @@ impl Lease {
                 lease: Box::new(self),
             });
         }
-        self.end(Finish::Complete(Arc::from(response)), "completed")
+        self.end(Finish::Complete(response), "completed")
     }
 
     /// Stores a deterministic failure for replay and marks the record failed. A refused
@@ -218,7 +218,7 @@ impl Lease {
                 lease: Box::new(self),
             });
         }
-        self.end(Finish::Fail(Arc::from(response)), "failed")
+        self.end(Finish::Fail(response), "failed")
     }
 
     /// Deletes the record so that a retry may run the operation again. Use only when the
@@ -245,7 +245,7 @@ impl Lease {
         self.lease_id
     }
 
-    fn end(self, finish: Finish, ending: &'static str) -> Result<(), LeaseError> {
+    fn end(self, finish: Finish<'_>, ending: &'static str) -> Result<(), LeaseError> {
         let result = self.engine.finish(self.fingerprint, self.lease_id, finish);
         self.observe(&result, ending);
         match result {

@@ -34,8 +34,8 @@ pub use limits::{
     MAX_RESPONSE_BYTES_LIMIT, MAX_SCOPE_PART_BYTES, MAX_SEGMENT_BYTES_LIMIT, MAX_SHARDS,
 };
 pub(crate) use prefetch::{prefetch_address, prefetch_read};
-pub(crate) use record::LogSpan;
 pub use record::{Advance, Record, RecordStatus};
+pub(crate) use record::{LogSpan, ResponseBytes};
 #[cfg(any(feature = "redis", feature = "postgres"))]
 pub(crate) use time::system_time_to_ms;
 pub use time::{Clock, ManualClock, SystemClock};

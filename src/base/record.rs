@@ -22,7 +22,7 @@ pub enum RecordStatus {
 #[derive(Clone, PartialEq, Eq)]
 pub struct Record {
     pub(crate) status: RecordStatus,
-    pub(crate) response: Option<Arc<[u8]>>,
+    pub(crate) response: Option<ResponseBytes>,
     /// A response still in the log: its finish frame and the lease that wrote it. The
     /// engine reads it into `response` before the record leaves the engine.
     pub(crate) logged: Option<(LogSpan, u64)>,
@@ -66,6 +66,58 @@ impl fmt::Debug for Record {
             .finish()
     }
 }
+
+/// A stored response, shared without a copy: a record in memory keeps its scoped key
+/// and its response in one buffer, and a snapshot shares that buffer from where the
+/// response starts.
+#[derive(Clone)]
+pub(crate) struct ResponseBytes {
+    buffer: Arc<[u8]>,
+    start: usize,
+}
+
+impl ResponseBytes {
+    /// The bytes of `buffer` from `start` on.
+    pub(crate) fn after(buffer: Arc<[u8]>, start: usize) -> ResponseBytes {
+        ResponseBytes { buffer, start }
+    }
+}
+
+impl std::ops::Deref for ResponseBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        self.buffer.get(self.start..).unwrap_or_default()
+    }
+}
+
+impl From<Arc<[u8]>> for ResponseBytes {
+    fn from(buffer: Arc<[u8]>) -> ResponseBytes {
+        ResponseBytes::after(buffer, 0)
+    }
+}
+
+impl From<Vec<u8>> for ResponseBytes {
+    fn from(bytes: Vec<u8>) -> ResponseBytes {
+        ResponseBytes::from(Arc::<[u8]>::from(bytes))
+    }
+}
+
+impl fmt::Debug for ResponseBytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseBytes")
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+impl PartialEq for ResponseBytes {
+    fn eq(&self, other: &ResponseBytes) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for ResponseBytes {}
 
 /// Where a log entry's frame lies: its segment (bucket, sequence) and byte range. A
 /// finished record whose response stays on disk keeps this instead of the bytes.

@@ -700,7 +700,7 @@ mod tests {
         };
         assert!(new > old);
         engine
-            .finish(fingerprint, new, Finish::Complete(Arc::from(&b"done"[..])))
+            .finish(fingerprint, new, Finish::Complete(b"done"))
             .unwrap();
         drop(engine);
         let hasher = secret_hasher(&disk);
@@ -750,7 +750,7 @@ mod tests {
             bucket: START,
             scoped_key: held,
         };
-        let done = Finish::Complete(Arc::from(&b"done"[..]));
+        let done = Finish::Complete(b"done");
         let finish = LogEntry::Finish {
             fingerprint,
             lease_id: 1,

@@ -66,7 +66,7 @@ impl Engine {
         Ok(journal
             .read_response(span, fingerprint, lease_id)?
             .map(|response| {
-                record.response = Some(response);
+                record.response = Some(response.into());
                 record
             }))
     }

@@ -4,42 +4,19 @@ use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
-use crate::base::{Error, LogSpan, Record, RecordStatus, Result, Window};
+use crate::base::{Error, LogSpan, Record, RecordStatus, ResponseBytes, Result, Window};
 
-/// Where a finished record's response is, while the record keeps its full form.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Response {
-    /// In memory: an in-memory store, or a durable one whose log has not yet been
-    /// written past the finish entry.
-    Held(Arc<[u8]>),
-    /// In the log only, in the finish entry's frame: read back on replay.
+/// How a lease ends a record: with response bytes that memory keeps (a call), or with a
+/// response already in the log, in the finish entry's frame (recovery).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ending<'a> {
+    Held(&'a [u8]),
     Logged(LogSpan),
-    /// Aged out (`Options::response_retention`): the record says the operation
-    /// happened, with nothing left to replay.
-    Gone,
 }
 
-/// Where a record in its full form stands.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum State {
-    InFlight,
-    Completed { response: Response, at_ms: u64 },
-    Failed { response: Response, at_ms: u64 },
-}
-
-impl State {
-    /// The response of a finished record.
-    fn response_mut(&mut self) -> Option<&mut Response> {
-        match self {
-            State::InFlight => None,
-            State::Completed { response, .. } | State::Failed { response, .. } => Some(response),
-        }
-    }
-}
-
-/// One record as kept in memory: fixed-size fields, and a body that is either the
-/// record's full form on the heap or, once its response and key are both in the log,
-/// their spans alone.
+/// One record as kept in memory: fixed-size fields, and a body that holds at most one
+/// heap buffer (the scoped key, then the response while memory keeps it) or, once the
+/// response and the key are both in the log, their spans alone.
 #[derive(Debug, Clone)]
 pub(crate) struct StoredRecord {
     pub(crate) request_hash: u128,
@@ -48,54 +25,70 @@ pub(crate) struct StoredRecord {
     /// The lease the record is (or was last) held under; kept after it ends, so that
     /// replay can tell an older reserve from a newer one.
     pub(crate) lease_id: u64,
-    /// The leases take-overs replaced, oldest first: exactly the leases that are fenced
-    /// on this record. Lease ids come from one counter for the whole store, so a range
-    /// of ids would also hold other records' leases. `None` until the first take-over
-    /// (a thin box: one word in every record, a heap list in the rare one taken over).
-    taken_over: Option<Box<TakenOver>>,
+    /// What few records carry: the leases take-overs replaced and a note. `None` for
+    /// most (a thin box: one word in every record, a heap block in the rare other).
+    extra: Option<Box<Extra>>,
     body: Body,
 }
 
-/// The leases take-overs replaced on one record.
+/// The rare parts of a record.
 #[derive(Debug, Clone, Default)]
-struct TakenOver(Vec<u64>);
+struct Extra {
+    /// The leases take-overs replaced, oldest first: exactly the leases that are fenced
+    /// on this record. Lease ids come from one counter for the whole store, so a range
+    /// of ids would also hold other records' leases.
+    taken_over: Vec<u64>,
+    /// A short note a lease holder attached while in flight (dropped when it finishes).
+    note: Option<Arc<[u8]>>,
+}
 
+/// A record's state and where its bytes are. Laid out to keep a map slot at 128 bytes:
+/// the variants share the space of the largest (`a_record_in_the_log_is_a_fixed_size_slot`).
 #[derive(Debug, Clone)]
 enum Body {
-    /// In flight, or finished with its response in memory (an in-memory store, or a
-    /// log not yet written past the finish entry) or aged out there.
-    Full(Box<Full>),
+    /// A lease holds it.
+    InFlight {
+        scoped_key: Box<[u8]>,
+        /// The reserve entry's frame (a durable store): where the key is read back from
+        /// once the record keeps only spans.
+        key_at: Option<LogSpan>,
+        /// When the current lease was granted (the reserve, or the last take-over): a
+        /// lease timeout counts from here.
+        leased_ms: u64,
+    },
+    /// Finished, its key in memory: the response follows the key in one buffer (an
+    /// in-memory store, or a durable one whose log is not yet written past the finish
+    /// entry), or has aged out (`gone`, and the buffer is the key alone).
+    Finished {
+        /// The scoped key, then the response.
+        bytes: Arc<[u8]>,
+        key_len: u32,
+        /// `Completed` or `Failed`, never `InFlight`.
+        status: RecordStatus,
+        /// Aged out (`Options::response_retention`): nothing is left to replay.
+        gone: bool,
+        at_ms: u64,
+        key_at: Option<LogSpan>,
+    },
+    /// Finished with its response in the log and its key only in memory: a record
+    /// whose reserve frame was never located (no path of a durable store leaves one).
+    KeyHeld {
+        scoped_key: Box<[u8]>,
+        status: RecordStatus,
+        gone: bool,
+        at_ms: u64,
+        response: LogSpan,
+    },
     /// Finished with both its response and its scoped key in the log: no heap bytes.
-    Logged(Logged),
-}
-
-/// A record's full form.
-#[derive(Debug, Clone)]
-struct Full {
-    scoped_key: Box<[u8]>,
-    /// The reserve entry's frame (a durable store): where the key is read back from
-    /// once the record keeps only spans.
-    key_at: Option<LogSpan>,
-    /// When the current lease was granted (the reserve, or the last take-over): a
-    /// lease timeout counts from here.
-    leased_ms: u64,
-    /// A short note a lease holder attached while in flight.
-    note: Option<Arc<[u8]>>,
-    state: State,
-}
-
-/// A finished record whose response and key are in the log.
-#[derive(Debug, Clone, Copy)]
-struct Logged {
-    /// `Completed` or `Failed`, never `InFlight`.
-    status: RecordStatus,
-    /// Aged out (`Options::response_retention`): the span is no longer read.
-    gone: bool,
-    at_ms: u64,
-    /// The finish entry's frame, which holds the response.
-    response: LogSpan,
-    /// The reserve entry's frame, which holds the scoped key.
-    key: LogSpan,
+    Logged {
+        status: RecordStatus,
+        gone: bool,
+        at_ms: u64,
+        /// The finish entry's frame, which holds the response.
+        response: LogSpan,
+        /// The reserve entry's frame, which holds the scoped key.
+        key: LogSpan,
+    },
 }
 
 impl StoredRecord {
@@ -112,14 +105,12 @@ impl StoredRecord {
             bucket,
             created_ms,
             lease_id,
-            taken_over: None,
-            body: Body::Full(Box::new(Full {
+            extra: None,
+            body: Body::InFlight {
                 scoped_key: scoped_key.into(),
                 key_at,
                 leased_ms: created_ms,
-                note: None,
-                state: State::InFlight,
-            })),
+            },
         }
     }
 
@@ -129,182 +120,235 @@ impl StoredRecord {
     /// for the engine to read.
     pub(crate) fn snapshot(&self, retention: Option<Window>, current: u64) -> Record {
         let kept = retention.is_none_or(|retention| retention.is_live(self.bucket, current));
-        let full = match &self.body {
-            Body::Full(full) => full,
-            Body::Logged(logged) => {
-                return Record {
-                    status: logged.status,
-                    response: None,
-                    logged: (kept && !logged.gone).then_some((logged.response, self.lease_id)),
-                    key_logged: Some(logged.key),
-                    created_ms: self.created_ms,
-                    finished_ms: Some(logged.at_ms),
-                };
-            }
-        };
-        let (status, response, finished_ms) = match &full.state {
-            State::InFlight => (RecordStatus::InFlight, None, None),
-            State::Completed { response, at_ms } => {
-                (RecordStatus::Completed, Some(response), Some(*at_ms))
-            }
-            State::Failed { response, at_ms } => {
-                (RecordStatus::Failed, Some(response), Some(*at_ms))
-            }
-        };
-        let (response, logged) = match response.filter(|_| kept) {
-            Some(Response::Held(bytes)) => (Some(bytes.clone()), None),
-            Some(Response::Logged(span)) => (None, Some((*span, self.lease_id))),
-            Some(Response::Gone) | None => (None, None),
-        };
-        Record {
-            status,
-            response,
-            logged,
+        let mut record = Record {
+            status: RecordStatus::InFlight,
+            response: None,
+            logged: None,
             key_logged: None,
             created_ms: self.created_ms,
-            finished_ms,
+            finished_ms: None,
+        };
+        match &self.body {
+            Body::InFlight { .. } => {}
+            Body::Finished {
+                bytes,
+                key_len,
+                status,
+                gone,
+                at_ms,
+                ..
+            } => {
+                record.status = *status;
+                record.finished_ms = Some(*at_ms);
+                record.response =
+                    (kept && !gone).then(|| ResponseBytes::after(bytes.clone(), *key_len as usize));
+            }
+            Body::KeyHeld {
+                status,
+                gone,
+                at_ms,
+                response,
+                ..
+            } => {
+                record.status = *status;
+                record.finished_ms = Some(*at_ms);
+                record.logged = (kept && !gone).then_some((*response, self.lease_id));
+            }
+            Body::Logged {
+                status,
+                gone,
+                at_ms,
+                response,
+                key,
+            } => {
+                record.status = *status;
+                record.finished_ms = Some(*at_ms);
+                record.logged = (kept && !gone).then_some((*response, self.lease_id));
+                record.key_logged = Some(*key);
+            }
         }
+        record
     }
 
     /// The frame that holds the scoped key, once memory holds only spans.
     pub(crate) fn key_logged(&self) -> Option<LogSpan> {
         match &self.body {
-            Body::Full(_) => None,
-            Body::Logged(logged) => Some(logged.key),
+            Body::Logged { key, .. } => Some(*key),
+            _ => None,
         }
     }
 
     /// The scoped key, while memory holds it (`None` once it is only in the log).
     fn scoped_key(&self) -> Option<&[u8]> {
         match &self.body {
-            Body::Full(full) => Some(&full.scoped_key),
-            Body::Logged(_) => None,
-        }
-    }
-
-    fn full_mut(&mut self) -> Option<&mut Full> {
-        match &mut self.body {
-            Body::Full(full) => Some(full),
-            Body::Logged(_) => None,
+            Body::InFlight { scoped_key, .. } | Body::KeyHeld { scoped_key, .. } => {
+                Some(scoped_key)
+            }
+            Body::Finished { bytes, key_len, .. } => bytes.get(..*key_len as usize),
+            Body::Logged { .. } => None,
         }
     }
 
     /// Whether a lease holds the record in flight.
     pub(crate) fn is_in_flight(&self) -> bool {
-        matches!(&self.body, Body::Full(full) if full.state == State::InFlight)
+        matches!(self.body, Body::InFlight { .. })
     }
 
     /// When the current lease was granted, while the record is in flight.
     pub(crate) fn leased_ms(&self) -> Option<u64> {
         match &self.body {
-            Body::Full(full) if full.state == State::InFlight => Some(full.leased_ms),
+            Body::InFlight { leased_ms, .. } => Some(*leased_ms),
             _ => None,
         }
     }
 
     /// The note a lease holder attached (only records in flight keep one).
     pub(crate) fn note(&self) -> Option<Arc<[u8]>> {
-        match &self.body {
-            Body::Full(full) => full.note.clone(),
-            Body::Logged(_) => None,
-        }
+        self.extra.as_ref().and_then(|extra| extra.note.clone())
     }
 
     /// Attaches `note` (the caller checked that the record is in flight).
     pub(crate) fn set_note(&mut self, note: Arc<[u8]>) {
-        if let Some(full) = self.full_mut() {
-            full.note = Some(note);
+        if self.is_in_flight() {
+            self.extra.get_or_insert_default().note = Some(note);
         }
     }
 
     /// The reserve entry of the record's current lease is at `span` in the log.
     pub(crate) fn locate_key(&mut self, lease_id: u64, span: LogSpan) {
         if self.lease_id == lease_id
-            && let Some(full) = self.full_mut()
+            && let Body::InFlight { key_at, .. } = &mut self.body
         {
-            full.key_at = Some(span);
+            *key_at = Some(span);
         }
     }
 
-    /// Ends the record (the caller checked that it is in flight) as `status` with
-    /// `response` at `at_ms`.
-    pub(crate) fn finish(&mut self, status: RecordStatus, response: Response, at_ms: u64) {
-        if let Some(full) = self.full_mut() {
-            full.state = match status {
-                RecordStatus::Failed => State::Failed { response, at_ms },
-                RecordStatus::Completed | RecordStatus::InFlight => {
-                    State::Completed { response, at_ms }
-                }
-            };
+    /// Ends the record (the caller checked that it is in flight) as `status` with the
+    /// response of `ending` at `at_ms`. A response held in memory is copied after the
+    /// key into one new buffer, which replaces the key's.
+    pub(crate) fn finish(&mut self, status: RecordStatus, ending: Ending<'_>, at_ms: u64) {
+        let Body::InFlight {
+            scoped_key, key_at, ..
+        } = &self.body
+        else {
+            return;
+        };
+        let status = match status {
+            RecordStatus::Failed => RecordStatus::Failed,
+            RecordStatus::Completed | RecordStatus::InFlight => RecordStatus::Completed,
+        };
+        self.body = match (ending, *key_at) {
+            (Ending::Held(response), key_at) => Body::Finished {
+                bytes: joined(scoped_key, response),
+                key_len: key_len(scoped_key),
+                status,
+                gone: false,
+                at_ms,
+                key_at,
+            },
+            (Ending::Logged(response), Some(key)) => Body::Logged {
+                status,
+                gone: false,
+                at_ms,
+                response,
+                key,
+            },
+            (Ending::Logged(response), None) => Body::KeyHeld {
+                scoped_key: scoped_key.clone(),
+                status,
+                gone: false,
+                at_ms,
+                response,
+            },
+        };
+        // A note only speaks for a record in flight: it goes, and the box with it
+        // unless take-overs are remembered.
+        if let Some(extra) = &mut self.extra {
+            extra.note = None;
         }
-        self.compact();
+        if self
+            .extra
+            .as_deref()
+            .is_some_and(|extra| extra.taken_over.is_empty())
+        {
+            self.extra = None;
+        }
     }
 
     /// Moves a held response to the log at `span`, if the record still holds the one
-    /// lease `lease_id` ended it with.
+    /// lease `lease_id` ended it with: memory keeps only spans from then on (or the key
+    /// as well, if its frame was never located).
     pub(crate) fn log_response(&mut self, lease_id: u64, span: LogSpan) {
         if self.lease_id != lease_id {
             return;
         }
-        if let Some(full) = self.full_mut()
-            && let Some(response @ Response::Held(_)) = full.state.response_mut()
-        {
-            *response = Response::Logged(span);
-        }
-        self.compact();
-    }
-
-    /// Drops the full form of a finished record whose response and key are both in the
-    /// log, keeping only their spans.
-    fn compact(&mut self) {
-        let Body::Full(full) = &self.body else {
+        let Body::Finished {
+            bytes,
+            key_len,
+            status,
+            gone: false,
+            at_ms,
+            key_at,
+        } = &self.body
+        else {
             return;
         };
-        let (status, response, at_ms) = match &full.state {
-            State::Completed { response, at_ms } => (RecordStatus::Completed, response, *at_ms),
-            State::Failed { response, at_ms } => (RecordStatus::Failed, response, *at_ms),
-            State::InFlight => return,
-        };
-        if let (Response::Logged(response), Some(key)) = (response, full.key_at) {
-            self.body = Body::Logged(Logged {
+        let (status, at_ms) = (*status, *at_ms);
+        self.body = match key_at {
+            Some(key) => Body::Logged {
                 status,
                 gone: false,
                 at_ms,
-                response: *response,
-                key,
-            });
-        }
+                response: span,
+                key: *key,
+            },
+            None => Body::KeyHeld {
+                scoped_key: bytes.get(..*key_len as usize).unwrap_or_default().into(),
+                status,
+                gone: false,
+                at_ms,
+                response: span,
+            },
+        };
     }
 
-    /// Lets go of the response: it aged out.
+    /// Lets go of the response: it aged out. A held one leaves memory (the buffer is
+    /// cut back to the key).
     fn drop_response(&mut self) {
         match &mut self.body {
-            Body::Full(full) => {
-                if let Some(response) = full.state.response_mut() {
-                    *response = Response::Gone;
+            Body::InFlight { .. } => {}
+            Body::Finished {
+                bytes,
+                key_len,
+                gone,
+                ..
+            } => {
+                if !*gone {
+                    *bytes = Arc::from(bytes.get(..*key_len as usize).unwrap_or_default());
+                    *gone = true;
                 }
             }
-            Body::Logged(logged) => logged.gone = true,
+            Body::KeyHeld { gone, .. } | Body::Logged { gone, .. } => *gone = true,
         }
     }
 
     /// Whether `lease_id` was taken over on this record (rather than belonging to an
     /// earlier record of the same key, or being the current lease).
     pub(crate) fn fences(&self, lease_id: u64) -> bool {
-        self.taken_over
+        self.extra
             .as_deref()
-            .is_some_and(|earlier| earlier.0.contains(&lease_id))
+            .is_some_and(|extra| extra.taken_over.contains(&lease_id))
     }
 
     /// Hands the record from its current lease to `new` (a take-over at `at_ms`), fencing
     /// the old.
     pub(crate) fn hand_over(&mut self, new: u64, at_ms: u64) {
-        if let Some(full) = self.full_mut() {
-            full.leased_ms = at_ms;
+        if let Body::InFlight { leased_ms, .. } = &mut self.body {
+            *leased_ms = at_ms;
         }
-        self.taken_over
+        self.extra
             .get_or_insert_default()
-            .0
+            .taken_over
             .push(self.lease_id);
         self.lease_id = new;
     }
@@ -314,31 +358,69 @@ impl StoredRecord {
         self.is_in_flight() && self.lease_id == lease_id
     }
 
+    /// The record in flight as `in_flight` lists it.
+    fn listed(&self) -> Option<super::shard::InFlightRecord> {
+        match &self.body {
+            Body::InFlight { scoped_key, .. } => Some(super::shard::InFlightRecord {
+                scoped_key: scoped_key.clone(),
+                since_ms: self.created_ms,
+                lease_id: self.lease_id,
+                note: self.note(),
+            }),
+            _ => None,
+        }
+    }
+
     /// Heap bytes the record holds beyond its slot.
     fn heap_bytes(&self) -> usize {
-        let earlier = self.taken_over.as_deref().map_or(0, |earlier| {
-            size_of::<TakenOver>() + 8 * earlier.0.capacity()
+        let extra = self.extra.as_deref().map_or(0, |extra| {
+            size_of::<Extra>()
+                + 8 * extra.taken_over.capacity()
+                + extra.note.as_ref().map_or(0, |note| note.len())
         });
-        let Body::Full(full) = &self.body else {
-            return earlier;
-        };
-        let response = match &full.state {
-            State::Completed {
-                response: Response::Held(bytes),
-                ..
+        let body = match &self.body {
+            Body::InFlight { scoped_key, .. } | Body::KeyHeld { scoped_key, .. } => {
+                scoped_key.len()
             }
-            | State::Failed {
-                response: Response::Held(bytes),
-                ..
-            } => bytes.len(),
-            _ => 0,
+            // The buffer and its two reference counts.
+            Body::Finished { bytes, .. } => bytes.len() + 16,
+            Body::Logged { .. } => 0,
         };
-        earlier
-            + size_of::<Full>()
-            + full.scoped_key.len()
-            + response
-            + full.note.as_ref().map_or(0, |note| note.len())
+        extra + body
     }
+}
+
+/// Above this many bytes, a record's key and response are joined through a vector of
+/// their own: one allocation more, next to a copy that costs far more.
+const JOIN_SCRATCH_BYTES: usize = 64 * 1024;
+
+thread_local! {
+    /// Where `joined` lays key and response side by side, kept across calls.
+    static JOIN_SCRATCH: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// `key` followed by `response` in one new shared buffer: a single allocation (copied
+/// from a per-thread scratch vector, where `Arc::from` an iterator would copy byte by
+/// byte and `Arc::from` a vector would allocate twice).
+fn joined(key: &[u8], response: &[u8]) -> Arc<[u8]> {
+    if key.len() + response.len() > JOIN_SCRATCH_BYTES {
+        return [key, response].concat().into();
+    }
+    JOIN_SCRATCH.with(|scratch| {
+        let mut buffer = scratch.take();
+        buffer.clear();
+        buffer.extend_from_slice(key);
+        buffer.extend_from_slice(response);
+        let bytes = Arc::from(&buffer[..]);
+        scratch.set(buffer);
+        bytes
+    })
+}
+
+/// A scoped key's length as a record keeps it: keys are bounded far below `u32::MAX`
+/// (`MAX_KEY_BYTES_LIMIT` plus two scope parts).
+fn key_len(scoped_key: &[u8]) -> u32 {
+    u32::try_from(scoped_key.len()).unwrap_or(u32::MAX)
 }
 
 /// Fingerprints are already uniform: hash a map key by taking its high 64 bits.
@@ -496,17 +578,7 @@ impl RecordMap {
         self.map
             .values()
             .filter(|r| r.created_ms <= before_ms && window.is_live(r.bucket, current))
-            .filter_map(|r| match &r.body {
-                Body::Full(full) if full.state == State::InFlight => {
-                    Some(super::shard::InFlightRecord {
-                        scoped_key: full.scoped_key.clone(),
-                        since_ms: r.created_ms,
-                        lease_id: r.lease_id,
-                        note: full.note.clone(),
-                    })
-                }
-                _ => None,
-            })
+            .filter_map(StoredRecord::listed)
             .collect()
     }
 
@@ -607,11 +679,7 @@ mod tests {
         };
         let mut done = StoredRecord::in_flight(&[9; 600], Some(span(48)), (1, 1), (0, 0));
         done.set_note(Arc::from(&b"charged"[..]));
-        done.finish(
-            RecordStatus::Completed,
-            Response::Held(vec![7; 4096].into()),
-            0,
-        );
+        done.finish(RecordStatus::Completed, Ending::Held(&[7; 4096]), 0);
         assert!(
             done.heap_bytes() > 4096 + 600,
             "held while the log is unwritten"
@@ -630,11 +698,7 @@ mod tests {
         let (window, retention) = (Window::new(4, 1), Window::new(2, 1));
         let mut map = RecordMap::new(true);
         let mut done = record(0, b"a");
-        done.finish(
-            RecordStatus::Completed,
-            Response::Held(vec![7u8; 4096].into()),
-            0,
-        );
+        done.finish(RecordStatus::Completed, Ending::Held(&[7; 4096]), 0);
         map.insert(1, done);
         map.insert(2, record(1, b"b"));
         let before = map.heap_bytes();

@@ -4,7 +4,7 @@ use std::collections::TryReserveError;
 
 use super::counters::Counters;
 use super::marks::MarkMap;
-use super::records::{RecordMap, Response, StoredRecord};
+use super::records::{Ending, RecordMap, StoredRecord};
 use super::table::{DedupTable, Inserted};
 use std::sync::Arc;
 
@@ -684,11 +684,9 @@ impl Shard {
         finish: &Finish,
         now_ms: u64,
     ) -> Result<()> {
-        let ending = match finish {
-            Finish::Complete(bytes) => {
-                Some((RecordStatus::Completed, Response::Held(bytes.clone())))
-            }
-            Finish::Fail(bytes) => Some((RecordStatus::Failed, Response::Held(bytes.clone()))),
+        let ending = match *finish {
+            Finish::Complete(bytes) => Some((RecordStatus::Completed, Ending::Held(bytes))),
+            Finish::Fail(bytes) => Some((RecordStatus::Failed, Ending::Held(bytes))),
             Finish::Release => None,
         };
         self.end_lease(fingerprint, lease_id, ending, now_ms)
@@ -700,7 +698,7 @@ impl Shard {
         &mut self,
         fingerprint: Fingerprint,
         lease_id: u64,
-        ending: Option<(RecordStatus, Response)>,
+        ending: Option<(RecordStatus, Ending<'_>)>,
         now_ms: u64,
     ) -> Result<()> {
         let record = self.owned_record(fingerprint, lease_id)?;
@@ -945,7 +943,7 @@ impl Shard {
         at_ms: u64,
     ) {
         let before = self.counters;
-        let ending = ending.map(|(status, span)| (status, Response::Logged(span)));
+        let ending = ending.map(|(status, span)| (status, Ending::Logged(span)));
         let _ = self.end_lease(fingerprint, lease_id, ending, at_ms);
         self.counters = before;
     }

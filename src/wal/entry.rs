@@ -38,7 +38,7 @@ const MARK_LEN: usize = 8;
 const ADVANCE_FIXED: usize = 16 + 8 + 8 + 4;
 
 /// An entry to append, borrowing the writer's values.
-pub(crate) type LogEntry<'a> = Entry<'a, &'a [Fingerprint], &'a Finish>;
+pub(crate) type LogEntry<'a> = Entry<'a, &'a [Fingerprint], &'a Finish<'a>>;
 
 /// One entry of the log, generic over how its variable parts are held: the writer's
 /// values when appended ([`LogEntry`]), the frame's bytes when read back
@@ -500,7 +500,6 @@ fn decode_advance(payload: &[u8]) -> Result<DecodedEntry<'_>, &'static str> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
 
     use super::*;
     use crate::wal::format::{decode_frame, frame_seed};
@@ -562,7 +561,7 @@ mod tests {
                 );
             },
         );
-        let finish = Finish::Complete(Arc::from(&b"ok"[..]));
+        let finish = Finish::Complete(b"ok");
         decoded(
             &LogEntry::Finish {
                 fingerprint: Fingerprint(9),
