@@ -149,22 +149,18 @@ impl StoredRecord {
                 at_ms,
                 response,
                 ..
-            } => {
-                record.status = *status;
-                record.finished_ms = Some(*at_ms);
-                record.logged = (kept && !gone).then_some((*response, self.lease_id));
             }
-            Body::Logged {
+            | Body::Logged {
                 status,
                 gone,
                 at_ms,
                 response,
-                key,
+                ..
             } => {
                 record.status = *status;
                 record.finished_ms = Some(*at_ms);
                 record.logged = (kept && !gone).then_some((*response, self.lease_id));
-                record.key_logged = Some(*key);
+                record.key_logged = self.key_logged();
             }
         }
         record
@@ -263,16 +259,10 @@ impl StoredRecord {
         };
         // A note only speaks for a record in flight: it goes, and the box with it
         // unless take-overs are remembered.
-        if let Some(extra) = &mut self.extra {
+        self.extra = self.extra.take().and_then(|mut extra| {
             extra.note = None;
-        }
-        if self
-            .extra
-            .as_deref()
-            .is_some_and(|extra| extra.taken_over.is_empty())
-        {
-            self.extra = None;
-        }
+            (!extra.taken_over.is_empty()).then_some(extra)
+        });
     }
 
     /// Moves a held response to the log at `span`, if the record still holds the one

@@ -500,7 +500,6 @@ fn decode_advance(payload: &[u8]) -> Result<DecodedEntry<'_>, &'static str> {
 
 #[cfg(test)]
 mod tests {
-
     use super::*;
     use crate::wal::format::{decode_frame, frame_seed};
 
