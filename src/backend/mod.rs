@@ -32,3 +32,21 @@ pub(crate) fn refused(engine: &'static str, message: impl Into<String>) -> Error
 pub(crate) fn unexpected(engine: &'static str, what: &str) -> Error {
     refused(engine, format!("unexpected reply to {what}"))
 }
+
+/// The server cancelled a call that waited too long: [`Error::TimedOut`], never an
+/// outage.
+#[cfg(feature = "postgres")]
+pub(crate) fn timed_out(engine: &'static str, message: impl Into<String>) -> Error {
+    Error::TimedOut {
+        engine,
+        message: message.into(),
+    }
+}
+
+/// TLS or credentials failed: [`Error::Authentication`], never an outage.
+pub(crate) fn unauthenticated(engine: &'static str, message: impl Into<String>) -> Error {
+    Error::Authentication {
+        engine,
+        message: message.into(),
+    }
+}

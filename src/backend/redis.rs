@@ -18,15 +18,15 @@ use std::time::{Duration, SystemTime};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use ::redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::{Cmd, Pipeline, RedisFuture, Script, Value};
 
 use super::{refused, tls, unavailable};
 use crate::api::{Advance, InFlight, Record, RecordStatus, Reservation, Scope};
-use crate::base::{
-    Error, Result, duration_to_ms, ms_to_system_time, random_secret, system_time_to_ms,
-};
+use crate::base::{Error, Result, duration_to_ms, ms_to_system_time, random_secret};
 use crate::store::{Store, StoreLease, StoreOptions};
 
 /// Highest version the Redis ordering guard accepts.
@@ -34,12 +34,18 @@ pub const MAX_REDIS_VERSION: u64 = (1 << 53) - 1;
 
 /// Helpers every script starts with. Lua 5.1 numbers are doubles, and `tostring` prints
 /// them with 14 significant digits: every number goes back to Redis through `str`, which
-/// is exact below 2^53. Epochs come from the server's clock in microseconds (below 2^53
-/// until the year 2255) and rise by at least one per lease of a record, so a record
-/// recreated after it expired gets an epoch above every earlier lease of the key, without
-/// a counter that would have to outlive the record.
+/// is exact below 2^53. Time is the server's (`TIME`), one clock for every client: a
+/// record's times and its lease timeout never depend on a client's clock. Epochs come
+/// from the server's clock in microseconds (below 2^53 until the year 2255) and rise by
+/// at least one per lease of a record, so a record recreated after it expired gets an
+/// epoch above every earlier lease of the key, without a counter that would have to
+/// outlive the record.
 const PRELUDE: &str = r"
 local function str(n) return string.format('%.0f', n) end
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
 local function next_epoch(cur)
   local t = redis.call('TIME')
   local e = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -57,30 +63,35 @@ local function owner(key, mine)
 end
 ";
 
-/// KEYS: record. ARGV: request hash, now (ms), window (ms), scoped key, call token,
-/// lease timeout (ms, 0 for none). A reserve re-sent by the client after its first run
-/// finds its own token and answers `acquired` again; another scoped key under the same
-/// name is a `collision`; a record in flight under a lease granted a lease timeout ago is
-/// taken over.
+/// KEYS: record. ARGV: request hash, window (ms), scoped key, call token, lease timeout
+/// (ms, 0 for none). `gtok` holds the token of the call that was granted the current
+/// epoch (a reserve, a lease timeout's take-over, a take-over), and only that call:
+/// a reserve re-sent by the client after its first run finds its own token and answers
+/// `acquired` with its own epoch again, while one re-sent after another call took the
+/// record over no longer finds it. Another scoped key under the same name is a
+/// `collision`; a record in flight under a lease granted a lease timeout ago (by the
+/// server's clock) is taken over.
 const RESERVE: &str = r"
+local now = now_ms()
 if redis.call('EXISTS', KEYS[1]) == 0 then
   local epoch = str(next_epoch(nil))
   redis.call('HSET', KEYS[1], 'status', 'in_flight', 'req', ARGV[1], 'epoch', epoch,
-    'created', ARGV[2], 'leased', ARGV[2], 'sk', ARGV[4], 'tok', ARGV[5])
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
-  return {'acquired', epoch, ARGV[2]}
+    'created', str(now), 'leased', str(now), 'sk', ARGV[3], 'gtok', ARGV[4])
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {'acquired', epoch, str(now)}
 end
 local f = redis.call('HMGET', KEYS[1], 'sk', 'req', 'status', 'created', 'response',
-  'finished', 'tok', 'epoch', 'leased', 'taken', 'note')
-if f[1] ~= ARGV[4] then return {'collision'} end
-if f[3] == 'in_flight' and f[7] == ARGV[5] then return {'acquired', f[8], f[4]} end
+  'finished', 'gtok', 'epoch', 'leased', 'taken', 'note')
+if f[1] ~= ARGV[3] then return {'collision'} end
+if f[3] == 'in_flight' and f[7] == ARGV[4] then return {'acquired', f[8], f[4]} end
 if f[2] ~= ARGV[1] then return {'mismatch'} end
-local timeout = tonumber(ARGV[6])
-if f[3] == 'in_flight' and timeout > 0 and tonumber(ARGV[2]) - tonumber(f[9] or f[4]) >= timeout then
+local timeout = tonumber(ARGV[5])
+if f[3] == 'in_flight' and timeout > 0 and now - tonumber(f[9] or f[4]) >= timeout then
   local epoch = str(next_epoch(tonumber(f[8])))
   local taken = f[8]
   if f[10] then taken = f[10] .. ' ' .. f[8] end
-  redis.call('HSET', KEYS[1], 'epoch', epoch, 'taken', taken, 'leased', ARGV[2], 'tok', ARGV[5])
+  redis.call('HSET', KEYS[1], 'epoch', epoch, 'taken', taken, 'leased', str(now),
+    'gtok', ARGV[4])
   return {'acquired', epoch, f[4]}
 end
 if f[3] == 'in_flight' and f[11] then return {'in_flight', f[4], f[11]} end
@@ -89,26 +100,28 @@ return {f[3], f[4], f[5], f[6]}
 ";
 
 /// KEYS: record, release marker. ARGV: epoch, `completed` | `failed` | `release`,
-/// response, now (ms), call token, window (ms). A finish re-sent after its first run
-/// recognises its token (in the record, or in the release marker) and answers `ok`.
+/// response, call token, window (ms). A finish re-sent after its first run recognises
+/// its token (in the record, beside its own epoch, or in the release marker) and
+/// answers `ok`.
 const FINISH: &str = r"
 local state = owner(KEYS[1], ARGV[1])
 if state ~= 'owned' then
   local f = redis.call('HMGET', KEYS[1], 'epoch', 'ftok')
-  if f[1] == ARGV[1] and f[2] == ARGV[5] then return 'ok' end
-  if redis.call('GET', KEYS[2]) == ARGV[5] then return 'ok' end
+  if f[1] == ARGV[1] and f[2] == ARGV[4] then return 'ok' end
+  if redis.call('GET', KEYS[2]) == ARGV[4] then return 'ok' end
   return state
 end
 if ARGV[2] == 'release' then
   redis.call('DEL', KEYS[1])
-  redis.call('SET', KEYS[2], ARGV[5], 'PX', ARGV[6])
+  redis.call('SET', KEYS[2], ARGV[4], 'PX', ARGV[5])
 else
-  redis.call('HSET', KEYS[1], 'status', ARGV[2], 'response', ARGV[3], 'finished', ARGV[4],
-    'ftok', ARGV[5])
+  redis.call('HSET', KEYS[1], 'status', ARGV[2], 'response', ARGV[3],
+    'finished', str(now_ms()), 'ftok', ARGV[4])
 end
 return 'ok'
 ";
 
+/// A note changes the note only: the lease timeout still counts from the grant.
 const NOTE: &str = r"
 local state = owner(KEYS[1], ARGV[1])
 if state ~= 'owned' then return state end
@@ -122,43 +135,57 @@ if state ~= 'owned' then return {state} end
 return {'ok', redis.call('HGET', KEYS[1], 'created')}
 ";
 
-/// KEYS: record. ARGV: call token, now (ms). The replaced epoch joins the record's
-/// `taken` list, exactly the epochs fenced on it.
+/// KEYS: record. ARGV: call token. The replaced epoch joins the record's `taken` list,
+/// exactly the epochs fenced on it. A take-over re-sent after its first run finds its
+/// token in `gtok` while it still holds the current epoch, and answers that epoch; once
+/// another call was granted the record, it takes the record over anew.
 const TAKE_OVER: &str = r"
-local f = redis.call('HMGET', KEYS[1], 'status', 'epoch', 'taken', 'ttok', 'created')
+local f = redis.call('HMGET', KEYS[1], 'status', 'epoch', 'taken', 'gtok', 'created')
 if f[1] ~= 'in_flight' then return {} end
 if f[4] == ARGV[1] then return {f[2], f[5]} end
 local epoch = str(next_epoch(tonumber(f[2])))
 local taken = f[2]
 if f[3] then taken = f[3] .. ' ' .. f[2] end
-redis.call('HSET', KEYS[1], 'epoch', epoch, 'taken', taken, 'ttok', ARGV[1], 'leased', ARGV[2])
+redis.call('HSET', KEYS[1], 'epoch', epoch, 'taken', taken, 'gtok', ARGV[1],
+  'leased', str(now_ms()))
 return {epoch, f[5]}
 ";
 
-/// KEYS: mark. ARGV: version, window (ms), call token. The mark holds `version token`,
-/// so a re-sent apply answers `applied` again; versions travel as the strings read.
+/// KEYS: mark. ARGV: version, window (ms), call token. The mark holds the current
+/// version followed by the tokens of the calls that applied it and the versions before
+/// it, newest first (at most [`ADVANCE_TOKENS_KEPT`]), so an apply re-sent after other
+/// clients applied later versions still answers `applied`; versions travel as the
+/// strings read.
 const ADVANCE: &str = r"
+local kept_tokens = KEPT_TOKENS
 local mark = redis.call('GET', KEYS[1])
 local v = tonumber(ARGV[1])
-local function apply()
+if not mark then
   redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. ARGV[3], 'PX', ARGV[2])
   return {'applied'}
 end
-if not mark then return apply() end
-local space = string.find(mark, ' ', 1, true)
-local cur_text, token = mark, ''
-if space then
-  cur_text, token = string.sub(mark, 1, space - 1), string.sub(mark, space + 1)
+local parts = {}
+for word in string.gmatch(mark, '%S+') do parts[#parts + 1] = word end
+local cur = tonumber(parts[1])
+local back = cur - v
+if back >= 0 and back < kept_tokens and parts[back + 2] == ARGV[3] then
+  return {'applied'}
 end
-local cur = tonumber(cur_text)
-if v == cur + 1 then return apply() end
-if v == cur then
-  if token == ARGV[3] then return {'applied'} end
-  return {'duplicate'}
+if v == cur + 1 then
+  local kept = {ARGV[1], ARGV[3]}
+  for i = 2, math.min(#parts, kept_tokens) do kept[#kept + 1] = parts[i] end
+  redis.call('SET', KEYS[1], table.concat(kept, ' '), 'PX', ARGV[2])
+  return {'applied'}
 end
-if v < cur then return {'stale', cur_text} end
+if v == cur then return {'duplicate'} end
+if v < cur then return {'stale', parts[1]} end
 return {'gap', str(cur + 1)}
 ";
+
+/// How many tokens of applied versions an ordering mark keeps (the `kept_tokens` of
+/// [`ADVANCE`]): a re-sent `advance` is recognised while fewer than this many versions
+/// were applied after its own.
+const ADVANCE_TOKENS_KEPT: u64 = 8;
 
 /// A connection to one server or to a cluster.
 #[derive(Clone)]
@@ -195,13 +222,27 @@ impl ConnectionLike for Connection {
     }
 }
 
-/// A Redis error as an oncedb error. A lost, refused or timed-out connection, and the
-/// conditions a server reports while it cannot serve (loading its data, a read-only
-/// replica, a cluster without a quorum or without a primary for the slot, a slot in
-/// migration) are [`Error::Unavailable`], which an [`OutagePolicy`](crate::OutagePolicy)
-/// acts on; anything else the server said is [`Error::Backend`].
+/// A Redis error as an oncedb error, by its kind and code, never its text:
+/// - a lost, refused or timed-out connection, and the conditions a server reports while
+///   it cannot serve (loading its data, a read-only replica, a cluster without a quorum
+///   or without a primary for the slot, a slot in migration), are
+///   [`Error::Unavailable`], which an [`OutagePolicy`](crate::OutagePolicy) acts on;
+/// - a TLS failure (an untrusted certificate, a failed handshake) and refused
+///   credentials are [`Error::Authentication`], never an outage;
+/// - a server out of memory under `noeviction` (`OOM`) is [`Error::Full`], as the
+///   embedded store answers when it has no room;
+/// - anything else the server said is [`Error::Backend`].
 fn backend(err: ::redis::RedisError) -> Error {
     use ::redis::ErrorKind;
+    if tls::is_tls_failure(&err)
+        || err.kind() == ErrorKind::AuthenticationFailed
+        || matches!(err.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"))
+    {
+        return super::unauthenticated(ENGINE, err.to_string());
+    }
+    if err.code() == Some("OOM") {
+        return Error::Full;
+    }
     let outage = matches!(
         err.kind(),
         ErrorKind::BusyLoadingError
@@ -301,7 +342,7 @@ impl RedisStore {
         .await
     }
 
-    /// A store on the Redis Cluster whose primaries are `nodes`.
+    /// A store on the Redis Cluster reached through the seed nodes `nodes`.
     pub async fn connect_cluster(
         nodes: &[&str],
         prefix: &str,
@@ -310,7 +351,9 @@ impl RedisStore {
         RedisStore::connect_cluster_with(nodes, prefix, StoreOptions::new(window)).await
     }
 
-    /// A store on the Redis Cluster whose primaries are `nodes`, with `options`.
+    /// A store on the Redis Cluster reached through the seed nodes `nodes`, with
+    /// `options`. Calls follow the cluster's topology as it changes; the seeds' scheme
+    /// and credentials are used for every primary.
     pub async fn connect_cluster_with(
         nodes: &[&str],
         prefix: &str,
@@ -338,14 +381,16 @@ impl RedisStore {
             Some(secret) => secret,
             None => store_secret(&conn, prefix).await?,
         };
-        Ok(RedisStore {
+        let store = RedisStore {
             conn,
             nodes,
             prefix: prefix.to_owned(),
             seed,
             options,
             tokens: Arc::new(Tokens::new()),
-        })
+        };
+        store.check_eviction().await?;
+        Ok(store)
     }
 
     fn window_ms(&self) -> u64 {
@@ -404,15 +449,47 @@ impl RedisStore {
     /// `SET name token NX GET PX window`: whether the key was admitted by this call. A
     /// command the client re-sent after its first run finds its own token and still
     /// answers `true`.
-    fn admit(&self, pipe: &mut Pipeline, name: String, token: &str) {
-        pipe.cmd("SET")
+    fn admit(&self, name: String, token: &str) -> Cmd {
+        let mut command = ::redis::cmd("SET");
+        command
             .arg(name)
             .arg(token)
             .arg("NX")
             .arg("GET")
             .arg("PX")
             .arg(self.window_ms());
+        command
     }
+}
+
+/// Sends the `SET NX GET` commands of one group of `insert_many` (index, token,
+/// command), as one pipeline on a single server and one request each on a cluster;
+/// answers whether each key was admitted by its command.
+async fn send_group(
+    mut conn: Connection,
+    group: Vec<(usize, String, Cmd)>,
+    cluster: bool,
+) -> ::redis::RedisResult<Vec<(usize, bool)>> {
+    let admitted =
+        |token: &str, earlier: Option<String>| earlier.is_none_or(|earlier| earlier == token);
+    if cluster {
+        let mut answers = Vec::with_capacity(group.len());
+        for (index, token, command) in group {
+            let earlier: Option<String> = command.query_async(&mut conn).await?;
+            answers.push((index, admitted(&token, earlier)));
+        }
+        return Ok(answers);
+    }
+    let mut pipe = ::redis::pipe();
+    for (_, _, command) in &group {
+        pipe.add_command(command.clone());
+    }
+    let replies: Vec<Option<String>> = pipe.query_async(&mut conn).await?;
+    Ok(group
+        .into_iter()
+        .zip(replies)
+        .map(|((index, token, _), earlier)| (index, admitted(&token, earlier)))
+        .collect())
 }
 
 /// Each script with the prelude, hashed once.
@@ -433,7 +510,7 @@ static SCRIPTS: std::sync::LazyLock<Scripts> = std::sync::LazyLock::new(|| {
         note: script(NOTE),
         resume: script(RESUME),
         take_over: script(TAKE_OVER),
-        advance: script(ADVANCE),
+        advance: script(&ADVANCE.replace("KEPT_TOKENS", &ADVANCE_TOKENS_KEPT.to_string())),
     }
 });
 
@@ -498,8 +575,58 @@ fn number(bytes: Option<&Vec<u8>>, what: &str) -> Result<u64> {
         .ok_or_else(|| unexpected(what))
 }
 
-fn now_ms() -> u64 {
-    system_time_to_ms(SystemTime::now())
+/// The server's clock (`TIME`) in milliseconds: the clock every record time is on.
+async fn server_now_ms(conn: &mut MultiplexedConnection) -> Result<u64> {
+    let (seconds, micros): (u64, u64) = ::redis::cmd("TIME")
+        .query_async(conn)
+        .await
+        .map_err(backend)?;
+    Ok(seconds.saturating_mul(1000).saturating_add(micros / 1000))
+}
+
+/// The addresses (`host:port`) of the primaries in a `CLUSTER NODES` reply that serve at
+/// least one slot, failing or not (a failed primary's records cannot be listed, and a
+/// listing must say so rather than leave them out). A node's announced hostname is
+/// preferred to its address.
+fn serving_primaries(nodes: &str) -> Vec<String> {
+    nodes
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (address, flags) = (fields.get(1)?, fields.get(2)?);
+            let primary = flags.split(',').any(|flag| flag == "master");
+            // Fields 8 and on are the slots served.
+            (primary && fields.len() > 8).then_some(())?;
+            let (endpoint, extra) = address.split_once(',').unwrap_or((address, ""));
+            let (ip_port, _bus) = endpoint.split_once('@').unwrap_or((endpoint, ""));
+            let (ip, port) = ip_port.rsplit_once(':')?;
+            let host = match extra.split(',').next() {
+                Some(hostname) if !hostname.is_empty() => hostname,
+                _ => ip,
+            };
+            Some(if host.contains(':') {
+                format!("[{host}]:{port}")
+            } else {
+                format!("{host}:{port}")
+            })
+        })
+        .collect()
+}
+
+/// `url` (`redis://[user:password@]host:port[/db]`) with `address` for its host and
+/// port: a primary reached with the seed's scheme, credentials and database.
+fn with_address(url: &str, address: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return format!("redis://{address}");
+    };
+    let (authority, path) = rest
+        .find('/')
+        .map_or((rest, ""), |slash| rest.split_at(slash));
+    let credentials = authority
+        .rfind('@')
+        .and_then(|at| authority.get(..=at))
+        .unwrap_or("");
+    format!("{scheme}://{credentials}{address}{path}")
 }
 
 /// The Redis Cluster slot of `key` (CRC16/XMODEM of its hash tag, modulo 16384).
@@ -538,10 +665,9 @@ impl Store for RedisStore {
     async fn insert_if_absent(&self, key: &[u8]) -> Result<bool> {
         self.check_key(key)?;
         let token = self.tokens.next();
-        let mut pipe = ::redis::pipe();
-        self.admit(&mut pipe, self.key(b'k', key, "k"), &token);
+        let command = self.admit(self.key(b'k', key, "k"), &token);
         let mut conn = self.conn.clone();
-        let (earlier,): (Option<String>,) = pipe.query_async(&mut conn).await.map_err(backend)?;
+        let earlier: Option<String> = command.query_async(&mut conn).await.map_err(backend)?;
         Ok(earlier.is_none_or(|earlier| earlier == token))
     }
 
@@ -555,41 +681,41 @@ impl Store for RedisStore {
                 max: crate::base::MAX_BATCH_KEYS,
             });
         }
-        // One pipeline per slot on a cluster (one in all on a single server), sent
-        // concurrently. Each key gets its own token, so a key repeated in the batch is a
-        // duplicate the second time (SET NX in order within a pipeline), while a command
-        // re-sent by the client recognises its own write.
+        // On a single server, one pipeline. On a cluster, one group of commands per slot,
+        // the groups sent concurrently and each command of a group as a request of its
+        // own: the cluster client follows a MOVED or ASK redirection (with ASKING) per
+        // command, so a batch meeting a slot in migration lands each key where the
+        // cluster says, where a pipeline would be re-sent whole after one ASKING. Each
+        // key gets its own token, so a key repeated in the batch is a duplicate the
+        // second time (SET NX in order within a group), while a command re-sent by the
+        // client recognises its own write.
         //
         // Not atomic: a failure part-way may leave some keys admitted, and the batch's
         // answer is then an error; a retry calls those keys duplicates.
         let cluster = matches!(self.conn, Connection::Cluster(_));
         let base = self.tokens.next();
-        let mut groups: BTreeMap<u16, (Pipeline, Vec<(usize, String)>)> = BTreeMap::new();
+        let mut groups: BTreeMap<u16, Vec<(usize, String, Cmd)>> = BTreeMap::new();
         for (index, key) in keys.iter().enumerate() {
             let name = self.key(b'k', key, "k");
             let group = if cluster { slot(&name) } else { 0 };
-            let (pipe, indices) = groups
-                .entry(group)
-                .or_insert_with(|| (::redis::pipe(), Vec::new()));
             let token = format!("{base}.{index}");
-            self.admit(pipe, name, &token);
-            indices.push((index, token));
+            let command = self.admit(name, &token);
+            groups
+                .entry(group)
+                .or_default()
+                .push((index, token, command));
         }
         let mut sent = tokio::task::JoinSet::new();
-        for (pipe, indices) in groups.into_values() {
-            let mut conn = self.conn.clone();
-            sent.spawn(async move {
-                let replies: ::redis::RedisResult<Vec<Option<String>>> =
-                    pipe.query_async(&mut conn).await;
-                (indices, replies)
-            });
+        for group in groups.into_values() {
+            let conn = self.conn.clone();
+            sent.spawn(send_group(conn, group, cluster));
         }
         let mut answers = vec![false; keys.len()];
         while let Some(done) = sent.join_next().await {
-            let (indices, replies) = done.map_err(|err| unexpected(&err.to_string()))?;
-            for ((index, token), earlier) in indices.into_iter().zip(replies.map_err(backend)?) {
+            let replies = done.map_err(|err| unexpected(&err.to_string()))?;
+            for (index, admitted) in replies.map_err(backend)? {
                 if let Some(answer) = answers.get_mut(index) {
-                    *answer = earlier.is_none_or(|earlier| earlier == token);
+                    *answer = admitted;
                 }
             }
         }
@@ -604,7 +730,6 @@ impl Store for RedisStore {
     ) -> Result<Reservation<RedisLease>> {
         let (scoped, record, released) = self.record_keys(scope, key)?;
         let request_hash = format!("{:032x}", xxhash_rust::xxh3::xxh3_128(request));
-        let now = now_ms().to_string();
         let window = self.window_ms().to_string();
         let token = self.tokens.next();
         let timeout = self
@@ -618,7 +743,6 @@ impl Store for RedisStore {
                 &[&record],
                 &[
                     request_hash.as_bytes(),
-                    now.as_bytes(),
                     window.as_bytes(),
                     &scoped,
                     token.as_bytes(),
@@ -700,11 +824,14 @@ impl Store for RedisStore {
     }
 
     async fn in_flight(&self, older_than: Duration) -> Result<Vec<InFlight>> {
-        let before_ms = now_ms().saturating_sub(duration_to_ms(older_than));
         let mut seen = BTreeSet::new();
         let mut found = Vec::new();
-        for node in &self.nodes {
-            self.scan_in_flight(node, before_ms, &mut seen, &mut found)
+        for node in self.primaries().await? {
+            let mut conn = self.node(&node).await?;
+            let before_ms = server_now_ms(&mut conn)
+                .await?
+                .saturating_sub(duration_to_ms(older_than));
+            self.scan_in_flight(&mut conn, before_ms, &mut seen, &mut found)
                 .await?;
         }
         Ok(found)
@@ -713,13 +840,8 @@ impl Store for RedisStore {
     async fn take_over(&self, scope: &Scope, key: &[u8]) -> Result<Option<RedisLease>> {
         let (_, record, released) = self.record_keys(scope, key)?;
         let token = self.tokens.next();
-        let now = now_ms().to_string();
         let reply = self
-            .lines(
-                &SCRIPTS.take_over,
-                &[&record],
-                &[token.as_bytes(), now.as_bytes()],
-            )
+            .lines(&SCRIPTS.take_over, &[&record], &[token.as_bytes()])
             .await?;
         if reply.is_empty() {
             return Ok(None);
@@ -786,22 +908,84 @@ impl Store for RedisStore {
 }
 
 impl RedisStore {
-    /// Adds the records in flight since `before_ms` that node `node` holds.
+    /// The servers that hold keys now: the one server, or every primary serving slots in
+    /// the cluster's current topology (asked of the cluster, so primaries added after
+    /// connect are found and seeds since removed are not asked), each as a URL with the
+    /// first seed's scheme and credentials.
+    async fn primaries(&self) -> Result<Vec<String>> {
+        let Connection::Cluster(cluster) = &self.conn else {
+            return Ok(self.nodes.clone());
+        };
+        let mut conn = cluster.clone();
+        let nodes: String = ::redis::cmd("CLUSTER")
+            .arg("NODES")
+            .query_async(&mut conn)
+            .await
+            .map_err(backend)?;
+        let seed = self
+            .nodes
+            .first()
+            .ok_or_else(|| unexpected("a cluster without seed nodes"))?;
+        let primaries: Vec<String> = serving_primaries(&nodes)
+            .iter()
+            .map(|address| with_address(seed, address))
+            .collect();
+        if primaries.is_empty() {
+            return Err(unexpected("CLUSTER NODES: no primary serves a slot"));
+        }
+        Ok(primaries)
+    }
+
+    /// A connection of its own to the server at `url`.
+    async fn node(&self, url: &str) -> Result<MultiplexedConnection> {
+        let client = client(url, &self.options)?;
+        let config = ::redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(self.options.connect_timeout)
+            .set_response_timeout(self.options.response_timeout);
+        client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(backend)
+    }
+
+    /// Refuses a server (or a primary) whose `maxmemory-policy` evicts keys, unless the
+    /// options accept eviction: read from `INFO memory`, which managed services that
+    /// disable `CONFIG` still answer.
+    async fn check_eviction(&self) -> Result<()> {
+        if self.options.accept_eviction {
+            return Ok(());
+        }
+        for node in self.primaries().await? {
+            let mut conn = self.node(&node).await?;
+            let info: String = ::redis::cmd("INFO")
+                .arg("memory")
+                .query_async(&mut conn)
+                .await
+                .map_err(backend)?;
+            let policy = info
+                .lines()
+                .find_map(|line| line.trim().strip_prefix("maxmemory_policy:"))
+                .ok_or_else(|| unexpected("INFO memory: no maxmemory_policy"))?;
+            if policy != "noeviction" {
+                return Err(Error::InvalidOptions(format!(
+                    "a Redis server runs maxmemory-policy {policy}, which evicts dedup keys \
+                     and records under memory pressure and lets duplicates through: set \
+                     maxmemory-policy noeviction, or accept the loss with \
+                     StoreOptions::accept_eviction"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds the records in flight since `before_ms` that the server of `conn` holds.
     async fn scan_in_flight(
         &self,
-        node: &str,
+        conn: &mut MultiplexedConnection,
         before_ms: u64,
         seen: &mut BTreeSet<String>,
         found: &mut Vec<InFlight>,
     ) -> Result<()> {
-        let client = client(node, &self.options)?;
-        let config = ::redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(self.options.connect_timeout)
-            .set_response_timeout(self.options.response_timeout);
-        let mut conn = client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await
-            .map_err(backend)?;
         let pattern = format!("{}:*:r", self.prefix);
         let mut cursor: u64 = 0;
         loop {
@@ -811,7 +995,7 @@ impl RedisStore {
                 .arg(&pattern)
                 .arg("COUNT")
                 .arg(1000)
-                .query_async(&mut conn)
+                .query_async(conn)
                 .await
                 .map_err(backend)?;
             for key in keys {
@@ -821,7 +1005,7 @@ impl RedisStore {
                 let fields: Vec<Option<Vec<u8>>> = ::redis::cmd("HMGET")
                     .arg(&key)
                     .arg(&["status", "created", "epoch", "sk", "note"])
-                    .query_async(&mut conn)
+                    .query_async(conn)
                     .await
                     .map_err(backend)?;
                 let field = |i: usize| fields.get(i).cloned().flatten();
@@ -892,19 +1076,12 @@ impl RedisLease {
 
     async fn finish(&self, kind: &[u8], response: &[u8]) -> Result<()> {
         self.store.options.check_response(response)?;
-        let now = now_ms().to_string();
         let token = self.store.tokens.next();
         let window = self.store.window_ms().to_string();
         self.call(
             &SCRIPTS.finish,
             &[&self.record, &self.released],
-            &[
-                kind,
-                response,
-                now.as_bytes(),
-                token.as_bytes(),
-                window.as_bytes(),
-            ],
+            &[kind, response, token.as_bytes(), window.as_bytes()],
         )
         .await
     }
@@ -935,7 +1112,38 @@ impl StoreLease for RedisLease {
 
 #[cfg(test)]
 mod tests {
-    use super::slot;
+    use super::{serving_primaries, slot, with_address};
+
+    #[test]
+    fn primaries_are_the_masters_serving_slots() {
+        let nodes = "\
+a1 127.0.0.1:7001@17001 myself,master - 0 0 1 connected 0-5460
+b2 127.0.0.1:7002@17002 master - 0 0 2 connected 5461-10922
+c3 127.0.0.1:7003@17003 slave b2 0 0 2 connected
+d4 127.0.0.1:7004@17004 master - 0 0 4 connected
+e5 10.0.0.5:7005@17005,node-e.example master,fail - 0 0 5 connected 10923-16383
+f6 ::1:7006@17006 master - 0 0 6 connected 100
+";
+        assert_eq!(
+            serving_primaries(nodes),
+            vec![
+                "127.0.0.1:7001",
+                "127.0.0.1:7002",
+                "node-e.example:7005",
+                "[::1]:7006"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_primary_is_reached_with_the_seeds_scheme_and_credentials() {
+        assert_eq!(
+            with_address("rediss://user:p@ss@seed:6379/2", "10.0.0.1:7000"),
+            "rediss://user:p@ss@10.0.0.1:7000/2"
+        );
+        assert_eq!(with_address("redis://127.0.0.1:6379", "h:1"), "redis://h:1");
+        assert_eq!(with_address("seed:6379", "h:1"), "redis://h:1");
+    }
 
     #[test]
     fn slots_follow_the_hash_tag() {

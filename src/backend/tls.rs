@@ -60,3 +60,36 @@ pub(crate) fn install_default_provider() {
 fn invalid(why: String) -> Error {
     Error::InvalidOptions(why)
 }
+
+/// Whether `err` or an error it wraps is a TLS failure (an untrusted certificate, a
+/// failed handshake): found by type along the source chain, through the `io::Error`s
+/// that TLS streams wrap their errors in, never by message text.
+pub(crate) fn is_tls_failure(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(err);
+    // A chain longer than this is not one a driver builds; stop rather than loop.
+    for _ in 0..16 {
+        let Some(err) = next else {
+            return false;
+        };
+        if err.is::<rustls::Error>() {
+            return true;
+        }
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && let Some(inner) = io.get_ref()
+            && is_tls_failure_shallow(inner)
+        {
+            return true;
+        }
+        next = err.source();
+    }
+    false
+}
+
+/// One level of [`is_tls_failure`] inside an `io::Error`.
+fn is_tls_failure_shallow(err: &(dyn std::error::Error + Send + Sync + 'static)) -> bool {
+    err.is::<rustls::Error>()
+        || err
+            .downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::get_ref)
+            .is_some_and(|inner| inner.is::<rustls::Error>())
+}

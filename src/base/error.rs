@@ -62,7 +62,8 @@ pub enum Error {
     /// to happen in the lifetime of any deployment.
     FingerprintCollision,
     /// The store holds `Options::max_keys` live keys and its
-    /// [`FullPolicy`](crate::FullPolicy) could not make room: nothing was admitted.
+    /// [`FullPolicy`](crate::FullPolicy) could not make room, or a shared engine is out
+    /// of memory (Redis at `maxmemory` under `noeviction`): nothing was admitted.
     Full,
     /// Every lease id below the limit has been handed out; the store refuses new
     /// reservations rather than reuse one.
@@ -96,6 +97,27 @@ pub enum Error {
     /// dropped, pool timeout). The call may or may not have taken effect; an
     /// [`OutagePolicy`](crate::OutagePolicy) decides what a caller does next.
     Unavailable {
+        /// Which engine.
+        engine: &'static str,
+        /// What failed.
+        message: String,
+    },
+    /// A shared engine answered that the call waited longer than the response timeout
+    /// (behind another transaction's row lock, or a statement that ran too long) and
+    /// cancelled it: the call took no effect. Not an outage: the server is up and
+    /// another caller may hold the record, so no [`OutagePolicy`](crate::OutagePolicy)
+    /// turns it into an admission. Try again later.
+    TimedOut {
+        /// Which engine.
+        engine: &'static str,
+        /// What the server said.
+        message: String,
+    },
+    /// The connection to a shared engine failed to authenticate: the server's TLS
+    /// certificate was not trusted (or the handshake failed), or the server refused the
+    /// credentials. A configuration error, never an outage: no
+    /// [`OutagePolicy`](crate::OutagePolicy) turns it into an admission.
+    Authentication {
         /// Which engine.
         engine: &'static str,
         /// What failed.
@@ -135,7 +157,7 @@ impl fmt::Display for Error {
             Error::FingerprintCollision => {
                 write!(f, "two different keys share a 128-bit fingerprint")
             }
-            Error::Full => write!(f, "store is full: max_keys live keys are held"),
+            Error::Full => write!(f, "store is full: no room for another key"),
             Error::LeaseIdsExhausted => write!(f, "every lease id has been handed out"),
             Error::Poisoned => write!(
                 f,
@@ -155,6 +177,15 @@ impl fmt::Display for Error {
             Error::Io(err) => write!(f, "I/O error: {err}"),
             Error::Backend { engine, message } => write!(f, "{engine}: {message}"),
             Error::Unavailable { engine, message } => write!(f, "{engine} unavailable: {message}"),
+            Error::TimedOut { engine, message } => {
+                write!(
+                    f,
+                    "{engine} cancelled a call that waited too long: {message}"
+                )
+            }
+            Error::Authentication { engine, message } => {
+                write!(f, "{engine} authentication failed: {message}")
+            }
         }
     }
 }

@@ -28,7 +28,7 @@ use crate::base::{
 /// What every shared store is built with: the window, the input limits (the embedded
 /// store's defaults, so that every store refuses the same input before writing) and how
 /// long to wait for a server.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct StoreOptions {
     pub(crate) window: Duration,
     pub(crate) max_key_bytes: usize,
@@ -38,6 +38,27 @@ pub struct StoreOptions {
     pub(crate) lease_timeout: Option<Duration>,
     pub(crate) naming_secret: Option<u64>,
     pub(crate) tls_roots_pem: Option<Vec<u8>>,
+    pub(crate) accept_eviction: bool,
+}
+
+/// Every setting but the naming secret, which is a secret: only whether one is set.
+impl std::fmt::Debug for StoreOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreOptions")
+            .field("window", &self.window)
+            .field("max_key_bytes", &self.max_key_bytes)
+            .field("max_response_bytes", &self.max_response_bytes)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("response_timeout", &self.response_timeout)
+            .field("lease_timeout", &self.lease_timeout)
+            .field("naming_secret_set", &self.naming_secret.is_some())
+            .field(
+                "tls_roots_pem_bytes",
+                &self.tls_roots_pem.as_ref().map(Vec::len),
+            )
+            .field("accept_eviction", &self.accept_eviction)
+            .finish()
+    }
 }
 
 impl StoreOptions {
@@ -52,6 +73,7 @@ impl StoreOptions {
             lease_timeout: None,
             naming_secret: None,
             tls_roots_pem: None,
+            accept_eviction: false,
         }
     }
 
@@ -105,8 +127,11 @@ impl StoreOptions {
     /// Takes over records left in flight, as
     /// [`Options::lease_timeout`](crate::Options::lease_timeout) (whose safety note
     /// applies): a reserve that finds the record in flight under a lease granted at least
-    /// `timeout` ago (by the clients' clocks) acquires it with a higher epoch. Off by
-    /// default.
+    /// `timeout` ago acquires it with a higher epoch. The timeout counts from the grant
+    /// of the lease (its reservation or take-over; a note does not reset it) on the
+    /// server's clock where there is a server (PostgreSQL's `now()`, Redis's `TIME`),
+    /// and on the store's [`Clock`](crate::Clock) when embedded, so no client's clock
+    /// decides. Off by default.
     pub fn lease_timeout(mut self, timeout: Duration) -> Self {
         self.lease_timeout = Some(timeout);
         self
@@ -135,6 +160,19 @@ impl StoreOptions {
         self
     }
 
+    /// Redis only: accept a server whose `maxmemory-policy` evicts keys (anything but
+    /// `noeviction`). By default a store refuses such a server at connect with
+    /// [`Error::InvalidOptions`]: under memory pressure it evicts dedup keys and records
+    /// in flight or finished (`volatile-*` and `allkeys-*` alike, since every key has a
+    /// TTL) and the naming secret (`allkeys-*`), and each evicted key lets a duplicate
+    /// through. With this set, the store connects and such losses are the caller's
+    /// accepted risk. Under `noeviction` a full server refuses writes, answered as
+    /// [`Error::Full`]. Ignored by the other stores.
+    pub fn accept_eviction(mut self, accept: bool) -> Self {
+        self.accept_eviction = accept;
+        self
+    }
+
     /// Refuses a key the embedded store would refuse.
     pub(crate) fn check_key(&self, key: &[u8]) -> Result<()> {
         check_key(key, self.max_key_bytes)
@@ -158,6 +196,12 @@ impl StoreOptions {
         }
         Ok(())
     }
+}
+
+/// Marks the first occurrence of each key in `keys`; later ones are duplicates.
+pub(crate) fn first_occurrences(keys: &[Vec<u8>]) -> Vec<bool> {
+    let mut seen = std::collections::HashSet::with_capacity(keys.len());
+    keys.iter().map(|key| seen.insert(key.as_slice())).collect()
 }
 
 /// Keys and records behind one asynchronous interface. Every method has the semantics of

@@ -2,8 +2,12 @@
 //! applied by the [`Guarded`] wrapper, which also counts every outage it meets.
 //!
 //! Only [`Error::Unavailable`] (connection refused, lost or timed out, a server that
-//! reports it cannot serve) is an outage. Any other error, input errors included, passes
-//! through unchanged under both policies. Lease calls follow the policy too: under
+//! reports it cannot serve) is an outage. Any other error passes through unchanged under
+//! both policies: input errors, [`Error::TimedOut`] (the server cancelled a call that
+//! waited behind another caller's lock: that caller may be running the same work),
+//! [`Error::Authentication`] (an untrusted certificate or refused credentials: a
+//! configuration error or an attack, never a reason to run unprotected) and
+//! [`Error::Full`]. Lease calls follow the policy too: under
 //! `FailOpen`, a `complete`, `fail`, `release` or `note` that meets an outage answers
 //! `Ok` and is counted in [`Guarded::lease_outages`]; the store never learnt the outcome,
 //! so its record stays in flight until a take-over, a lease timeout or the end of the
@@ -14,7 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::{Store, StoreLease};
+use super::{Store, StoreLease, first_occurrences};
 use crate::api::{Advance, InFlight, Record, Reservation, Scope};
 use crate::base::{Error, Result};
 
@@ -24,7 +28,8 @@ pub enum OutagePolicy {
     /// Refuse: every call returns [`Error::Unavailable`]. For payments, payouts and
     /// inventory, where a duplicate costs more than a refusal.
     FailClosed,
-    /// Carry on unprotected: `insert_if_absent` and `insert_many` admit every key,
+    /// Carry on unprotected: `insert_if_absent` and `insert_many` admit every key (but
+    /// the second of a key repeated in one batch),
     /// `reserve` acquires a [`GuardedLease::Unprotected`] whose calls store nothing,
     /// `advance` answers `Applied`, and lease calls answer `Ok`. Duplicates may pass while the outage lasts. Reads
     /// (`get`, `in_flight`, `take_over`) still return the error: there is nothing to
@@ -168,9 +173,14 @@ impl<S: Store> Store for Guarded<S> {
     }
 
     async fn insert_many(&self, keys: Vec<Vec<u8>>) -> Result<Vec<bool>> {
-        let len = keys.len();
+        // Under `FailOpen` a key repeated in the batch is still a duplicate the second
+        // time, as every store answers: only the store's memory is missing.
+        let first = match self.guard.policy {
+            OutagePolicy::FailOpen => first_occurrences(&keys),
+            OutagePolicy::FailClosed => Vec::new(),
+        };
         let answer = self.inner.insert_many(keys).await;
-        self.decide(answer, || vec![true; len])
+        self.decide(answer, || first)
     }
 
     async fn reserve(

@@ -36,6 +36,11 @@ const MIGRATION_LOCK: i64 = 0x6f6e_6365_6462;
 /// Applies the migrations the database lacks, in one transaction; returns how many.
 pub(super) async fn apply(client: &mut Object) -> Result<usize> {
     let tx = client.transaction().await.map_err(pg_error)?;
+    // A migration may rewrite whole tables (migration 4 does): the store's response
+    // timeout, which bounds every other statement, must not cancel it half-way.
+    tx.batch_execute("SET LOCAL statement_timeout = 0")
+        .await
+        .map_err(pg_error)?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
         .await
         .map_err(pg_error)?;

@@ -33,7 +33,7 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 use super::{refused, tls, unavailable};
 use crate::api::{Advance, InFlight, Record, RecordStatus, Reservation, Scope};
 use crate::base::{Error, Result, duration_to_ms, system_time_to_ms};
-use crate::store::{Store, StoreLease, StoreOptions};
+use crate::store::{Store, StoreLease, StoreOptions, first_occurrences};
 
 /// The pool crate this module uses, for building a [`Pool`] by hand.
 pub use deadpool_postgres;
@@ -47,22 +47,83 @@ pub const MAX_POSTGRES_VERSION: u64 = (i64::MAX - 1) as u64;
 /// Most keys one `insert_many` statement carries; longer batches are split.
 const MAX_KEYS_PER_STATEMENT: usize = 4096;
 
-/// A PostgreSQL error as an oncedb error: a lost or refused connection is
-/// [`Error::Unavailable`], anything the server said is [`Error::Backend`].
+/// A PostgreSQL error met while running a statement, as an oncedb error, by its kind
+/// ([`classify`]); what is none of the known kinds is [`Error::Backend`].
 pub(crate) fn pg_error(err: tokio_postgres::Error) -> Error {
+    classify(err, |engine, message| refused(engine, message))
+}
+
+/// A PostgreSQL error met while opening a connection. Besides what [`pg_error`] tells
+/// apart, an error that is neither the server's word nor a socket failure is the driver
+/// refusing the server (TLS declined under `sslmode=require`, an authentication
+/// exchange it could not complete): [`Error::Authentication`].
+fn connect_error(err: tokio_postgres::Error) -> Error {
+    classify(err, |engine, message| {
+        super::unauthenticated(engine, message)
+    })
+}
+
+/// The server's word by its SQLSTATE ([`server_error`]); a TLS failure anywhere in the
+/// chain (an untrusted certificate, a failed handshake, a tampered record) is
+/// [`Error::Authentication`], never an outage; a broken connection is
+/// [`Error::Unavailable`]; anything else goes to `otherwise`.
+fn classify(err: tokio_postgres::Error, otherwise: fn(&'static str, String) -> Error) -> Error {
     if let Some(db) = err.as_db_error() {
-        let message = format!("{} ({})", db.message(), db.code().code());
-        return if is_outage(db.code()) {
-            unavailable(ENGINE, message)
-        } else {
-            refused(ENGINE, message)
-        };
+        return server_error(db);
     }
-    let message = match std::error::Error::source(&err) {
+    if tls::is_tls_failure(&err) {
+        return super::unauthenticated(ENGINE, describe(&err));
+    }
+    if is_lost_connection(&err) {
+        return unavailable(ENGINE, describe(&err));
+    }
+    otherwise(ENGINE, describe(&err))
+}
+
+/// What the server said, by its SQLSTATE class: an outage ([`is_outage`]) is
+/// [`Error::Unavailable`]; a statement cancelled by its timeout or a lock wait that gave
+/// up is [`Error::TimedOut`]; a refused login (class 28) is [`Error::Authentication`];
+/// anything else [`Error::Backend`].
+fn server_error(db: &tokio_postgres::error::DbError) -> Error {
+    use tokio_postgres::error::SqlState;
+    let message = format!("{} ({})", db.message(), db.code().code());
+    let code = db.code();
+    if is_outage(code) {
+        unavailable(ENGINE, message)
+    } else if *code == SqlState::QUERY_CANCELED || *code == SqlState::LOCK_NOT_AVAILABLE {
+        super::timed_out(ENGINE, message)
+    } else if code.code().starts_with("28") {
+        super::unauthenticated(ENGINE, message)
+    } else {
+        refused(ENGINE, message)
+    }
+}
+
+/// Whether the connection broke: the driver found it closed, or a socket call failed
+/// (refused, reset, timed out).
+fn is_lost_connection(err: &tokio_postgres::Error) -> bool {
+    if err.is_closed() {
+        return true;
+    }
+    let mut next: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(err);
+    // A chain longer than this is not one the driver builds; stop rather than loop.
+    for _ in 0..16 {
+        let Some(cause) = next else {
+            return false;
+        };
+        if cause.is::<std::io::Error>() {
+            return true;
+        }
+        next = cause.source();
+    }
+    false
+}
+
+fn describe(err: &tokio_postgres::Error) -> String {
+    match std::error::Error::source(err) {
         Some(source) => format!("{err}: {source}"),
         None => err.to_string(),
-    };
-    unavailable(ENGINE, message)
+    }
 }
 
 /// The engine named in this store's errors.
@@ -70,8 +131,9 @@ const ENGINE: &str = "postgres";
 
 /// Conditions the server reports while it cannot serve, which an
 /// [`OutagePolicy`](crate::OutagePolicy) acts on: a connection exception (class 08), a
-/// server shutting down or starting (57P01, 57P02, 57P03), too many connections (53300),
-/// a read-only standby (25006), and a statement cancelled by its timeout (57014).
+/// server shutting down or starting (57P01, 57P02, 57P03), too many connections (53300)
+/// and a read-only standby (25006). A statement cancelled by its timeout (57014) is not
+/// one: it waited behind another caller's lock as often as on a slow server.
 fn is_outage(code: &tokio_postgres::error::SqlState) -> bool {
     use tokio_postgres::error::SqlState;
     code.code().starts_with("08")
@@ -81,7 +143,6 @@ fn is_outage(code: &tokio_postgres::error::SqlState) -> bool {
             SqlState::CANNOT_CONNECT_NOW,
             SqlState::TOO_MANY_CONNECTIONS,
             SqlState::READ_ONLY_SQL_TRANSACTION,
-            SqlState::QUERY_CANCELED,
         ]
         .contains(code)
 }
@@ -166,9 +227,10 @@ fn column<'a, T: tokio_postgres::types::FromSql<'a>>(
     row.try_get(index).map_err(pg_error)
 }
 
+/// A pool's error: its backend errors are connection errors ([`connect_error`]).
 fn pool_error(err: PoolError) -> Error {
     match err {
-        PoolError::Backend(err) => pg_error(err),
+        PoolError::Backend(err) => connect_error(err),
         other => unavailable(ENGINE, other.to_string()),
     }
 }
@@ -221,7 +283,14 @@ impl PostgresStore {
     /// every statement on the server (`statement_timeout`), the wait for a pooled
     /// connection, and a dead TCP connection (`tcp_user_timeout` and keepalives), so no
     /// call hangs for longer than a few timeouts; the connect timeout bounds each new
-    /// connection.
+    /// connection. A statement the server cancels at the timeout (it waited behind
+    /// another transaction's lock, or ran too long) is [`Error::TimedOut`], not an
+    /// outage.
+    ///
+    /// TLS: `sslmode=require` verifies the server's chain and name (the roots of
+    /// [`StoreOptions::tls_root_certificates`], or the system's); `sslmode=disable`, or
+    /// no `sslmode` at all, speaks plain text; `sslmode=prefer` is refused with
+    /// [`Error::InvalidOptions`], since it falls back to plain text.
     pub fn connect_with(url: &str, options: StoreOptions) -> Result<PostgresStore> {
         let mut config: tokio_postgres::Config = url.parse().map_err(|err| {
             Error::InvalidOptions(format!("bad PostgreSQL connection string: {err}"))
@@ -237,9 +306,9 @@ impl PostgresStore {
         let manager_config = ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         };
-        let manager = match config.get_ssl_mode() {
+        let manager = match tls_mode(url, &config)? {
             SslMode::Disable => Manager::from_config(config, NoTls, manager_config),
-            // `prefer` and `require`: rustls, verifying the server's chain and name.
+            // `require`: rustls, verifying the server's chain and name.
             _ => {
                 let tls = tls::client_config(options.tls_roots_pem.as_deref())?;
                 Manager::from_config(config, MakeRustlsConnect::new(tls), manager_config)
@@ -256,7 +325,8 @@ impl PostgresStore {
         PostgresStore::from_pool_with(pool, options)
     }
 
-    /// A store on an existing pool (for TLS, pool sizing or shared pools).
+    /// A store on an existing pool (for TLS, pool sizing or shared pools). The pool's
+    /// own TLS settings apply: its `sslmode` is not checked here.
     pub fn from_pool(pool: Pool, window: Duration) -> Result<PostgresStore> {
         PostgresStore::from_pool_with(pool, StoreOptions::new(window))
     }
@@ -279,7 +349,10 @@ impl PostgresStore {
     }
 
     /// Applies the schema migrations this version ships that the database lacks, in one
-    /// transaction under an advisory lock. Returns how many it applied.
+    /// transaction under an advisory lock, without the response timeout (a migration may
+    /// rewrite whole tables: migration 4 rewrites `idempotency_records`, `dedup_keys`
+    /// and `ordering_marks` under an exclusive lock, so run it when those tables are
+    /// small or the service is quiet). Returns how many it applied.
     pub async fn migrate(&self) -> Result<usize> {
         let mut client = self.client().await?;
         migrations::apply(&mut client).await
@@ -287,7 +360,10 @@ impl PostgresStore {
 
     /// Deletes expired rows (records, keys, ordering marks) and outbox rows published and
     /// inbox rows processed more than `retention` ago, at most `batch` rows per statement,
-    /// so no statement holds locks for long. Returns how many rows it deleted.
+    /// so no statement holds locks for long. A purge never waits on a row lock: rows that
+    /// a writer holds (a reservation, a batch, a transaction of the caller's) are left
+    /// for the next purge, so it cannot deadlock with a batch, and a row re-admitted
+    /// while the purge runs is never deleted. Returns how many rows it deleted.
     pub async fn purge_expired(&self, batch: usize, retention: Duration) -> Result<u64> {
         let batch = i64::try_from(batch.clamp(1, 100_000)).unwrap_or(1000);
         let retention_ms = i64::try_from(duration_to_ms(retention)).unwrap_or(i64::MAX);
@@ -405,6 +481,26 @@ impl PostgresStore {
     }
 }
 
+/// The TLS mode of connection string `url`: `sslmode=require` (verified TLS or no
+/// connection) or `disable` (plain text), which is also what a string that names no
+/// `sslmode` gets. `sslmode=prefer` is refused: it falls back to plain text when the
+/// server (or anyone in between) answers that it speaks no TLS.
+fn tls_mode(url: &str, config: &tokio_postgres::Config) -> Result<SslMode> {
+    // The driver's default is `prefer`; only a string that names a mode gets one.
+    if !url.contains("sslmode") {
+        return Ok(SslMode::Disable);
+    }
+    match config.get_ssl_mode() {
+        SslMode::Disable => Ok(SslMode::Disable),
+        SslMode::Require => Ok(SslMode::Require),
+        _ => Err(Error::InvalidOptions(
+            "sslmode=prefer falls back to plain text when the server declines TLS: \
+             use sslmode=require (verified TLS) or sslmode=disable"
+                .to_owned(),
+        )),
+    }
+}
+
 /// Runs a `DELETE` of at most `batch` rows until it deletes fewer than that.
 async fn purge_all(
     client: &Object,
@@ -467,12 +563,6 @@ fn parse_status(status: &str) -> Result<RecordStatus> {
         "failed" => Ok(RecordStatus::Failed),
         _ => Err(unexpected("idempotency_records.status")),
     }
-}
-
-/// Marks the first occurrence of each key in `keys`; later ones are duplicates.
-fn first_occurrences(keys: &[Vec<u8>]) -> Vec<bool> {
-    let mut seen = HashSet::with_capacity(keys.len());
-    keys.iter().map(|key| seen.insert(key.as_slice())).collect()
 }
 
 impl Store for PostgresStore {

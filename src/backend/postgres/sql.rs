@@ -82,14 +82,16 @@ pub(super) const FINISH: &str = concat!(
 
 pub(super) const RELEASE: &str = concat!("DELETE FROM idempotency_records", owned_by_lease!());
 
-/// `$5` note.
+/// `$5` note. A note leaves `updated_at` alone: the lease timeout counts from the grant
+/// of the lease (its reservation or take-over), on every store.
 pub(super) const NOTE: &str = concat!(
-    "UPDATE idempotency_records SET note = $5, updated_at = now()",
+    "UPDATE idempotency_records SET note = $5",
     owned_by_lease!()
 );
 
 /// The lease timeout's take-over: a new epoch for the live record of `$1..$3` in flight
-/// for the request `$4` whose lease was granted (or last noted) `$5` ms ago or more.
+/// for the request `$4` whose lease was granted `$5` ms ago or more, by the server's
+/// clock (`updated_at` of a record in flight is when its lease was granted).
 pub(super) const TAKE_OVER_STUCK: &str = concat!(
     "UPDATE idempotency_records SET taken_epochs = taken_epochs || epoch,
          epoch = nextval('oncedb_lease_epoch'), updated_at = now()
@@ -136,25 +138,44 @@ pub(super) const MARK: &str = concat!(
 );
 
 /// `$1` batch: expired rows, one batch per statement, through the expiry indexes.
+///
+/// The inner `SELECT` locks the rows it picks with `SKIP LOCKED`, so a purge never waits
+/// on a row lock: a row that a reservation, a batch or an ordering guard is replacing
+/// is left for a later purge, and a purge cannot deadlock with a batch whatever order
+/// either locks in. A row replaced between the purge's snapshot and its lock is
+/// re-checked at its newest version, and the outer `DELETE` repeats the expiry
+/// condition too, so a re-admitted row (which expires later) is never deleted.
 pub(super) const PURGE_EXPIRED: [&str; 4] = [
     "DELETE FROM idempotency_records WHERE ctid IN (
         SELECT ctid FROM idempotency_records
-        WHERE status IN ('completed', 'failed') AND expires_at <= now() LIMIT $1)",
+        WHERE status IN ('completed', 'failed') AND expires_at <= now()
+        LIMIT $1 FOR UPDATE SKIP LOCKED)
+     AND status IN ('completed', 'failed') AND expires_at <= now()",
     "DELETE FROM idempotency_records WHERE ctid IN (
         SELECT ctid FROM idempotency_records
-        WHERE status = 'processing' AND expires_at <= now() LIMIT $1)",
+        WHERE status = 'processing' AND expires_at <= now()
+        LIMIT $1 FOR UPDATE SKIP LOCKED)
+     AND status = 'processing' AND expires_at <= now()",
     "DELETE FROM dedup_keys WHERE ctid IN (
-        SELECT ctid FROM dedup_keys WHERE expires_at <= now() LIMIT $1)",
+        SELECT ctid FROM dedup_keys WHERE expires_at <= now()
+        LIMIT $1 FOR UPDATE SKIP LOCKED)
+     AND expires_at <= now()",
     "DELETE FROM ordering_marks WHERE ctid IN (
-        SELECT ctid FROM ordering_marks WHERE expires_at <= now() LIMIT $1)",
+        SELECT ctid FROM ordering_marks WHERE expires_at <= now()
+        LIMIT $1 FOR UPDATE SKIP LOCKED)
+     AND expires_at <= now()",
 ];
 
 /// `$1` batch, `$2` retention: inbox and published outbox rows past retention.
 pub(super) const PURGE_RETAINED: [&str; 2] = [
     "DELETE FROM inbox_messages WHERE ctid IN (
         SELECT ctid FROM inbox_messages
-        WHERE processed_at <= now() - $2::bigint * interval '1 millisecond' LIMIT $1)",
+        WHERE processed_at <= now() - $2::bigint * interval '1 millisecond'
+        LIMIT $1 FOR UPDATE SKIP LOCKED)
+     AND processed_at <= now() - $2::bigint * interval '1 millisecond'",
     "DELETE FROM outbox_messages WHERE ctid IN (
         SELECT ctid FROM outbox_messages
-        WHERE published_at <= now() - $2::bigint * interval '1 millisecond' LIMIT $1)",
+        WHERE published_at <= now() - $2::bigint * interval '1 millisecond'
+        LIMIT $1 FOR UPDATE SKIP LOCKED)
+     AND published_at <= now() - $2::bigint * interval '1 millisecond'",
 ];
