@@ -475,7 +475,12 @@ async fn send_group(
     if cluster {
         let mut answers = Vec::with_capacity(group.len());
         for (index, token, command) in group {
-            let earlier: Option<String> = command.query_async(&mut conn).await?;
+            // `ASKING` written with its command, as one pipeline: where the slot is being
+            // imported, the flag it sets is the one this command uses, whatever other
+            // calls share the connection (a pipeline's commands are written together).
+            let mut pipe = ::redis::pipe();
+            pipe.cmd("ASKING").ignore().add_command(command);
+            let (earlier,): (Option<String>,) = pipe.query_async(&mut conn).await?;
             answers.push((index, admitted(&token, earlier)));
         }
         return Ok(answers);
@@ -604,6 +609,8 @@ fn serving_primaries(nodes: &str) -> Vec<String> {
                 Some(hostname) if !hostname.is_empty() => hostname,
                 _ => ip,
             };
+            // A node that never met another one does not know its own address, and
+            // shows ":port": `with_address` keeps the seed's host for it.
             Some(if host.contains(':') {
                 format!("[{host}]:{port}")
             } else {
@@ -622,10 +629,18 @@ fn with_address(url: &str, address: &str) -> String {
     let (authority, path) = rest
         .find('/')
         .map_or((rest, ""), |slash| rest.split_at(slash));
-    let credentials = authority
-        .rfind('@')
-        .and_then(|at| authority.get(..=at))
-        .unwrap_or("");
+    let at = authority.rfind('@').map_or(0, |at| at + 1);
+    let (credentials, seed_address) = authority.split_at(at);
+    let address = match address.strip_prefix(':') {
+        // No host known to the node itself: the seed's host, the node's port.
+        Some(port) => {
+            let host = seed_address
+                .rsplit_once(':')
+                .map_or(seed_address, |(host, _)| host);
+            format!("{host}:{port}")
+        }
+        None => address.to_owned(),
+    };
     format!("{scheme}://{credentials}{address}{path}")
 }
 
@@ -683,9 +698,10 @@ impl Store for RedisStore {
         }
         // On a single server, one pipeline. On a cluster, one group of commands per slot,
         // the groups sent concurrently and each command of a group as a request of its
-        // own: the cluster client follows a MOVED or ASK redirection (with ASKING) per
-        // command, so a batch meeting a slot in migration lands each key where the
-        // cluster says, where a pipeline would be re-sent whole after one ASKING. Each
+        // own behind its own `ASKING`: the cluster client follows a MOVED or ASK
+        // redirection per command, so a batch meeting a slot in migration lands each key
+        // where the cluster says, where a pipeline of several keys would be re-sent
+        // whole after one ASKING (its other keys bouncing between MOVED and ASK). Each
         // key gets its own token, so a key repeated in the batch is a duplicate the
         // second time (SET NX in order within a group), while a command re-sent by the
         // client recognises its own write.
@@ -1123,6 +1139,7 @@ c3 127.0.0.1:7003@17003 slave b2 0 0 2 connected
 d4 127.0.0.1:7004@17004 master - 0 0 4 connected
 e5 10.0.0.5:7005@17005,node-e.example master,fail - 0 0 5 connected 10923-16383
 f6 ::1:7006@17006 master - 0 0 6 connected 100
+g7 :7007@17007 myself,master - 0 0 7 connected 200
 ";
         assert_eq!(
             serving_primaries(nodes),
@@ -1130,7 +1147,8 @@ f6 ::1:7006@17006 master - 0 0 6 connected 100
                 "127.0.0.1:7001",
                 "127.0.0.1:7002",
                 "node-e.example:7005",
-                "[::1]:7006"
+                "[::1]:7006",
+                ":7007"
             ]
         );
     }
@@ -1143,6 +1161,10 @@ f6 ::1:7006@17006 master - 0 0 6 connected 100
         );
         assert_eq!(with_address("redis://127.0.0.1:6379", "h:1"), "redis://h:1");
         assert_eq!(with_address("seed:6379", "h:1"), "redis://h:1");
+        assert_eq!(
+            with_address("redis://u@10.1.1.1:6379/", ":7000"),
+            "redis://u@10.1.1.1:7000/"
+        );
     }
 
     #[test]

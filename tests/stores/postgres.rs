@@ -15,7 +15,7 @@ use oncedb::postgres::inbox::{self, Received};
 use oncedb::postgres::outbox::{self, NewMessage, OutboxMessage, Publisher, Relay};
 use oncedb::{
     Error, Guarded, GuardedLease, MAX_POSTGRES_VERSION, OutagePolicy, PostgresStore, RecordStatus,
-    Reservation, Scope, Store, StoreLease,
+    Reservation, Scope, Store, StoreLease, StoreOptions,
 };
 use servers::postgres::PgServer;
 
@@ -739,11 +739,12 @@ async fn an_unreachable_server_follows_the_outage_policy() {
 
     // Fail open: admitted, unprotected, counted.
     assert!(open.insert_if_absent(b"before").await.unwrap());
+    // A key repeated in the batch is still a duplicate the second time.
     assert_eq!(
-        open.insert_many(vec![b"x".to_vec(), b"y".to_vec()])
+        open.insert_many(vec![b"x".to_vec(), b"y".to_vec(), b"x".to_vec()])
             .await
             .unwrap(),
-        [true, true]
+        [true, true, false]
     );
     let Reservation::Acquired(lease) = open.reserve(&scope, b"k", b"r").await.unwrap() else {
         panic!("fail-open reservations proceed");
@@ -896,4 +897,182 @@ async fn a_restarted_server_serves_the_same_store_again() {
     let record = store.get(&scope, b"done").await.unwrap().unwrap();
     assert_eq!(record.status(), RecordStatus::Completed);
     assert_eq!(record.response(), Some(&b"the answer"[..]));
+}
+
+/// Whether a backend other than this test's connections waits on a lock now.
+async fn someone_waits_on_a_lock(store: &PostgresStore) -> bool {
+    count(
+        store,
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+    )
+    .await
+        > 0
+}
+
+/// A purge whose snapshot saw an expired row that a reservation in an open transaction
+/// is replacing must not delete the replacement when that transaction commits: the
+/// re-admitted record (and the re-admitted dedup key) stay, and the lease finishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_never_deletes_a_row_re_admitted_while_it_runs() {
+    let server = PgServer::start();
+    let store = store(&server, Duration::from_millis(300)).await;
+    let scope = Scope::new("t", "purge-race");
+    acquired(store.reserve(&scope, b"r", b"req").await.unwrap())
+        .complete(b"old")
+        .await
+        .unwrap();
+    assert!(store.insert_if_absent(b"k").await.unwrap());
+    // Real time passing on the server's clock is what expires the rows.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // The expired rows are replaced in a transaction left open.
+    let mut client = store.pool().get().await.unwrap();
+    let tx = client.transaction().await.unwrap();
+    let lease = acquired(store.reserve_in(&tx, &scope, b"r", b"req").await.unwrap());
+    tx.execute(
+        "UPDATE dedup_keys SET expires_at = now() + interval '1 hour' WHERE key = 'k'",
+        &[],
+    )
+    .await
+    .unwrap();
+
+    let purging = store.clone();
+    let purge =
+        tokio::spawn(async move { purging.purge_expired(100, Duration::from_secs(60)).await });
+    // The purge either waits on the replaced rows' locks or skips them; either way the
+    // transaction then commits.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !purge.is_finished() && !someone_waits_on_a_lock(&store).await {
+        assert!(std::time::Instant::now() < deadline, "the purge never ran");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    lease.complete_in(&tx, b"new").await.unwrap();
+    tx.commit().await.unwrap();
+    purge.await.unwrap().unwrap();
+
+    let Reservation::Completed(record) = store.reserve(&scope, b"r", b"req").await.unwrap() else {
+        panic!("the re-admitted record was purged");
+    };
+    assert_eq!(record.response(), Some(&b"new"[..]));
+    assert!(
+        !store.insert_if_absent(b"k").await.unwrap(),
+        "the re-admitted key was purged"
+    );
+}
+
+/// A batch holding a lock on an expired row (re-admitting it) does not stall a purge,
+/// which could otherwise deadlock with it: the purge leaves the locked row and deletes
+/// the others while the batch's transaction is still open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_never_waits_on_a_row_a_writer_holds() {
+    let server = PgServer::start();
+    let options =
+        StoreOptions::new(Duration::from_millis(300)).response_timeout(Duration::from_secs(2));
+    let store = PostgresStore::connect_with(&server.url(), options).unwrap();
+    store.migrate().await.unwrap();
+    let keys: Vec<Vec<u8>> = (0..10).map(|i| format!("k{i}").into_bytes()).collect();
+    assert!(store.insert_many(keys).await.unwrap().iter().all(|a| *a));
+    // Real time passing on the server's clock is what expires the rows.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let mut client = store.pool().get().await.unwrap();
+    let tx = client.transaction().await.unwrap();
+    tx.execute(
+        "UPDATE dedup_keys SET expires_at = now() + interval '1 hour' WHERE key = 'k5'",
+        &[],
+    )
+    .await
+    .unwrap();
+    let deleted = store
+        .purge_expired(3, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(deleted, 9, "every expired row but the held one");
+    tx.commit().await.unwrap();
+    assert_eq!(count(&store, "SELECT count(*) FROM dedup_keys").await, 1);
+}
+
+/// A reservation that waits behind another transaction's reservation of the same key
+/// for longer than the response timeout is `TimedOut`, which `FailOpen` passes on: it
+/// never runs the caller unprotected while the first attempt is under way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reserve_waiting_on_a_lock_is_timed_out_not_an_outage() {
+    let server = PgServer::start();
+    let options =
+        StoreOptions::new(Duration::from_secs(60)).response_timeout(Duration::from_millis(300));
+    let store = PostgresStore::connect_with(&server.url(), options).unwrap();
+    store.migrate().await.unwrap();
+    let scope = Scope::new("t", "locked");
+    let mut client = store.pool().get().await.unwrap();
+    let tx = client.transaction().await.unwrap();
+    let first = acquired(store.reserve_in(&tx, &scope, b"k", b"req").await.unwrap());
+
+    let open = Guarded::new(store.clone(), OutagePolicy::FailOpen);
+    let answer = open.reserve(&scope, b"k", b"req").await;
+    assert!(
+        matches!(answer, Err(Error::TimedOut { .. })),
+        "{:?}",
+        answer.map(|r| matches!(r, Reservation::Acquired(GuardedLease::Unprotected)))
+    );
+    assert_eq!(open.outages(), 0);
+    first.complete_in(&tx, b"done").await.unwrap();
+    tx.commit().await.unwrap();
+    assert!(matches!(
+        open.reserve(&scope, b"k", b"req").await.unwrap(),
+        Reservation::Completed(_)
+    ));
+}
+
+/// `migrate` is not bound by the response timeout: a migration that rewrites a table
+/// longer than the timeout completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrations_run_without_the_response_timeout() {
+    let server = PgServer::start();
+    let options =
+        StoreOptions::new(Duration::from_secs(60)).response_timeout(Duration::from_millis(20));
+    let store = PostgresStore::connect_with(&server.url(), options).unwrap();
+    // The schema before migration 4, with enough rows that rewriting them takes longer
+    // than the timeout.
+    let client = store.pool().get().await.unwrap();
+    client
+        .batch_execute("SET statement_timeout = 0")
+        .await
+        .unwrap();
+    for (version, name, sql) in oncedb::postgres::MIGRATIONS.iter().take(3) {
+        client.batch_execute(sql).await.unwrap();
+        client
+            .execute(
+                "CREATE TABLE IF NOT EXISTS oncedb_schema_migrations (
+                    version integer PRIMARY KEY, name text NOT NULL,
+                    applied_at timestamptz NOT NULL DEFAULT now())",
+                &[],
+            )
+            .await
+            .unwrap();
+        client
+            .execute(
+                "INSERT INTO oncedb_schema_migrations (version, name) VALUES ($1, $2)",
+                &[version, name],
+            )
+            .await
+            .unwrap();
+    }
+    client
+        .batch_execute(
+            "INSERT INTO dedup_keys (key, expires_at)
+             SELECT int8send(i), now() + interval '1 hour' FROM generate_series(1, 300000) i",
+        )
+        .await
+        .unwrap();
+    // Back to the store's timeout before the connection returns to the pool.
+    client
+        .batch_execute("RESET statement_timeout")
+        .await
+        .unwrap();
+    drop(client);
+    assert_eq!(
+        store.migrate().await.unwrap(),
+        oncedb::postgres::MIGRATIONS.len() - 3
+    );
+    assert!(!store.insert_if_absent(&7i64.to_be_bytes()).await.unwrap());
 }

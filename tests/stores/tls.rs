@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use oncedb::{Error, PostgresStore, RedisStore, Store, StoreOptions};
+use oncedb::{Error, Guarded, OutagePolicy, PostgresStore, RedisStore, Scope, Store, StoreOptions};
 
 use crate::support::servers::postgres::PgServer;
 use crate::support::servers::redis::RedisServer;
@@ -30,13 +30,39 @@ async fn postgres_verifies_the_server_and_never_falls_back_to_plain() {
     let plain = format!("{} sslmode=disable", server.url());
     let plain = PostgresStore::connect_with(&plain, trusted).unwrap();
     assert!(plain.insert_if_absent(b"k").await.is_err());
-    // A certificate no trusted authority signed is refused, as with the system roots.
+    // A certificate no trusted authority signed is refused, as with the system roots:
+    // an authentication failure, which no outage policy runs unprotected.
     let stranger = options().tls_root_certificates(Certificates::stranger());
     let stranger = PostgresStore::connect_with(&url, stranger).unwrap();
     let err = stranger.insert_if_absent(b"k").await.unwrap_err();
-    assert!(err.to_string().contains("certificate"), "{err}");
+    assert!(matches!(err, Error::Authentication { .. }), "{err}");
+    let open = Guarded::new(stranger, OutagePolicy::FailOpen);
+    assert!(matches!(
+        open.reserve(&Scope::new("t", "op"), b"k", b"req").await,
+        Err(Error::Authentication { .. })
+    ));
+    assert!(matches!(
+        open.insert_many(vec![b"k".to_vec()]).await,
+        Err(Error::Authentication { .. })
+    ));
+    assert_eq!(open.outages(), 0);
     let system = PostgresStore::connect_with(&url, options()).unwrap();
-    assert!(system.insert_if_absent(b"k").await.is_err());
+    assert!(matches!(
+        system.insert_if_absent(b"k").await,
+        Err(Error::Authentication { .. })
+    ));
+    // `prefer` would fall back to plain text: refused. No `sslmode` is plain text,
+    // which this server refuses as it refuses `disable`.
+    let prefer = format!("{} sslmode=prefer", server.url());
+    assert!(matches!(
+        PostgresStore::connect_with(&prefer, options()),
+        Err(Error::InvalidOptions(_))
+    ));
+    let unnamed = PostgresStore::connect_with(&server.url(), options()).unwrap();
+    assert!(matches!(
+        unnamed.insert_if_absent(b"k").await,
+        Err(Error::Authentication { .. })
+    ));
     // Roots that are not PEM certificates are refused at connect.
     assert!(matches!(
         PostgresStore::connect_with(&url, options().tls_root_certificates("not a PEM")),
@@ -69,7 +95,7 @@ async fn redis_verifies_the_server_and_never_falls_back_to_plain() {
         .await
         .err()
         .unwrap();
-    assert!(err.to_string().contains("certificate"), "{err}");
+    assert!(matches!(err, Error::Authentication { .. }), "{err}");
     assert!(
         RedisStore::connect_with(&url, "tls", options())
             .await

@@ -522,9 +522,9 @@ async fn window<H: Harness>(harness: &H) {
 
 /// `StoreOptions::lease_timeout`: a reserve that finds a record in flight under a lease
 /// granted at least the timeout ago takes it over (a higher epoch, the old lease fenced);
-/// before that it answers `InFlight`.
+/// before that it answers `InFlight`. A note does not reset the timeout.
 async fn lease_timeout<H: Harness>(harness: &H) {
-    let timeout = Duration::from_millis(300);
+    let timeout = Duration::from_millis(600);
     let options = StoreOptions::new(Duration::from_secs(60)).lease_timeout(timeout);
     let store = harness.store_with(options).await;
     let scope = Scope::new("t", "lease-timeout");
@@ -542,6 +542,15 @@ async fn lease_timeout<H: Harness>(harness: &H) {
         store.reserve(&scope, b"k", b"req").await.unwrap(),
         Reservation::Completed(_)
     ));
+    // A note does not reset the timeout: it counts from the grant on every store.
+    let noted = acquired(store.reserve(&scope, b"noted", b"req").await.unwrap());
+    harness.approach(&store, timeout).await;
+    noted.note(b"still calling").await.unwrap();
+    harness.approach(&store, timeout / 2).await;
+    let taker = acquired(store.reserve(&scope, b"noted", b"req").await.unwrap());
+    assert!(taker.epoch() > noted.epoch());
+    assert!(matches!(noted.complete(b"late").await, Err(Error::Fenced)));
+    taker.complete(b"done").await.unwrap();
 }
 
 /// Bytes that no compression shrinks, from a seeded generator.
