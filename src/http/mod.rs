@@ -656,6 +656,12 @@ fn store_error(err: &Error, settings: &Settings) -> Response<Body> {
             "idempotency_store_full",
             settings.retry_after_secs,
         ),
+        // Another caller holds the record's lock (its first attempt may be running).
+        Error::TimedOut { .. } => retry_later(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "idempotency_store_busy",
+            settings.retry_after_secs,
+        ),
         Error::KeyTooLong { .. } | Error::ScopeTooLong { .. } | Error::EmptyKey => {
             refuse(StatusCode::BAD_REQUEST, "invalid_idempotency_key")
         }
@@ -774,10 +780,34 @@ fn body_limit(
 
 #[cfg(test)]
 mod tests {
-    use axum::http::header::{CONTENT_TYPE, HeaderName, SET_COOKIE};
+    use axum::http::StatusCode;
+    use axum::http::header::{CONTENT_TYPE, HeaderName, RETRY_AFTER, SET_COOKIE};
 
     use crate::api::{Db, Options};
-    use crate::http::IdempotencyLayer;
+    use crate::base::Error;
+    use crate::http::{IdempotencyLayer, Settings, store_error};
+
+    #[test]
+    fn a_store_that_timed_out_is_retried_later_and_a_refused_login_is_not() {
+        let settings = Settings::new(|_| Some("t".to_owned()));
+        let busy = store_error(
+            &Error::TimedOut {
+                engine: "postgres",
+                message: "canceling statement due to statement timeout".to_owned(),
+            },
+            &settings,
+        );
+        assert_eq!(busy.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(busy.headers().contains_key(RETRY_AFTER));
+        let login = store_error(
+            &Error::Authentication {
+                engine: "redis",
+                message: "WRONGPASS".to_owned(),
+            },
+            &settings,
+        );
+        assert_eq!(login.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    }
 
     #[test]
     fn credentials_and_hop_by_hop_headers_are_never_replayed() {

@@ -856,7 +856,10 @@ fn a_re_sent_write_never_answers_for_another_grant() {
         // scripts' answers, not a request to load them.
         acquired(other.reserve(&scope, b"warm", b"req").await.unwrap());
         other.take_over(&scope, b"warm").await.unwrap().unwrap();
-        other.advance(&scope, b"warm", 1).await.unwrap();
+        assert_eq!(
+            other.advance(&scope, b"warm", 1).await.unwrap(),
+            Advance::Applied
+        );
 
         proxy.lose_next_reply_and_hold();
         let (store, sc) = (resending.clone(), scope.clone());

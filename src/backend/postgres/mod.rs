@@ -50,7 +50,7 @@ const MAX_KEYS_PER_STATEMENT: usize = 4096;
 /// A PostgreSQL error met while running a statement, as an oncedb error, by its kind
 /// ([`classify`]); what is none of the known kinds is [`Error::Backend`].
 pub(crate) fn pg_error(err: tokio_postgres::Error) -> Error {
-    classify(err, |engine, message| refused(engine, message))
+    classify(err, refused)
 }
 
 /// A PostgreSQL error met while opening a connection. Besides what [`pg_error`] tells
