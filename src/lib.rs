@@ -92,7 +92,8 @@ pub use base::{
 #[cfg(feature = "async")]
 pub use store::{Guarded, GuardedLease, HeldLease, OutagePolicy, Store, StoreLease, StoreOptions};
 pub use wal::{
-    RecoveryReport, RunReport, SegmentReport, SegmentState, SkippedRange, TornTail, VerifyReport,
+    Checkpoint, LogPosition, RecoveryReport, RunReport, SegmentReport, SegmentState, SkippedRange,
+    TornTail, VerifyReport,
 };
 
 /// Compiles and runs the README's examples as doc tests.

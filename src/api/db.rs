@@ -222,6 +222,30 @@ impl Db {
         self.engine.flush()
     }
 
+    /// Copies the store into `dir` (created if missing; it must hold no file) while
+    /// writers go on, and returns the log position the copy covers. Opening the copy
+    /// gives every write acknowledged before the call (and every write appended before
+    /// it, whatever the durability), none after the position, and the lease floor.
+    ///
+    /// Sealed segments and sealed runs are immutable: they are hard-linked into `dir`
+    /// where the file system allows (the copy then shares their bytes with the store,
+    /// and takes no room of its own until the store deletes them), and copied and
+    /// fsynced otherwise (another file system). The active segment is copied up to the
+    /// end of its last fsynced group (the call first commits everything appended, as
+    /// [`flush`](Self::flush) does), and the manifest last: a copy interrupted part-way
+    /// has no manifest, and opening it is refused as
+    /// [`Error::Corrupted`](crate::Error::Corrupted) once it holds a segment, never a
+    /// silently smaller window. `dir` (and its entry in its parent) is fsynced before the
+    /// call returns.
+    ///
+    /// Writers are held only while the log is listed and committed; the copying runs
+    /// beside them. Refused with [`Error::InvalidOptions`](crate::Error::InvalidOptions)
+    /// for an in-memory store or a `dir` holding files; I/O errors in `dir` are returned
+    /// and leave the store as it was.
+    pub fn checkpoint(&self, dir: impl AsRef<std::path::Path>) -> Result<crate::Checkpoint> {
+        self.engine.checkpoint(dir.as_ref())
+    }
+
     /// What the open of a durable store found: entries replayed, a torn tail cut, ranges
     /// skipped by [`RecoveryMode::Salvage`](crate::RecoveryMode::Salvage). `None` for
     /// in-memory stores.

@@ -878,6 +878,47 @@ impl Engine {
         self.wait_for_seal()
     }
 
+    /// Copies the store into the empty (or new) directory `dir` while writers go on: the
+    /// sealed runs, held while they are linked so that none is merged away meanwhile;
+    /// then the log, after a group commit of everything appended so far (sealed segments
+    /// linked, the active segment copied to the end of its last fsynced group); then the
+    /// manifest. Runs come first: each covers a log position at or before the end of
+    /// what was appended when it was sealed, which the log copied afterwards holds. A
+    /// failure leaves a partial copy without a manifest (which no open takes for a
+    /// store) and never poisons the source, unless its own log fails.
+    pub(crate) fn checkpoint(&self, dir: &std::path::Path) -> Result<crate::wal::Checkpoint> {
+        let Some(journal) = &self.journal else {
+            return Err(Error::InvalidOptions(
+                "an in-memory store has no files to checkpoint".to_owned(),
+            ));
+        };
+        let storage = journal.storage();
+        crate::wal::prepare_checkpoint_dir(storage, dir)?;
+        let mut done = crate::wal::Checkpoint::default();
+        let held = self.sealer.as_ref().map(|sealer| sealer.runs().hold());
+        for run in held.iter().flat_map(|runs| runs.iter()) {
+            if !crate::wal::link_or_copy(storage, run.path(), dir, &mut done)? {
+                return Err(Error::Io(std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    format!("live run {} vanished", run.path().display()),
+                )));
+            }
+        }
+        let view = journal.checkpoint_view()?;
+        drop(held);
+        for segment in &view.sealed {
+            // A segment gone meanwhile left the window: it belongs in no copy.
+            crate::wal::link_or_copy(storage, segment, dir, &mut done)?;
+        }
+        if let Some((path, len)) = &view.active {
+            let to = dir.join(path.file_name().unwrap_or_default());
+            crate::wal::copy_prefix(storage, path, &to, *len, &mut done)?;
+        }
+        crate::wal::finish_checkpoint(storage, dir, &view.manifest)?;
+        done.position = view.position;
+        Ok(done)
+    }
+
     pub(crate) fn recovery_report(&self) -> Option<&RecoveryReport> {
         self.recovery.as_ref()
     }

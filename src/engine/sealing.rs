@@ -293,6 +293,13 @@ impl Sealer {
 }
 
 impl SealedRuns {
+    /// The live runs, held as they are: no run is published, merged away or expired
+    /// until the guard drops (a merge removes its inputs only after it swapped them out
+    /// under the write lock), so every run listed is on disk meanwhile.
+    pub(crate) fn hold(&self) -> parking_lot::RwLockReadGuard<'_, Vec<Arc<Run>>> {
+        self.runs.read()
+    }
+
     /// The newest bucket any live run holds keys of.
     pub(crate) fn newest_bucket(&self) -> u64 {
         self.runs

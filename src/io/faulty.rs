@@ -187,6 +187,11 @@ impl Storage for FaultyStorage {
         self.inner.remove(path)
     }
 
+    fn hard_link(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.plan.hit()?;
+        self.inner.hard_link(from, to)
+    }
+
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         self.plan.hit()?;
         self.inner.sync_dir(dir)

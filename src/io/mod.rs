@@ -78,6 +78,13 @@ pub trait Storage: Send + Sync + 'static {
     }
     /// Atomically replaces `to` with `from`.
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    /// Makes `to` (which must not exist) a second name of the file `from`, sharing its
+    /// bytes: for immutable files copied into a checkpoint. Fails with `Unsupported`
+    /// (the default, and a real file system across devices), and the caller copies the
+    /// bytes instead.
+    fn hard_link(&self, _from: &Path, _to: &Path) -> io::Result<()> {
+        Err(io::ErrorKind::Unsupported.into())
+    }
     /// Deletes a file.
     fn remove(&self, path: &Path) -> io::Result<()>;
     /// Makes creations, renames and deletions inside `dir` durable.

@@ -104,6 +104,17 @@ impl Storage for StdStorage {
         fs::remove_file(path)
     }
 
+    fn hard_link(&self, from: &Path, to: &Path) -> io::Result<()> {
+        fs::hard_link(from, to).map_err(|err| {
+            // Another file system: the caller copies.
+            if err.kind() == io::ErrorKind::CrossesDevices {
+                io::ErrorKind::Unsupported.into()
+            } else {
+                err
+            }
+        })
+    }
+
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         File::open(dir)?.sync_all()
     }

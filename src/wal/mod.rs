@@ -6,6 +6,7 @@
 //! endings, and nothing of the index or the API.
 
 mod archive;
+mod checkpoint;
 mod entry;
 mod format;
 mod journal;
@@ -19,6 +20,10 @@ mod verify;
 
 pub(crate) use archive::prepare as prepare_archive;
 pub(crate) use archive::{create_dir_durably, is_archive, retire, retire_files};
+pub use checkpoint::Checkpoint;
+pub(crate) use checkpoint::{
+    copy_prefix, finish as finish_checkpoint, link_or_copy, prepare_dir as prepare_checkpoint_dir,
+};
 pub(crate) use entry::{DecodedEntry, DecodedFinish, LogEntry, encode_mark};
 pub(crate) use format::{MAX_SEGMENT_FILE_BYTES, SEGMENT_HEADER_LEN, frame_seed};
 pub(crate) use journal::{Journal, JournalConfig, JournalStats, Ticket};
@@ -29,8 +34,9 @@ pub(crate) use names::{
 pub use report::{
     RecoveryReport, RunReport, SegmentReport, SegmentState, SkippedRange, TornTail, VerifyReport,
 };
+pub use run::LogPosition;
 pub(crate) use run::{
-    LogPosition, Run, RunSummary, RunWriter, is_temp_run_name, open as open_run, parse_run_name,
+    Run, RunSummary, RunWriter, is_temp_run_name, open as open_run, parse_run_name,
 };
 pub(crate) use scan::{Scan, Verdict, scan};
 pub(crate) use verify::{header_problem, verify_with};

@@ -39,13 +39,16 @@ const VERSION: u32 = 2;
 /// Most shard sections a run may have (as many as the store has shards).
 const MAX_SECTIONS: u64 = 1 << 16;
 
-/// A position in the log: segment bucket, sequence and byte offset. Positions order
-/// as the log does.
+/// A position in a store's log: a segment (its bucket and sequence number, as in its file
+/// name) and a byte offset in it. Positions order as the log does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
-pub(crate) struct LogPosition {
-    pub(crate) bucket: u64,
-    pub(crate) seq: u32,
-    pub(crate) offset: u32,
+pub struct LogPosition {
+    /// The segment's bucket.
+    pub bucket: u64,
+    /// The segment's sequence number within its bucket.
+    pub seq: u32,
+    /// The byte offset in the segment.
+    pub offset: u32,
 }
 
 /// What a run's footer says of the whole run.

@@ -20,6 +20,7 @@
 mod support;
 
 mod archive;
+mod checkpoint;
 mod corruption;
 mod crash_recovery;
 mod crash_rollover;

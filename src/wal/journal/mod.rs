@@ -63,6 +63,17 @@ pub(crate) struct JournalConfig {
     pub(crate) names_after: Option<(u64, u32)>,
 }
 
+/// The log as a checkpoint copies it ([`Journal::checkpoint_view`]).
+pub(crate) struct LogView {
+    /// Sealed segments, oldest first: immutable, to be linked or copied whole.
+    pub(crate) sealed: Vec<PathBuf>,
+    /// The active segment and the length to copy: the end of its last fsynced group.
+    pub(crate) active: Option<(PathBuf, u64)>,
+    pub(crate) manifest: Manifest,
+    /// The end of what the copy holds.
+    pub(crate) position: super::LogPosition,
+}
+
 /// Counters of the writer since open.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct JournalStats {
@@ -644,6 +655,53 @@ impl Journal {
         let target = state.appended;
         shared.persist(&mut state, target, true)?;
         shared.drain_worker(&mut state)
+    }
+
+    /// What a checkpoint copies of the log: everything appended so far is written and
+    /// fsynced first (a group commit), then, under the writer's lock, the segments are
+    /// listed and the active one's length taken at the end of its last fsynced group.
+    /// The bytes before that length never change again (the log only appends), and the
+    /// other segments are sealed: a copy may be taken from them while writers go on.
+    pub(crate) fn checkpoint_view(&self) -> Result<LogView> {
+        let shared = &*self.shared;
+        let (active, sealed) = {
+            let mut state = shared.state.lock();
+            shared.check_writable()?;
+            let target = state.appended;
+            shared.persist(&mut state, target, true)?;
+            let active = state
+                .active
+                .as_ref()
+                .map(|active| ((active.bucket, active.seq), active.synced_len));
+            let sealed: Vec<PathBuf> = state
+                .segments
+                .keys()
+                .filter(|&&id| Some(id) != active.map(|(id, _)| id))
+                .map(|&(bucket, seq)| segment_path(&shared.dir, bucket, seq))
+                .collect();
+            (active, sealed)
+        };
+        // After the log: ids the copied entries carry were all below the floor read here.
+        let manifest = *shared.manifest.lock();
+        let position = active.map_or_else(super::LogPosition::default, |((bucket, seq), len)| {
+            super::LogPosition {
+                bucket,
+                seq,
+                offset: segment_offset(len),
+            }
+        });
+        Ok(LogView {
+            sealed,
+            active: active
+                .map(|((bucket, seq), len)| (segment_path(&shared.dir, bucket, seq), len)),
+            manifest,
+            position,
+        })
+    }
+
+    /// The storage the store's files are reached through.
+    pub(crate) fn storage(&self) -> &dyn Storage {
+        &*self.shared.storage
     }
 
     /// Every segment on disk: (bucket, seq) and its length.
