@@ -1,5 +1,6 @@
 //! `oncedb`: command-line tools for oncedb. `oncedb dedup` is a persistent `uniq` for
-//! event streams; `oncedb inspect` shows what a store holds; `oncedb verify` checks a
+//! event streams; `oncedb inspect` shows what a store holds; `oncedb checkpoint` copies
+//! a store consistently into a new directory; `oncedb verify` checks a
 //! store's files without changing them; `oncedb bench` measures throughput, latency,
 //! memory per key and fsync batching on this machine.
 
@@ -7,6 +8,7 @@
 mod output;
 mod backends;
 mod bench;
+mod checkpoint;
 mod dedup;
 mod duration;
 mod inspect;
@@ -46,6 +48,8 @@ enum Command {
     Dedup(dedup::DedupArgs),
     /// Show a store's buckets, records in flight and settings.
     Inspect(inspect::InspectArgs),
+    /// Copy a store into a new directory, consistently, as one that opens on its own.
+    Checkpoint(checkpoint::CheckpointArgs),
 }
 
 /// Exit code for bad arguments.
@@ -71,6 +75,7 @@ fn main() -> ExitCode {
         Command::Verify(args) => return verify::run(&args),
         Command::Dedup(args) => ("dedup", dedup::run(&args)),
         Command::Inspect(args) => ("inspect", inspect::run(&args)),
+        Command::Checkpoint(args) => ("checkpoint", checkpoint::run(&args)),
     };
     match result {
         Ok(()) | Err(output::Failure::Closed) => ExitCode::SUCCESS,

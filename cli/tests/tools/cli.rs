@@ -433,3 +433,49 @@ fn verify_and_inspect_read_an_archive() {
     assert!(oncedb::is_archive(archive).unwrap());
     assert!(!oncedb::is_archive(dir.path()).unwrap());
 }
+
+/// `oncedb checkpoint` copies a store into a new directory: `dedup` on the copy remembers
+/// every line the store admitted, and the store goes on by itself; a directory that
+/// holds files is refused with one line and exit 1.
+#[test]
+fn a_checkpoint_remembers_every_line_the_store_admitted() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let copy = dir.path().join("copy");
+    let (code, _, err) = dedup(&store, &[], "a\nb\nc\n");
+    assert_eq!(code, 0, "{err}");
+    let out = oncedb(
+        &[
+            "checkpoint",
+            "--dir",
+            store.to_str().unwrap(),
+            "--to",
+            copy.to_str().unwrap(),
+        ],
+        b"",
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(stdout.starts_with("checkpoint "), "{stdout}");
+    let (code, out, err) = dedup(&copy, &[], "a\nb\nc\nd\n");
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, "d\n", "the copy forgot a line");
+    // The copy and the store are two stores now.
+    let (code, out, _) = dedup(&store, &[], "d\n");
+    assert_eq!((code, out.as_str()), (0, "d\n"));
+    let again = oncedb(
+        &[
+            "checkpoint",
+            "--dir",
+            store.to_str().unwrap(),
+            "--to",
+            copy.to_str().unwrap(),
+        ],
+        b"",
+    );
+    let stderr = String::from_utf8(again.stderr).unwrap();
+    assert_eq!(again.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("not empty"), "{stderr}");
+}
