@@ -69,6 +69,8 @@ mod engine;
 pub mod http;
 mod index;
 pub mod io;
+#[cfg(feature = "replicate")]
+mod replica;
 #[cfg(feature = "async")]
 mod store;
 mod wal;
@@ -89,6 +91,8 @@ pub use base::{
     MAX_SCOPE_PART_BYTES, MAX_SEGMENT_BYTES_LIMIT, MAX_SHARDS, ManualClock, RecoveryMode, Result,
     SystemClock,
 };
+#[cfg(feature = "replicate")]
+pub use replica::{ReplicaMode, Replication, RestoreReport};
 #[cfg(feature = "async")]
 pub use store::{Guarded, GuardedLease, HeldLease, OutagePolicy, Store, StoreLease, StoreOptions};
 pub use wal::{

@@ -246,6 +246,33 @@ impl Db {
         self.engine.checkpoint(dir.as_ref())
     }
 
+    /// Rebuilds a store from its replica on this node (feature `replicate`): fetches the
+    /// replica named by `options`' [`replicate`](crate::Options::replicate) into
+    /// `options`' directory (which must not exist or be empty), then opens it, which
+    /// verifies every frame's checksum as any open does, and claims the replica: from
+    /// then on the store that shipped it is refused every write
+    /// ([`Error::NotOwner`](crate::Error::NotOwner)). Only the live window is fetched:
+    /// segments whose bucket left the window are skipped. The window and bucket width
+    /// are the replica's (its manifest's), whatever `options` say; every other option
+    /// is `options`'. A
+    /// restore interrupted part-way leaves no manifest (it is written last): run it again
+    /// in a fresh directory. `progress` is called with the messages read so far and the
+    /// stream's total.
+    #[cfg(feature = "replicate")]
+    pub fn restore(
+        options: Options,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<(Db, crate::RestoreReport)> {
+        let config = options.to_config()?;
+        let (engine, report) = Engine::restore(config, progress)?;
+        Ok((
+            Db {
+                engine: Arc::new(engine),
+            },
+            report,
+        ))
+    }
+
     /// What the open of a durable store found: entries replayed, a torn tail cut, ranges
     /// skipped by [`RecoveryMode::Salvage`](crate::RecoveryMode::Salvage). `None` for
     /// in-memory stores.

@@ -137,6 +137,19 @@ impl Options {
         self
     }
 
+    /// Replicates the store's log to NATS JetStream (feature `replicate`): every fsynced
+    /// group is published to the replica's stream, and [`Db::restore`](crate::Db::restore)
+    /// rebuilds the store from it on another node. At open the store claims the replica
+    /// (a new one) or checks that its claim stands: a replica another store claimed since
+    /// is refused with [`Error::NotOwner`](crate::Error::NotOwner). Sync mode needs
+    /// `Durability::Sync`; async mode `Sync` or `Interval`. `docs/scaling.md` says what
+    /// survives the loss of a node in each mode.
+    #[cfg(feature = "replicate")]
+    pub fn replicate(mut self, replication: crate::Replication) -> Self {
+        self.config.replication = Some(replication);
+        self
+    }
+
     /// The largest forward step of the clock the store adopts at once. A reading further
     /// ahead of the store's time (the newest bucket it has seen) is held back: it neither
     /// expires keys nor stamps new ones in a far-future bucket, it is counted in

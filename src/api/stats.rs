@@ -91,6 +91,9 @@ pub struct Stats {
     pub segments_deleted: u64,
     /// Durable stores: segment files on disk.
     pub segments: u64,
+    /// Replicating stores (`Options::replicate`): log bytes fsynced here and not yet
+    /// acknowledged by the replica. In async mode, what a node's loss would lose now.
+    pub replication_lag_bytes: u64,
     /// Durable stores: bytes on disk (segment files and the manifest).
     pub bytes_on_disk: u64,
     /// Durable stores: fsync latency percentiles since open, in microseconds, as the
@@ -206,6 +209,7 @@ impl Stats {
             stats.log_bytes = journal.log_bytes;
             stats.segments_deleted = journal.segments_deleted;
             stats.segments = journal.segment_count;
+            stats.replication_lag_bytes = journal.replica_lag_bytes;
             stats.fsync_p50_us = quantile_us(&journal.fsync_micros, 500);
             stats.fsync_p99_us = quantile_us(&journal.fsync_micros, 990);
             stats.fsync_max_us = quantile_us(&journal.fsync_micros, 1000);

@@ -102,6 +102,13 @@ pub enum Error {
         /// What failed.
         message: String,
     },
+    /// Another store took this store's replica over (it restored the replica elsewhere
+    /// and claimed it): this store may not write again, and reopening it does not give
+    /// the replica back. Restore the replica to write here again.
+    NotOwner {
+        /// The replica's name.
+        replica: String,
+    },
     /// A shared engine answered that the call waited longer than the response timeout
     /// (behind another transaction's row lock, or a statement that ran too long) and
     /// cancelled it: the call took no effect. Not an outage: the server is up and
@@ -177,6 +184,10 @@ impl fmt::Display for Error {
             Error::Io(err) => write!(f, "I/O error: {err}"),
             Error::Backend { engine, message } => write!(f, "{engine}: {message}"),
             Error::Unavailable { engine, message } => write!(f, "{engine} unavailable: {message}"),
+            Error::NotOwner { replica } => write!(
+                f,
+                "replica {replica} is owned by another store; restore it to write here"
+            ),
             Error::TimedOut { engine, message } => {
                 write!(
                     f,

@@ -47,6 +47,9 @@ pub(crate) struct Config {
     pub(crate) response_retention_ms: Option<u64>,
     /// Dedup tables beyond half of this are sealed into runs on disk.
     pub(crate) memory_budget_bytes: Option<u64>,
+    /// Where the log is replicated.
+    #[cfg(feature = "replicate")]
+    pub(crate) replication: Option<crate::replica::Replication>,
 }
 
 /// The smallest memory budget: a few tables of the smallest size per shard.
@@ -88,6 +91,8 @@ impl Default for Config {
             custom_clock: false,
             lease_timeout_ms: None,
             archive_dir: None,
+            #[cfg(feature = "replicate")]
+            replication: None,
             response_retention_ms: None,
             memory_budget_bytes: None,
         }
@@ -162,6 +167,31 @@ impl Config {
         })
     }
 
+    /// Replication needs a durable store whose commits fsync: sync mode on `Sync`, async
+    /// mode on `Sync` or `Interval` (a `Buffered` log is never fsynced between
+    /// roll-overs, so nothing would ship).
+    #[cfg(feature = "replicate")]
+    fn validate_replication(&self) -> Result<()> {
+        use crate::replica::ReplicaMode;
+        let Some(replication) = &self.replication else {
+            return Ok(());
+        };
+        replication.check()?;
+        if self.dir.is_none() {
+            return Err(Error::InvalidOptions(
+                "replication needs a durable store (Options::new)".into(),
+            ));
+        }
+        match (replication.mode, self.durability) {
+            (ReplicaMode::Sync, Durability::Sync)
+            | (ReplicaMode::Async, Durability::Sync | Durability::Interval(_)) => Ok(()),
+            (mode, durability) => Err(Error::InvalidOptions(format!(
+                "replication ships fsynced groups: {mode:?} mode cannot run on {durability:?} \
+                 durability (sync mode needs Sync; async mode needs Sync or Interval)"
+            ))),
+        }
+    }
+
     /// Checks every setting; the error names the first one out of range.
     pub(crate) fn validate(&self) -> Result<()> {
         let invalid = |why: String| Err(Error::InvalidOptions(why));
@@ -176,6 +206,8 @@ impl Config {
                 self.bucket_width_ms, self.window_ms
             ));
         }
+        #[cfg(feature = "replicate")]
+        self.validate_replication()?;
         if self.archive_dir.is_some() && self.dir.is_none() {
             return invalid("archive_dir needs a durable store (Options::new)".into());
         }

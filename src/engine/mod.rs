@@ -60,6 +60,9 @@ pub(crate) struct Parts {
     pub(crate) journal: Option<Journal>,
     pub(crate) recovery: Option<RecoveryReport>,
     pub(crate) sealer: Option<sealing::Sealer>,
+    /// Ships the log to the replica, if the store replicates.
+    #[cfg(feature = "replicate")]
+    pub(crate) shipper: Option<crate::replica::Shipper>,
 }
 
 /// A database: the index, the journal, and what orders calls between them.
@@ -89,6 +92,10 @@ pub(crate) struct Engine {
     /// closing store waits for the seal under way while it still holds the directory's
     /// lock (fields drop in declaration order).
     sealer: Option<sealing::Sealer>,
+    /// Ships the log to the replica. Declared before the journal: it stops (and its
+    /// thread ends) before the journal closes.
+    #[cfg(feature = "replicate")]
+    _shipper: Option<crate::replica::Shipper>,
     journal: Option<Journal>,
     /// Responses memory holds until the log is written past them.
     unwritten: responses::UnwrittenQueue,
@@ -135,6 +142,8 @@ impl Engine {
                 journal: None,
                 recovery: None,
                 sealer: None,
+                #[cfg(feature = "replicate")]
+                shipper: None,
             },
         ))
     }
@@ -160,6 +169,8 @@ impl Engine {
             journal: parts.journal,
             unwritten: responses::UnwrittenQueue::default(),
             sealer: parts.sealer,
+            #[cfg(feature = "replicate")]
+            _shipper: parts.shipper,
             recovery: parts.recovery,
         }
     }
@@ -917,6 +928,30 @@ impl Engine {
         crate::wal::finish_checkpoint(storage, dir, &view.manifest)?;
         done.position = view.position;
         Ok(done)
+    }
+
+    /// Fetches the replica `config` names into its directory, then opens the store there
+    /// with the replica's window and bucket width, claiming the replica.
+    #[cfg(feature = "replicate")]
+    pub(crate) fn restore(
+        mut config: Config,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<(Engine, crate::RestoreReport)> {
+        let (Some(dir), Some(replication)) = (config.dir.clone(), config.replication.as_mut())
+        else {
+            return Err(Error::InvalidOptions(
+                "restore needs a durable store (Options::new) and Options::replicate".to_owned(),
+            ));
+        };
+        replication.claim = true;
+        let now_ms = config.clock.now_ms();
+        let report = crate::replica::fetch(replication, &*config.storage, &dir, now_ms, progress)?;
+        if let Some(manifest) = Manifest::load(&*config.storage, &dir)? {
+            config.window_ms = manifest.window_ms;
+            config.bucket_width_ms = manifest.bucket_width_ms;
+        }
+        config.validate()?;
+        Ok((Engine::open(&config)?, report))
     }
 
     pub(crate) fn recovery_report(&self) -> Option<&RecoveryReport> {

@@ -175,7 +175,17 @@ pub(crate) fn open(config: &Config) -> Result<Engine> {
         adopt,
         bucket: high_water,
         names_after: (covers != LogPosition::default()).then_some((covers.bucket, covers.seq)),
+        replica: replica_gate(config),
     })?;
+    #[cfg(feature = "replicate")]
+    let shipper = match &config.replication {
+        Some(replication) => Some(crate::replica::Shipper::start(
+            replication.clone(),
+            journal.feed(),
+            dir_of(config),
+        )?),
+        None => None,
+    };
     Ok(Engine::from_parts(
         config,
         Parts {
@@ -189,8 +199,26 @@ pub(crate) fn open(config: &Config) -> Result<Engine> {
             journal: Some(journal),
             recovery: Some(report),
             sealer,
+            #[cfg(feature = "replicate")]
+            shipper,
         },
     ))
+}
+
+/// How a replica gates the journal's writers, if the store replicates.
+fn replica_gate(config: &Config) -> Option<crate::wal::ReplicaGate> {
+    #[cfg(feature = "replicate")]
+    if let Some(replication) = &config.replication {
+        return Some(replication.gate());
+    }
+    let _ = config;
+    None
+}
+
+/// The store's directory (recovery opens durable stores only).
+#[cfg(feature = "replicate")]
+fn dir_of(config: &Config) -> std::path::PathBuf {
+    config.dir.clone().unwrap_or_default()
 }
 
 /// Keys and records the live segments admit, counted from their valid frames, so the
@@ -635,6 +663,8 @@ mod tests {
             archive_dir: None,
             response_retention_ms: None,
             memory_budget_bytes: None,
+            #[cfg(feature = "replicate")]
+            replication: None,
         }
     }
 

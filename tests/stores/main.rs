@@ -31,6 +31,8 @@ mod payments;
 mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(feature = "replicate")]
+mod replica;
 #[cfg(feature = "async")]
 mod store;
 #[cfg(all(feature = "postgres", feature = "redis"))]

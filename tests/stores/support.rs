@@ -60,3 +60,12 @@ pub async fn fails_closed<S: oncedb::Store>(
     ));
     assert_eq!((closed.outages(), closed.lease_outages()), (4, 1));
 }
+
+/// Prints `line` to stdout at once, past the test harness's capture: a child process's
+/// acknowledgements.
+pub fn say(line: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    out.write_all(line.as_bytes()).unwrap();
+    out.flush().unwrap();
+}

@@ -63,7 +63,7 @@ impl Future for Commit<'_> {
         let shared = self.shared;
         let mut state = shared.state.lock();
         let reached = if self.sync {
-            state.synced
+            shared.acknowledged(&state)
         } else {
             state.written
         };
@@ -106,13 +106,22 @@ impl Drop for Commit<'_> {
 }
 
 impl Shared {
+    /// How far a `Sync` write counts as done: fsynced, and acknowledged by a replica in
+    /// sync mode.
+    fn acknowledged(&self, state: &WriterState) -> u64 {
+        match &self.replica {
+            Some(gate) if gate.sync => state.synced.min(state.shipped),
+            _ => state.synced,
+        }
+    }
+
     /// Wakes the pending commits the log now covers.
     pub(super) fn wake_commits(&self, state: &mut WriterState) {
         if state.commits.is_empty() {
             return;
         }
         let reached = match self.durability {
-            Durability::Sync => state.synced,
+            Durability::Sync => self.acknowledged(state),
             Durability::Buffered | Durability::Interval(_) => state.written,
         };
         state.commits.retain(|pending| {
@@ -145,7 +154,8 @@ impl Shared {
             let wanted = state.commits.iter().map(|pending| pending.target).max();
             let reached = if sync { state.synced } else { state.written };
             match wanted {
-                // A failure poisons the store: the next round wakes the commits.
+                // A failure poisons the store: the next round wakes the commits. Commits
+                // fsynced and waiting for a replica's acknowledgement are woken by it.
                 Some(target) if target > reached => {
                     let _ = self.persist(&mut state, target, sync);
                 }

@@ -9,9 +9,15 @@
 //! from damage to acknowledged bytes (see `docs/design.md`).
 
 use std::any::Any;
+pub(crate) use gate::ReplicaGate;
+#[cfg(feature = "replicate")]
+pub(crate) use shipping::{FeedSnapshot, LogFeed};
 #[cfg(feature = "async")]
 mod commit;
+mod gate;
 mod readers;
+#[cfg(feature = "replicate")]
+mod shipping;
 mod worker;
 
 use std::collections::BTreeMap;
@@ -61,6 +67,8 @@ pub(crate) struct JournalConfig {
     /// New segments are named after this one (a sealed run's position lies in it), even
     /// if it is not on disk: appends never land at a position a run covers.
     pub(crate) names_after: Option<(u64, u32)>,
+    /// A replica whose acknowledgements gate writers, if the store replicates.
+    pub(crate) replica: Option<ReplicaGate>,
 }
 
 /// The log as a checkpoint copies it ([`Journal::checkpoint_view`]).
@@ -85,6 +93,8 @@ pub(crate) struct JournalStats {
     pub(crate) log_records: u64,
     pub(crate) log_bytes: u64,
     pub(crate) segments_deleted: u64,
+    /// Bytes fsynced and not yet acknowledged by the replica (0 without one).
+    pub(crate) replica_lag_bytes: u64,
     /// Bytes of all segment files.
     pub(crate) segment_bytes: u64,
     /// Segment files.
@@ -247,6 +257,8 @@ struct WriterState {
     appended: u64,
     written: u64,
     synced: u64,
+    /// Log position the replica acknowledged (see [`feed`]).
+    shipped: u64,
     leader: bool,
     /// Group commits started so far; while `leader` is set, the number of the one being
     /// written, which covers the log up to `group_end` (synced if `group_syncs`).
@@ -293,6 +305,16 @@ struct Shared {
     worker_wake: Condvar,
     poisoned: AtomicBool,
     shutdown: AtomicBool,
+    /// The replica gating writers, if any, and what it reported.
+    replica: Option<ReplicaGate>,
+    /// Wakes writers waiting for the replica's acknowledgement.
+    shipped_changed: Condvar,
+    /// Why the replica could not be reached, while it cannot.
+    replica_down: Mutex<Option<String>>,
+    /// An async replica lags by more than it may: writes are refused.
+    lagging: AtomicBool,
+    /// Another store took the replica over: writes are refused for good.
+    not_owner: AtomicBool,
     /// `WriterState::written`, readable without the lock.
     written_to: AtomicU64,
     storage: Arc<dyn Storage>,
@@ -348,6 +370,7 @@ impl Journal {
                 appended: 0,
                 written: 0,
                 synced: 0,
+                shipped: 0,
                 leader: false,
                 group: 0,
                 group_end: 0,
@@ -372,6 +395,11 @@ impl Journal {
             worker_wake: Condvar::new(),
             poisoned: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
+            replica: config.replica,
+            shipped_changed: Condvar::new(),
+            replica_down: Mutex::new(None),
+            lagging: AtomicBool::new(false),
+            not_owner: AtomicBool::new(false),
             written_to: AtomicU64::new(0),
             storage: config.storage,
             dir: config.dir,
@@ -455,8 +483,16 @@ impl Journal {
         *manifest = raised;
         Ok(())
     }
+    /// Whether a write may start: the store is not poisoned and still owns its replica,
+    /// and an async replica does not lag by more than it may (checked before a write
+    /// changes anything, so a refused write changes nothing).
     pub(crate) fn check_writable(&self) -> Result<()> {
-        self.shared.check_writable()
+        let shared = &*self.shared;
+        shared.check_writable()?;
+        if shared.lagging.load(Ordering::Acquire) {
+            return shared.check_lag(&shared.state.lock());
+        }
+        Ok(())
     }
 
     /// Whether appending `bytes` more for `bucket` would roll the active segment over.
@@ -636,7 +672,10 @@ impl Journal {
         let shared = &*self.shared;
         let mut state = shared.state.lock();
         match shared.durability {
-            Durability::Sync => shared.persist(&mut state, ticket.0, true),
+            Durability::Sync => {
+                shared.persist(&mut state, ticket.0, true)?;
+                shared.wait_shipped(&mut state, ticket.0)
+            }
             Durability::Buffered => shared.persist(&mut state, ticket.0, false),
             Durability::Interval(_) if state.buffer.len() >= INTERVAL_BUFFER_BYTES => {
                 shared.persist(&mut state, ticket.0, false)
@@ -712,13 +751,18 @@ impl Journal {
 
     pub(crate) fn stats(&self) -> JournalStats {
         let shared = &*self.shared;
-        let (segment_bytes, segment_count) = {
+        let (segment_bytes, segment_count, replica_lag_bytes) = {
             let state = shared.state.lock();
-            (state.segments.values().sum(), state.segments.len() as u64)
+            (
+                state.segments.values().sum(),
+                state.segments.len() as u64,
+                shared.replica_lag(&state),
+            )
         };
         JournalStats {
             segment_bytes,
             segment_count,
+            replica_lag_bytes,
             fsync_micros: shared.sync_times.snapshot(),
             fsyncs: shared.fsyncs.load(Ordering::Relaxed),
             commit_waits: shared.commit_waits.load(Ordering::Relaxed),
@@ -778,6 +822,13 @@ impl Shared {
     fn check_writable(&self) -> Result<()> {
         if self.poisoned.load(Ordering::Acquire) {
             Err(Error::Poisoned)
+        } else if self.not_owner.load(Ordering::Acquire) {
+            Err(Error::NotOwner {
+                replica: self
+                    .replica
+                    .as_ref()
+                    .map_or_else(String::new, |gate| gate.name.to_string()),
+            })
         } else {
             Ok(())
         }
@@ -926,6 +977,7 @@ impl Shared {
         self.written_to.store(end, Ordering::Release);
         if sync {
             state.synced = end;
+            self.update_lag(state);
         }
         self.changed.notify_all();
         #[cfg(feature = "async")]
@@ -1115,6 +1167,7 @@ impl Shared {
         state.written += len;
         self.written_to.store(state.written, Ordering::Release);
         state.synced += len;
+        self.update_lag(state);
         self.bytes.fetch_add(len, Ordering::Relaxed);
         Ok(())
     }

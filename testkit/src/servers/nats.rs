@@ -44,6 +44,17 @@ impl NatsServer {
         format!("nats://127.0.0.1:{}", self.port)
     }
 
+    /// SIGKILL: the server is gone until [`start_again`](Self::start_again).
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// A new server on the same port and store directory, after [`stop`](Self::stop).
+    pub fn start_again(&mut self) {
+        self.child = spawn(self.port, self.dir.path());
+    }
+
     /// SIGKILL, then a new server on the same port and store directory.
     pub fn crash_and_restart(&mut self) {
         let _ = self.child.kill();
@@ -56,5 +67,117 @@ impl Drop for NatsServer {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// How one node of a [`NatsCluster`] is started, the same on every restart.
+struct NodeSetup {
+    name: String,
+    port: u16,
+    cluster_port: u16,
+    routes: String,
+}
+
+/// One `nats-server -js` of a cluster, killed on drop.
+pub struct ClusterNode {
+    child: Option<Child>,
+    /// The loopback port clients connect to.
+    pub port: u16,
+    setup: NodeSetup,
+    dir: tempfile::TempDir,
+}
+
+fn spawn_node(setup: &NodeSetup, dir: &std::path::Path) -> Child {
+    let child = Command::new("nats-server")
+        .args(["-js", "-a", "127.0.0.1", "-p", &setup.port.to_string()])
+        .args(["--server_name", &setup.name, "--cluster_name", "oncedb"])
+        .arg("--cluster")
+        .arg(format!("nats://127.0.0.1:{}", setup.cluster_port))
+        .args(["--routes", &setup.routes])
+        .arg("-sd")
+        .arg(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("nats-server must be installed (.ci/run installs it)");
+    let port = setup.port;
+    wait_for("nats-server start", || {
+        TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    child
+}
+
+/// Three (or more) `nats-server -js` joined by cluster routes on loopback: JetStream
+/// streams of up to that many replicas, replicated with Raft.
+pub struct NatsCluster {
+    /// The nodes, in start order.
+    pub nodes: Vec<ClusterNode>,
+}
+
+impl NatsCluster {
+    /// Starts `size` nodes, each routing to every other.
+    pub fn start(size: usize) -> NatsCluster {
+        let ports: Vec<(u16, u16)> = (0..size).map(|_| (free_port(), free_port())).collect();
+        let nodes = ports
+            .iter()
+            .enumerate()
+            .map(|(i, &(port, cluster_port))| {
+                let routes = ports
+                    .iter()
+                    .enumerate()
+                    .filter(|&(j, _)| j != i)
+                    .map(|(_, &(_, cluster))| format!("nats://127.0.0.1:{cluster}"))
+                    .collect::<Vec<_>>()
+                    .join(",");
+                let setup = NodeSetup {
+                    name: format!("n{i}"),
+                    port,
+                    cluster_port,
+                    routes,
+                };
+                let dir = tempfile::tempdir().unwrap();
+                ClusterNode {
+                    child: Some(spawn_node(&setup, dir.path())),
+                    port,
+                    setup,
+                    dir,
+                }
+            })
+            .collect();
+        NatsCluster { nodes }
+    }
+
+    /// Every node's URL, comma-separated: a client reaches whichever is up.
+    pub fn url(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|node| format!("nats://127.0.0.1:{}", node.port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// SIGKILL of node `index`.
+    pub fn kill(&mut self, index: usize) {
+        if let Some(mut child) = self.nodes[index].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts node `index` again on its ports and store directory.
+    pub fn restart(&mut self, index: usize) {
+        let node = &mut self.nodes[index];
+        if node.child.is_none() {
+            node.child = Some(spawn_node(&node.setup, node.dir.path()));
+        }
+    }
+}
+
+impl Drop for ClusterNode {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }

@@ -1,0 +1,418 @@
+//! The shipper: a thread with a tokio runtime of its own that claims or checks the
+//! store's ownership of its replica at open, then publishes the log's fsynced bytes as
+//! they come (every chunk carrying the stream's expected last sequence), purges the
+//! segments that left the window, and reports each acknowledged position to the journal.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::context::PublishErrorKind;
+use async_nats::jetstream::stream::{Config, LastRawMessageErrorKind, Stream};
+use futures_util::StreamExt;
+
+use super::layout::{
+    CHUNK_BYTES, DUPLICATE_WINDOW, OFFSET_HEADER, OWNER_HEADER, all_subjects, manifest_subject,
+    owner_subject, parse_segment_subject, segment_subject, segments_filter, stream_name,
+    token_text,
+};
+use super::{Replication, owner, unavailable};
+use crate::base::{Error, Result, random_secret};
+use crate::wal::{FeedSnapshot, LogFeed};
+
+/// How long the shipper waits for more log before it looks again (for expiries).
+const IDLE_WAIT: Duration = Duration::from_millis(500);
+/// How long it waits before trying an unreachable JetStream again.
+const RETRY_WAIT: Duration = Duration::from_millis(200);
+
+/// The running shipper of a store; stopped (and joined) when dropped.
+pub(crate) struct Shipper {
+    stop: Arc<AtomicBool>,
+    feed: Arc<LogFeed>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Why a round of shipping stopped.
+enum Halt {
+    /// Another store claimed the replica.
+    NotOwner,
+    /// JetStream could not be reached or refused; try again.
+    Down(String),
+}
+
+impl Shipper {
+    /// Connects to the replica, claims it (`replication.claim`, or a replica nobody
+    /// claimed yet) or checks that this store's claim stands, and starts shipping. Fails
+    /// (and ships nothing) when the replica cannot be reached, is another store's, or
+    /// holds log this store lacks.
+    pub(crate) fn start(replication: Replication, feed: LogFeed, dir: PathBuf) -> Result<Shipper> {
+        replication.check()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let feed = Arc::new(feed);
+        let (ready, started) = std::sync::mpsc::channel();
+        let thread = {
+            let (feed, stop) = (Arc::clone(&feed), Arc::clone(&stop));
+            std::thread::Builder::new()
+                .name("oncedb-replica".into())
+                .spawn(move || run(&replication, &feed, &dir, &stop, &ready))?
+        };
+        let outcome = started
+            .recv()
+            .unwrap_or_else(|_| Err(unavailable("the replica thread ended at start")));
+        let shipper = Shipper {
+            stop,
+            feed,
+            thread: Some(thread),
+        };
+        outcome.map(|()| shipper)
+    }
+}
+
+impl Drop for Shipper {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        self.feed.wake();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn run(
+    replication: &Replication,
+    feed: &Arc<LogFeed>,
+    dir: &std::path::Path,
+    stop: &Arc<AtomicBool>,
+    ready: &std::sync::mpsc::Sender<Result<()>>,
+) {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            let _ = ready.send(Err(err.into()));
+            return;
+        }
+    };
+    runtime.block_on(async {
+        let mut link = match Link::open(replication, feed, dir).await {
+            Ok(link) => {
+                let _ = ready.send(Ok(()));
+                link
+            }
+            Err(err) => {
+                let _ = ready.send(Err(err));
+                return;
+            }
+        };
+        link.ship_until_stopped(feed, stop).await;
+    });
+}
+
+/// The connection to the replica's stream and what has been shipped to it.
+struct Link {
+    name: String,
+    js: async_nats::jetstream::Context,
+    stream: Stream,
+    token: u64,
+    /// The stream's last sequence as this store last saw it: every publish expects it.
+    last_seq: u64,
+    /// Per segment, the bytes the stream holds.
+    cursors: BTreeMap<(u64, u32), u64>,
+    /// The manifest as last published.
+    manifest: Option<Vec<u8>>,
+}
+
+impl Link {
+    async fn open(replication: &Replication, feed: &LogFeed, dir: &std::path::Path) -> Result<Link> {
+        let client = async_nats::ConnectOptions::new()
+            .connection_timeout(replication.ack_timeout)
+            .connect(replication.url.as_str())
+            .await
+            .map_err(unavailable)?;
+        let js = async_nats::jetstream::new(client);
+        let name = replication.name.clone();
+        let stream = js
+            .get_or_create_stream(Config {
+                name: stream_name(&name),
+                subjects: vec![all_subjects(&name)],
+                num_replicas: replication.replicas,
+                duplicate_window: DUPLICATE_WINDOW,
+                ..Default::default()
+            })
+            .await
+            .map_err(unavailable)?;
+        let mut link = Link {
+            name,
+            js,
+            stream,
+            token: 0,
+            last_seq: 0,
+            cursors: BTreeMap::new(),
+            manifest: None,
+        };
+        link.settle_ownership(replication, feed, dir).await?;
+        link.resume(feed).await?;
+        Ok(link)
+    }
+
+    /// Claims the replica or checks this store's claim.
+    async fn settle_ownership(
+        &mut self,
+        replication: &Replication,
+        feed: &LogFeed,
+        dir: &std::path::Path,
+    ) -> Result<()> {
+        let info = self.stream.get_info().await.map_err(unavailable)?;
+        self.last_seq = info.state.last_sequence;
+        let claimed = owner::load(feed.storage(), dir)?;
+        let current = self.last_message(&owner_subject(&self.name)).await?;
+        let current_owner = current.as_ref().and_then(|message| owner_of(&message.headers));
+        match (replication.claim, current_owner, claimed) {
+            (false, Some(owner), Some(mine)) if owner == mine => {
+                self.token = mine;
+                Ok(())
+            }
+            (false, None, _) if info.state.messages == 0 => self.claim(feed, dir).await,
+            (true, _, _) => self.claim(feed, dir).await,
+            _ => Err(Error::NotOwner {
+                replica: self.name.clone(),
+            }),
+        }
+    }
+
+    /// Publishes a new owner token after the stream's last message; the old owner's
+    /// next publish then expects a sequence that has moved on, and is refused.
+    async fn claim(&mut self, feed: &LogFeed, dir: &std::path::Path) -> Result<()> {
+        self.token = random_secret();
+        match self.publish(owner_subject(&self.name), None, Vec::new()).await {
+            Ok(()) => {}
+            Err(Halt::NotOwner) => {
+                return Err(Error::NotOwner {
+                    replica: self.name.clone(),
+                });
+            }
+            Err(Halt::Down(why)) => return Err(unavailable(why)),
+        }
+        owner::store(feed.storage(), dir, self.token)
+    }
+
+    /// Reads where the stream's copy of each local segment ends; refuses a stream that
+    /// holds bytes this store lacks, and purges the segments that left the window.
+    async fn resume(&mut self, feed: &LogFeed) -> Result<()> {
+        let snapshot = feed.snapshot();
+        for segment in &snapshot.segments {
+            let subject = segment_subject(&self.name, segment.id);
+            let held = match self.last_message(&subject).await? {
+                Some(message) => offset_of(&message.headers)
+                    .map(|offset| offset + message.payload.len() as u64)
+                    .ok_or_else(|| unavailable(format!("{subject}: a chunk without its offset")))?,
+                None => 0,
+            };
+            if held > segment.end {
+                return Err(self.lacking(segment.id, held - segment.end));
+            }
+            self.cursors.insert(segment.id, held);
+        }
+        let newest = snapshot.segments.last().map(|segment| segment.id);
+        let mut subjects = self
+            .stream
+            .info_with_subjects(segments_filter(&self.name))
+            .await
+            .map_err(unavailable)?;
+        let mut gone = Vec::new();
+        while let Some(subject) = subjects.next().await {
+            let (subject, _) = subject.map_err(unavailable)?;
+            let Some(id) = parse_segment_subject(&self.name, &subject) else {
+                continue;
+            };
+            if self.cursors.contains_key(&id) {
+                continue;
+            }
+            if newest.is_none_or(|newest| id > newest) {
+                return Err(self.lacking(id, 0));
+            }
+            gone.push(subject);
+        }
+        for subject in gone {
+            self.stream
+                .purge()
+                .filter(subject)
+                .await
+                .map_err(unavailable)?;
+        }
+        if let Some(message) = self.last_message(&manifest_subject(&self.name)).await? {
+            self.manifest = Some(message.payload.to_vec());
+        }
+        Ok(())
+    }
+
+    fn lacking(&self, id: (u64, u32), bytes: u64) -> Error {
+        Error::InvalidOptions(format!(
+            "replica {} holds log this store lacks (segment {}-{}, {bytes} bytes past its end): \
+             restore the replica (oncedb restore) instead of opening this copy",
+            self.name, id.0, id.1
+        ))
+    }
+
+    async fn last_message(
+        &self,
+        subject: &str,
+    ) -> Result<Option<async_nats::jetstream::message::StreamMessage>> {
+        match self.stream.get_last_raw_message_by_subject(subject).await {
+            Ok(message) => Ok(Some(message)),
+            Err(err) if err.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(err) => Err(unavailable(err)),
+        }
+    }
+
+    async fn ship_until_stopped(&mut self, feed: &Arc<LogFeed>, stop: &AtomicBool) {
+        let mut snapshot = feed.snapshot();
+        while !stop.load(Ordering::Acquire) {
+            match self.ship(feed, &snapshot).await {
+                Ok(()) => feed.shipped(snapshot.counter),
+                Err(Halt::NotOwner) => {
+                    log::error!("oncedb: replica {} was claimed by another store", self.name);
+                    feed.lose_ownership();
+                    return;
+                }
+                Err(Halt::Down(why)) => {
+                    feed.replica_down(why);
+                    tokio::time::sleep(RETRY_WAIT).await;
+                    snapshot = feed.snapshot();
+                    continue;
+                }
+            }
+            let (waiting, shipped) = (Arc::clone(feed), snapshot.counter);
+            let next = tokio::task::spawn_blocking(move || waiting.wait_past(shipped, IDLE_WAIT));
+            match next.await {
+                Ok(Some(next)) => snapshot = next,
+                _ => return,
+            }
+        }
+    }
+
+    /// Publishes what `snapshot` holds beyond the cursors, the manifest first if it
+    /// changed, then purges the segments that left the log.
+    async fn ship(&mut self, feed: &LogFeed, snapshot: &FeedSnapshot) -> Result<(), Halt> {
+        let manifest = feed.manifest_bytes().to_vec();
+        if self.manifest.as_ref() != Some(&manifest) {
+            self.publish(manifest_subject(&self.name), None, manifest.clone())
+                .await?;
+            self.manifest = Some(manifest);
+        }
+        for segment in &snapshot.segments {
+            let mut offset = self.cursors.get(&segment.id).copied().unwrap_or(0);
+            while offset < segment.end {
+                let len = (segment.end - offset).min(CHUNK_BYTES);
+                let mut chunk = vec![0u8; usize::try_from(len).unwrap_or(0)];
+                match feed.storage().read_at(&segment.path, offset, &mut chunk) {
+                    Ok(()) => {}
+                    // Its bucket left the window meanwhile: nothing more of it ships.
+                    Err(err) if err.kind() == std::io::ErrorKind::NotFound => break,
+                    Err(err) => return Err(Halt::Down(format!("reading the log: {err}"))),
+                }
+                let subject = segment_subject(&self.name, segment.id);
+                self.publish(subject, Some(offset), chunk).await?;
+                offset += len;
+                self.cursors.insert(segment.id, offset);
+            }
+        }
+        let live: BTreeSet<(u64, u32)> = snapshot.segments.iter().map(|s| s.id).collect();
+        let gone: Vec<(u64, u32)> = self
+            .cursors
+            .keys()
+            .filter(|id| !live.contains(id))
+            .copied()
+            .collect();
+        for id in gone {
+            self.stream
+                .purge()
+                .filter(segment_subject(&self.name, id))
+                .await
+                .map_err(|err| Halt::Down(err.to_string()))?;
+            self.cursors.remove(&id);
+        }
+        Ok(())
+    }
+
+    /// Publishes one message after the last one this store saw. A refusal for a wrong
+    /// last sequence is this store's own message whose acknowledgement was lost (the
+    /// stream's last message carries this store's token: the sequence is taken from it
+    /// and the message sent again, which the duplicate window drops if it was a chunk),
+    /// or another store's claim.
+    async fn publish(
+        &mut self,
+        subject: String,
+        offset: Option<u64>,
+        payload: Vec<u8>,
+    ) -> Result<(), Halt> {
+        for _ in 0..2 {
+            let mut headers = HeaderMap::new();
+            headers.insert(
+                async_nats::header::NATS_EXPECTED_LAST_SEQUENCE,
+                self.last_seq.to_string().as_str(),
+            );
+            headers.insert(OWNER_HEADER, token_text(self.token).as_str());
+            if let Some(offset) = offset {
+                headers.insert(OFFSET_HEADER, offset.to_string().as_str());
+                let id = format!("{}.{subject}.{offset}", token_text(self.token));
+                headers.insert(async_nats::header::NATS_MESSAGE_ID, id.as_str());
+            }
+            let sent = self
+                .js
+                .publish_with_headers(subject.clone(), headers, payload.clone().into())
+                .await
+                .map_err(|err| Halt::Down(err.to_string()))?;
+            match sent.await {
+                Ok(ack) => {
+                    self.last_seq = ack.sequence;
+                    return Ok(());
+                }
+                Err(err) if err.kind() == PublishErrorKind::WrongLastSequence => {
+                    self.catch_up().await?;
+                }
+                Err(err) => return Err(Halt::Down(err.to_string())),
+            }
+        }
+        Err(Halt::NotOwner)
+    }
+
+    /// After a refused publish: takes the stream's last sequence if its last message is
+    /// this store's; otherwise the replica is another store's.
+    async fn catch_up(&mut self) -> Result<(), Halt> {
+        let info = self
+            .stream
+            .get_info()
+            .await
+            .map_err(|err| Halt::Down(err.to_string()))?;
+        let last = info.state.last_sequence;
+        let message = self
+            .stream
+            .get_raw_message(last)
+            .await
+            .map_err(|err| Halt::Down(err.to_string()))?;
+        if owner_of(&message.headers) == Some(self.token) {
+            self.last_seq = last;
+            Ok(())
+        } else {
+            Err(Halt::NotOwner)
+        }
+    }
+}
+
+/// The owner token a message carries.
+fn owner_of(headers: &HeaderMap) -> Option<u64> {
+    let text = headers.get(OWNER_HEADER)?.as_str();
+    u64::from_str_radix(text, 16).ok()
+}
+
+/// The segment offset a chunk carries.
+pub(super) fn offset_of(headers: &HeaderMap) -> Option<u64> {
+    headers.get(OFFSET_HEADER)?.as_str().parse().ok()
+}
