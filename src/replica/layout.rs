@@ -39,7 +39,8 @@ pub(super) fn owner_subject(name: &str) -> String {
 pub(super) fn parse_segment_subject(name: &str, subject: &str) -> Option<(u64, u32)> {
     let rest = subject.strip_prefix(&format!("oncedb.{name}.seg."))?;
     let (bucket, seq) = rest.split_once('.')?;
-    let digits = |text: &str, len: usize| text.len() == len && text.bytes().all(|b| b.is_ascii_digit());
+    let digits =
+        |text: &str, len: usize| text.len() == len && text.bytes().all(|b| b.is_ascii_digit());
     if !digits(bucket, 20) || !digits(seq, 10) {
         return None;
     }
@@ -57,7 +58,10 @@ mod tests {
     #[test]
     fn segment_subjects_round_trip_and_refuse_strangers() {
         let subject = segment_subject("p-1", (28_333_334, 7));
-        assert_eq!(parse_segment_subject("p-1", &subject), Some((28_333_334, 7)));
+        assert_eq!(
+            parse_segment_subject("p-1", &subject),
+            Some((28_333_334, 7))
+        );
         assert_eq!(parse_segment_subject("p-2", &subject), None);
         assert_eq!(parse_segment_subject("p-1", "oncedb.p-1.seg.1.2"), None);
         assert_eq!(parse_segment_subject("p-1", &manifest_subject("p-1")), None);

@@ -29,8 +29,8 @@ mod shipper;
 
 use std::time::Duration;
 
-pub(crate) use restore::fetch;
 pub use restore::RestoreReport;
+pub(crate) use restore::fetch;
 pub(crate) use shipper::Shipper;
 
 use crate::base::{Error, Result};
@@ -161,6 +161,22 @@ impl Replication {
             ack_timeout: self.ack_timeout,
         }
     }
+}
+
+/// A client of the servers `replication` names (one URL, or several separated by
+/// commas: the client reaches whichever is up).
+pub(crate) async fn connect(replication: &Replication) -> Result<async_nats::Client> {
+    let servers = replication
+        .url
+        .split(',')
+        .map(|url| url.trim().parse::<async_nats::ServerAddr>())
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|err| Error::InvalidOptions(format!("bad NATS server URL: {err}")))?;
+    async_nats::ConnectOptions::new()
+        .connection_timeout(replication.ack_timeout)
+        .connect(servers)
+        .await
+        .map_err(unavailable)
 }
 
 /// A JetStream failure as an oncedb error: the replica cannot be reached.

@@ -13,9 +13,7 @@ use async_nats::jetstream::consumer::pull::OrderedConfig;
 use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use futures_util::StreamExt;
 
-use super::layout::{
-    manifest_subject, parse_segment_subject, segments_filter, stream_name,
-};
+use super::layout::{manifest_subject, parse_segment_subject, segments_filter, stream_name};
 use super::shipper::offset_of;
 use super::{Replication, unavailable};
 use crate::base::{Error, Result, Window};
@@ -62,14 +60,16 @@ async fn fetch_async(
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<RestoreReport> {
     let name = replication.name.as_str();
-    let client = async_nats::ConnectOptions::new()
-        .connection_timeout(replication.ack_timeout)
-        .connect(replication.url.as_str())
-        .await
-        .map_err(unavailable)?;
+    let client = super::connect(replication).await?;
     let js = async_nats::jetstream::new(client);
     let mut stream = js.get_stream(stream_name(name)).await.map_err(|err| {
-        Error::InvalidOptions(format!("no replica named {name} on the server: {err}"))
+        use async_nats::jetstream::context::GetStreamErrorKind;
+        match err.kind() {
+            GetStreamErrorKind::JetStream(found) if found.code() == 404 => {
+                Error::InvalidOptions(format!("no replica named {name} on the server"))
+            }
+            _ => unavailable(err),
+        }
     })?;
     let manifest_message = match stream
         .get_last_raw_message_by_subject(&manifest_subject(name))
@@ -83,11 +83,12 @@ async fn fetch_async(
         }
         Err(err) => return Err(unavailable(err)),
     };
-    let manifest = Manifest::decode(&manifest_message.payload).map_err(|reason| Error::Corrupted {
-        path: replica_path(name, &manifest_subject(name)),
-        offset: manifest_message.sequence,
-        reason: reason.to_owned(),
-    })?;
+    let manifest =
+        Manifest::decode(&manifest_message.payload).map_err(|reason| Error::Corrupted {
+            path: replica_path(name, &manifest_subject(name)),
+            offset: manifest_message.sequence,
+            reason: reason.to_owned(),
+        })?;
     let window = Window::new(manifest.window_ms, manifest.bucket_width_ms);
     let current = window.bucket_of(now_ms);
     let total = stream.info().await.map_err(unavailable)?.state.messages;
@@ -107,7 +108,16 @@ async fn fetch_async(
             let pending = message.info().map_err(unavailable)?.pending;
             report.messages += 1;
             progress(report.messages, total);
-            let live = apply(storage, dir, name, &window, current, &message, &mut files, &mut report)?;
+            let live = apply(
+                storage,
+                dir,
+                name,
+                &window,
+                current,
+                &message,
+                &mut files,
+                &mut report,
+            )?;
             report.expired_messages += u64::from(!live);
             if pending == 0 {
                 break;
@@ -134,7 +144,10 @@ async fn has_segments(stream: &async_nats::jetstream::stream::Stream, name: &str
 }
 
 /// Appends one chunk to its segment file; `false` if its segment is expired.
-#[expect(clippy::too_many_arguments, reason = "one chunk and everything it lands in")]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one chunk and everything it lands in"
+)]
 fn apply(
     storage: &dyn Storage,
     dir: &Path,
@@ -151,7 +164,8 @@ fn apply(
         offset,
         reason: reason.to_owned(),
     };
-    let id = parse_segment_subject(name, subject).ok_or_else(|| damaged(0, "not a segment subject"))?;
+    let id =
+        parse_segment_subject(name, subject).ok_or_else(|| damaged(0, "not a segment subject"))?;
     if !window.is_live(id.0, current) {
         return Ok(false);
     }

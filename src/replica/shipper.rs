@@ -129,12 +129,12 @@ struct Link {
 }
 
 impl Link {
-    async fn open(replication: &Replication, feed: &LogFeed, dir: &std::path::Path) -> Result<Link> {
-        let client = async_nats::ConnectOptions::new()
-            .connection_timeout(replication.ack_timeout)
-            .connect(replication.url.as_str())
-            .await
-            .map_err(unavailable)?;
+    async fn open(
+        replication: &Replication,
+        feed: &LogFeed,
+        dir: &std::path::Path,
+    ) -> Result<Link> {
+        let client = super::connect(replication).await?;
         let js = async_nats::jetstream::new(client);
         let name = replication.name.clone();
         let stream = js
@@ -172,7 +172,9 @@ impl Link {
         self.last_seq = info.state.last_sequence;
         let claimed = owner::load(feed.storage(), dir)?;
         let current = self.last_message(&owner_subject(&self.name)).await?;
-        let current_owner = current.as_ref().and_then(|message| owner_of(&message.headers));
+        let current_owner = current
+            .as_ref()
+            .and_then(|message| owner_of(&message.headers));
         match (replication.claim, current_owner, claimed) {
             (false, Some(owner), Some(mine)) if owner == mine => {
                 self.token = mine;
@@ -190,7 +192,10 @@ impl Link {
     /// next publish then expects a sequence that has moved on, and is refused.
     async fn claim(&mut self, feed: &LogFeed, dir: &std::path::Path) -> Result<()> {
         self.token = random_secret();
-        match self.publish(owner_subject(&self.name), None, Vec::new()).await {
+        match self
+            .publish(owner_subject(&self.name), None, Vec::new())
+            .await
+        {
             Ok(()) => {}
             Err(Halt::NotOwner) => {
                 return Err(Error::NotOwner {

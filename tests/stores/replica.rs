@@ -79,7 +79,12 @@ fn sync_mode_restores_every_acknowledged_write_after_the_node_is_lost() {
     let work = tempfile::tempdir().unwrap();
     let writer_dir = work.path().join("writer");
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "replica::replica_writer_child", "--nocapture"])
+        .args([
+            "--ignored",
+            "--exact",
+            "replica::replica_writer_child",
+            "--nocapture",
+        ])
         .args(["--test-threads=1"])
         .env(WRITER_DIR, &writer_dir)
         .env(WRITER_URL, cluster.url())
@@ -108,10 +113,18 @@ fn sync_mode_restores_every_acknowledged_write_after_the_node_is_lost() {
     let restored_dir = work.path().join("restored");
     let replication = Replication::new(cluster.url(), "crash").replicas(3);
     let mut calls = 0;
-    let (db, report) = Db::restore(options(&restored_dir, replication), &mut |_, _| {
-        calls += 1;
-    })
-    .unwrap();
+    // The cluster may still be taking its restarted node back: try again while it
+    // answers that it cannot serve (nothing is written to the directory before it does).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (db, report) = loop {
+        calls = 0;
+        match Db::restore(options(&restored_dir, replication.clone()), &mut |_, _| {
+            calls += 1;
+        }) {
+            Err(Error::Unavailable { .. }) if Instant::now() < deadline => {}
+            answer => break answer.unwrap(),
+        }
+    };
     assert!(report.segments > 1 && report.bytes > 0, "{report:?}");
     assert_eq!(calls, report.messages);
     for n in &acked {
@@ -134,8 +147,11 @@ fn a_restored_replica_fences_its_old_owner() {
     for n in 0..50 {
         assert!(old.insert_if_absent(&key(n)).unwrap());
     }
-    let (new, _) = Db::restore(options(&work.path().join("new"), replication()), &mut |_, _| {})
-        .unwrap();
+    let (new, _) = Db::restore(
+        options(&work.path().join("new"), replication()),
+        &mut |_, _| {},
+    )
+    .unwrap();
     for n in 0..50 {
         assert!(new.contains(&key(n)).unwrap(), "key {n}");
     }

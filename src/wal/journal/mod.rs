@@ -8,10 +8,10 @@
 //! written. Recovery uses the marks to tell a torn tail (bytes no fsync ever covered)
 //! from damage to acknowledged bytes (see `docs/design.md`).
 
-use std::any::Any;
 pub(crate) use gate::ReplicaGate;
 #[cfg(feature = "replicate")]
 pub(crate) use shipping::{FeedSnapshot, LogFeed};
+use std::any::Any;
 #[cfg(feature = "async")]
 mod commit;
 mod gate;

@@ -144,4 +144,3 @@ fn snapshot_of(shared: &Shared, state: &WriterState) -> FeedSnapshot {
         segments,
     }
 }
-
