@@ -93,8 +93,12 @@ async fn fetch_async(
     let current = window.bucket_of(now_ms);
     let total = stream.info().await.map_err(unavailable)?.state.messages;
     let mut report = RestoreReport::default();
-    let mut files: BTreeMap<(u64, u32), (Box<dyn StorageFile>, u64)> = BTreeMap::new();
-    if has_segments(&stream, name).await? {
+    let mut files: Files = BTreeMap::new();
+    // Where each live segment ends, as the stream's leader says: the restore is done once
+    // every file reaches it (a consumer placed on a replica that is catching up delivers
+    // late, never less).
+    let expected = segment_ends(&stream, name, &window, current).await?;
+    if !expected.is_empty() {
         let consumer = stream
             .create_consumer(OrderedConfig {
                 filter_subject: segments_filter(name),
@@ -103,25 +107,27 @@ async fn fetch_async(
             .await
             .map_err(unavailable)?;
         let mut messages = consumer.messages().await.map_err(unavailable)?;
-        while let Some(message) = messages.next().await {
+        while !reached(&expected, &files) {
+            let next = tokio::time::timeout(STALL_TIMEOUT, messages.next())
+                .await
+                .map_err(|_| {
+                    unavailable(format!("replica {name}: no message for {STALL_TIMEOUT:?}"))
+                })?;
+            let Some(message) = next else {
+                return Err(unavailable(format!(
+                    "replica {name}: the consumer ended early"
+                )));
+            };
             let message = message.map_err(unavailable)?;
-            let pending = message.info().map_err(unavailable)?.pending;
             report.messages += 1;
             progress(report.messages, total);
-            let live = apply(
-                storage,
-                dir,
+            let chunk = Chunk {
                 name,
-                &window,
+                window: &window,
                 current,
-                &message,
-                &mut files,
-                &mut report,
-            )?;
+            };
+            let live = apply(storage, dir, &chunk, &message, &mut files, &mut report)?;
             report.expired_messages += u64::from(!live);
-            if pending == 0 {
-                break;
-            }
         }
     }
     for (_, (mut file, _)) in files {
@@ -131,33 +137,73 @@ async fn fetch_async(
     Ok(report)
 }
 
-/// Whether the stream holds any segment chunk.
-async fn has_segments(stream: &async_nats::jetstream::stream::Stream, name: &str) -> Result<bool> {
+/// How long a restore waits for the next message before it gives up.
+const STALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The segment files being written, and how many bytes each holds.
+type Files = BTreeMap<(u64, u32), (Box<dyn StorageFile>, u64)>;
+
+/// Whether every live segment's file reached the end the stream's leader gave.
+fn reached(expected: &BTreeMap<(u64, u32), u64>, files: &Files) -> bool {
+    expected
+        .iter()
+        .all(|(id, end)| files.get(id).is_some_and(|(_, len)| len >= end))
+}
+
+/// Where each live segment of the replica ends: the offset and length of the last
+/// chunk of its subject.
+async fn segment_ends(
+    stream: &async_nats::jetstream::stream::Stream,
+    name: &str,
+    window: &Window,
+    current: u64,
+) -> Result<BTreeMap<(u64, u32), u64>> {
     let mut subjects = stream
         .info_with_subjects(segments_filter(name))
         .await
         .map_err(unavailable)?;
-    Ok(match subjects.next().await {
-        Some(subject) => subject.map(|(_, count)| count > 0).map_err(unavailable)?,
-        None => false,
-    })
+    let mut live = Vec::new();
+    while let Some(subject) = subjects.next().await {
+        let (subject, _) = subject.map_err(unavailable)?;
+        if let Some(id) = parse_segment_subject(name, &subject)
+            && window.is_live(id.0, current)
+        {
+            live.push((id, subject));
+        }
+    }
+    let mut ends = BTreeMap::new();
+    for (id, subject) in live {
+        let last = stream
+            .get_last_raw_message_by_subject(&subject)
+            .await
+            .map_err(unavailable)?;
+        let offset = offset_of(&last.headers).ok_or_else(|| Error::Corrupted {
+            path: replica_path(name, &subject),
+            offset: last.sequence,
+            reason: "a chunk without its offset".to_owned(),
+        })?;
+        ends.insert(id, offset + last.payload.len() as u64);
+    }
+    Ok(ends)
+}
+
+/// Which replica a chunk belongs to, and the window it is judged live in.
+struct Chunk<'a> {
+    name: &'a str,
+    window: &'a Window,
+    current: u64,
 }
 
 /// Appends one chunk to its segment file; `false` if its segment is expired.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "one chunk and everything it lands in"
-)]
 fn apply(
     storage: &dyn Storage,
     dir: &Path,
-    name: &str,
-    window: &Window,
-    current: u64,
+    chunk: &Chunk<'_>,
     message: &async_nats::jetstream::Message,
-    files: &mut BTreeMap<(u64, u32), (Box<dyn StorageFile>, u64)>,
+    files: &mut Files,
     report: &mut RestoreReport,
 ) -> Result<bool> {
+    let (name, window, current) = (chunk.name, chunk.window, chunk.current);
     let subject = message.subject.as_str();
     let damaged = |offset: u64, reason: &str| Error::Corrupted {
         path: replica_path(name, subject),

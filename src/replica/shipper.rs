@@ -124,6 +124,8 @@ struct Link {
     last_seq: u64,
     /// Per segment, the bytes the stream holds.
     cursors: BTreeMap<(u64, u32), u64>,
+    /// Sealed segments the stream holds in whole chunks (compacted, or shipped so).
+    compacted: BTreeSet<(u64, u32)>,
     /// The manifest as last published.
     manifest: Option<Vec<u8>>,
 }
@@ -154,6 +156,7 @@ impl Link {
             token: 0,
             last_seq: 0,
             cursors: BTreeMap::new(),
+            compacted: BTreeSet::new(),
             manifest: None,
         };
         link.settle_ownership(replication, feed, dir).await?;
@@ -193,10 +196,10 @@ impl Link {
     async fn claim(&mut self, feed: &LogFeed, dir: &std::path::Path) -> Result<()> {
         self.token = random_secret();
         match self
-            .publish(owner_subject(&self.name), None, Vec::new())
+            .publish(owner_subject(&self.name), None, Vec::new(), "")
             .await
         {
-            Ok(()) => {}
+            Ok(_) => {}
             Err(Halt::NotOwner) => {
                 return Err(Error::NotOwner {
                     replica: self.name.clone(),
@@ -232,11 +235,14 @@ impl Link {
             .map_err(unavailable)?;
         let mut gone = Vec::new();
         while let Some(subject) = subjects.next().await {
-            let (subject, _) = subject.map_err(unavailable)?;
+            let (subject, count) = subject.map_err(unavailable)?;
             let Some(id) = parse_segment_subject(&self.name, &subject) else {
                 continue;
             };
-            if self.cursors.contains_key(&id) {
+            if let Some(segment) = snapshot.segments.iter().find(|segment| segment.id == id) {
+                if segment.sealed && count as u64 <= segment.end.div_ceil(CHUNK_BYTES) {
+                    self.compacted.insert(id);
+                }
                 continue;
             }
             if newest.is_none_or(|newest| id > newest) {
@@ -307,7 +313,7 @@ impl Link {
     async fn ship(&mut self, feed: &LogFeed, snapshot: &FeedSnapshot) -> Result<(), Halt> {
         let manifest = feed.manifest_bytes().to_vec();
         if self.manifest.as_ref() != Some(&manifest) {
-            self.publish(manifest_subject(&self.name), None, manifest.clone())
+            self.publish(manifest_subject(&self.name), None, manifest.clone(), "")
                 .await?;
             self.manifest = Some(manifest);
         }
@@ -323,9 +329,13 @@ impl Link {
                     Err(err) => return Err(Halt::Down(format!("reading the log: {err}"))),
                 }
                 let subject = segment_subject(&self.name, segment.id);
-                self.publish(subject, Some(offset), chunk).await?;
+                self.publish(subject, Some(offset), chunk, "").await?;
                 offset += len;
                 self.cursors.insert(segment.id, offset);
+            }
+            if segment.sealed && offset >= segment.end && !self.compacted.contains(&segment.id) {
+                self.compact(feed, &segment.path, segment.id, segment.end)
+                    .await?;
             }
         }
         let live: BTreeSet<(u64, u32)> = snapshot.segments.iter().map(|s| s.id).collect();
@@ -342,7 +352,49 @@ impl Link {
                 .await
                 .map_err(|err| Halt::Down(err.to_string()))?;
             self.cursors.remove(&id);
+            self.compacted.remove(&id);
         }
+        Ok(())
+    }
+
+    /// Publishes sealed segment `id` again in whole chunks, then purges the chunks
+    /// before them: the stream then holds the segment in as few messages as the chunk
+    /// size allows, about its own size, where a segment shipped group by group took one
+    /// message (and its headers) per group. A restore meanwhile reads both, and skips
+    /// the bytes it already has.
+    async fn compact(
+        &mut self,
+        feed: &LogFeed,
+        path: &std::path::Path,
+        id: (u64, u32),
+        end: u64,
+    ) -> Result<(), Halt> {
+        let subject = segment_subject(&self.name, id);
+        let mut first = None;
+        let mut offset = 0;
+        while offset < end {
+            let len = (end - offset).min(CHUNK_BYTES);
+            let mut chunk = vec![0u8; usize::try_from(len).unwrap_or(0)];
+            match feed.storage().read_at(path, offset, &mut chunk) {
+                Ok(()) => {}
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+                Err(err) => return Err(Halt::Down(format!("reading the log: {err}"))),
+            }
+            let sequence = self
+                .publish(subject.clone(), Some(offset), chunk, "whole.")
+                .await?;
+            first.get_or_insert(sequence);
+            offset += len;
+        }
+        if let Some(first) = first {
+            self.stream
+                .purge()
+                .filter(subject)
+                .sequence(first)
+                .await
+                .map_err(|err| Halt::Down(err.to_string()))?;
+        }
+        self.compacted.insert(id);
         Ok(())
     }
 
@@ -351,12 +403,15 @@ impl Link {
     /// stream's last message carries this store's token: the sequence is taken from it
     /// and the message sent again, which the duplicate window drops if it was a chunk),
     /// or another store's claim.
+    /// `kind` tells chunks of one offset apart in their message ids (a compaction's from
+    /// the first shipping's). Returns the message's stream sequence.
     async fn publish(
         &mut self,
         subject: String,
         offset: Option<u64>,
         payload: Vec<u8>,
-    ) -> Result<(), Halt> {
+        kind: &str,
+    ) -> Result<u64, Halt> {
         for _ in 0..2 {
             let mut headers = HeaderMap::new();
             headers.insert(
@@ -366,7 +421,7 @@ impl Link {
             headers.insert(OWNER_HEADER, token_text(self.token).as_str());
             if let Some(offset) = offset {
                 headers.insert(OFFSET_HEADER, offset.to_string().as_str());
-                let id = format!("{}.{subject}.{offset}", token_text(self.token));
+                let id = format!("{}.{subject}.{kind}{offset}", token_text(self.token));
                 headers.insert(async_nats::header::NATS_MESSAGE_ID, id.as_str());
             }
             let sent = self
@@ -376,8 +431,8 @@ impl Link {
                 .map_err(|err| Halt::Down(err.to_string()))?;
             match sent.await {
                 Ok(ack) => {
-                    self.last_seq = ack.sequence;
-                    return Ok(());
+                    self.last_seq = self.last_seq.max(ack.sequence);
+                    return Ok(ack.sequence);
                 }
                 Err(err) if err.kind() == PublishErrorKind::WrongLastSequence => {
                     self.catch_up().await?;

@@ -206,3 +206,177 @@ fn async_mode_refuses_writes_past_its_lag_while_jetstream_is_down() {
     }
     assert!(db.insert_if_absent(&key(admitted)).unwrap());
 }
+
+/// The segments of replica `name` on the server at `url`: subject count and bytes of the
+/// stream, read with a client of the test's own.
+fn stream_state(url: &str, name: &str) -> (usize, u64) {
+    servers::runtime().block_on(async {
+        let client = async_nats::connect(url).await.unwrap();
+        let js = async_nats::jetstream::new(client);
+        let mut stream = js.get_stream(format!("ONCEDB_{name}")).await.unwrap();
+        let bytes = stream.info().await.unwrap().state.bytes;
+        let mut subjects = stream
+            .info_with_subjects(format!("oncedb.{name}.seg.>"))
+            .await
+            .unwrap();
+        let mut count = 0;
+        while let Some(subject) = futures_util::StreamExt::next(&mut subjects).await {
+            subject.unwrap();
+            count += 1;
+        }
+        (count, bytes)
+    })
+}
+
+/// Segments whose bucket left the window leave the replica too (purged by subject), a
+/// restore brings back only the live window, and sealed segments are held in whole
+/// chunks: the stream holds about what the store's files hold.
+#[test]
+fn expired_buckets_leave_the_replica_and_sealed_segments_are_compacted() {
+    let server = NatsServer::start();
+    let work = tempfile::tempdir().unwrap();
+    let clock =
+        oncedb::ManualClock::new(std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_040));
+    let options = |dir: &Path| {
+        Options::new(dir)
+            .window(Duration::from_secs(600))
+            .bucket_width(Duration::from_secs(60))
+            .durability(Durability::Sync)
+            .segment_max_bytes(16 << 10)
+            .clock(clock.clone())
+            .replicate(Replication::new(server.url(), "expiry"))
+    };
+    let dir = work.path().join("db");
+    let db = open_when_ready(|| options(&dir));
+    // Ten minutes of keys, one write (and one shipped group) each, then ten more: the
+    // first ten minutes' buckets leave the window.
+    let mut n = 0;
+    for _minute in 0..20 {
+        for _ in 0..150 {
+            assert!(db.insert_if_absent(&key(n)).unwrap());
+            n += 1;
+        }
+        clock.forward(Duration::from_secs(60));
+    }
+    assert!(db.insert_if_absent(b"last").unwrap());
+    db.flush().unwrap();
+    let local_segments = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter(|entry| {
+            let name = entry.as_ref().unwrap().file_name();
+            name.to_string_lossy().starts_with("seg-")
+        })
+        .count();
+    let local_bytes: u64 = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().metadata().unwrap().len())
+        .sum();
+    // The shipper purges and compacts on its next rounds: wait until the stream holds
+    // the store's segments and no more.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (subjects, stream_bytes) = loop {
+        let (subjects, bytes) = stream_state(&server.url(), "expiry");
+        if subjects == local_segments && bytes <= local_bytes * 2 {
+            break (subjects, bytes);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{subjects} subjects for {local_segments} segments, {bytes} bytes for {local_bytes}"
+        );
+        std::thread::yield_now();
+    };
+    assert!(subjects < 20, "expired segments purged: {subjects}");
+    drop(db);
+    std::fs::remove_dir_all(&dir).unwrap();
+    let (restored, report) =
+        Db::restore(options(&work.path().join("restored")), &mut |_, _| {}).unwrap();
+    assert_eq!(report.expired_messages, 0, "{report:?}");
+    assert!(restored.contains(&key(n - 1)).unwrap());
+    assert!(restored.contains(b"last").unwrap());
+    assert!(
+        !restored.contains(&key(0)).unwrap(),
+        "an expired key came back"
+    );
+    assert!(stream_bytes > 0);
+}
+
+/// A restore checks what it fetches: a chunk that leaves a gap in its segment is
+/// `Corrupted`, and a chunk whose bytes were damaged is `Corrupted` at the open that
+/// ends the restore (every frame's checksum is checked), never a smaller window.
+#[test]
+fn a_restore_refuses_a_damaged_replica() {
+    let server = NatsServer::start();
+    let work = tempfile::tempdir().unwrap();
+    let replication = || Replication::new(server.url(), "damage");
+    let db = open_when_ready(|| options(&work.path().join("db"), replication()));
+    for n in 0..400 {
+        assert!(db.insert_if_absent(&key(n)).unwrap());
+    }
+    db.flush().unwrap();
+    drop(db);
+    let subject = servers::runtime().block_on(async {
+        let client = async_nats::connect(server.url()).await.unwrap();
+        let js = async_nats::jetstream::new(client);
+        let stream = js.get_stream("ONCEDB_damage").await.unwrap();
+        // The oldest segment, sealed and compacted: take its bytes, flip one in the
+        // middle, and put the damaged copy in its place.
+        let mut subjects = stream
+            .info_with_subjects("oncedb.damage.seg.>")
+            .await
+            .unwrap();
+        let mut names = Vec::new();
+        while let Some(subject) = futures_util::StreamExt::next(&mut subjects).await {
+            names.push(subject.unwrap().0);
+        }
+        names.sort();
+        let subject = names[0].clone();
+        let whole = stream
+            .get_last_raw_message_by_subject(&subject)
+            .await
+            .unwrap();
+        assert_eq!(
+            whole.headers.get("Oncedb-Offset").unwrap().as_str(),
+            "0",
+            "the sealed segment is one chunk"
+        );
+        let mut damaged = whole.payload.to_vec();
+        let middle = damaged.len() / 2;
+        damaged[middle] ^= 0x40;
+        stream.purge().filter(&subject).await.unwrap();
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Oncedb-Offset", "0");
+        js.publish_with_headers(subject.clone(), headers, damaged.into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        subject
+    });
+    assert!(matches!(
+        Db::restore(
+            options(&work.path().join("r1"), replication()),
+            &mut |_, _| {}
+        ),
+        Err(Error::Corrupted { .. })
+    ));
+    // A chunk past the end of what the replica holds of its segment: a gap.
+    servers::runtime().block_on(async {
+        let client = async_nats::connect(server.url()).await.unwrap();
+        let js = async_nats::jetstream::new(client);
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Oncedb-Offset", "1000000");
+        js.publish_with_headers(subject, headers, vec![1u8; 10].into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    });
+    let gap = Db::restore(
+        options(&work.path().join("r2"), replication()),
+        &mut |_, _| {},
+    );
+    let Err(Error::Corrupted { reason, .. }) = gap else {
+        panic!("a gap restored");
+    };
+    assert!(reason.contains("misses bytes"), "{reason}");
+}
