@@ -242,7 +242,10 @@ impl Db {
     /// beside them. Refused with [`Error::InvalidOptions`](crate::Error::InvalidOptions)
     /// for an in-memory store or a `dir` holding files; I/O errors in `dir` are returned
     /// and leave the store as it was.
-    pub fn checkpoint(&self, dir: impl AsRef<std::path::Path>) -> Result<crate::Checkpoint> {
+    pub fn checkpoint(
+        &self,
+        dir: impl AsRef<std::path::Path>,
+    ) -> Result<crate::engine::Checkpoint> {
         self.engine.checkpoint(dir.as_ref())
     }
 
@@ -262,7 +265,7 @@ impl Db {
     pub fn restore(
         options: Options,
         progress: &mut dyn FnMut(u64, u64),
-    ) -> Result<(Db, crate::RestoreReport)> {
+    ) -> Result<(Db, crate::engine::RestoreReport)> {
         let config = options.to_config()?;
         let (engine, report) = Engine::restore(config, progress)?;
         Ok((

@@ -145,7 +145,7 @@ impl Options {
     /// `Durability::Sync`; async mode `Sync` or `Interval`. `docs/scaling.md` says what
     /// survives the loss of a node in each mode.
     #[cfg(feature = "replicate")]
-    pub fn replicate(mut self, replication: crate::Replication) -> Self {
+    pub fn replicate(mut self, replication: crate::engine::Replication) -> Self {
         self.config.replication = Some(replication);
         self
     }

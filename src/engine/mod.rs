@@ -21,8 +21,10 @@ use crate::base::{
 pub(crate) use crate::index::{Grant, InFlightRecord, Reserved};
 use crate::index::{Index, IndexStats, SealedKeys, Shard, ShardGroups, for_each_prefetched};
 pub(crate) use crate::io::{StdStorage, Storage};
+#[cfg(feature = "replicate")]
+pub(crate) use crate::replica::{Replication, RestoreReport};
+pub(crate) use crate::wal::{Checkpoint, RecoveryReport, VerifyReport, is_archive, verify_with};
 use crate::wal::{Journal, JournalStats, LogEntry, MANIFEST_LEN, Manifest, Ticket};
-pub(crate) use crate::wal::{RecoveryReport, VerifyReport, is_archive, verify_with};
 
 /// Lease ids reserved by one raise of the floor: 2^24, so the 2^62 ids last 2^38 raises,
 /// and a store raising once per restart never runs out.
@@ -936,7 +938,7 @@ impl Engine {
     pub(crate) fn restore(
         mut config: Config,
         progress: &mut dyn FnMut(u64, u64),
-    ) -> Result<(Engine, crate::RestoreReport)> {
+    ) -> Result<(Engine, crate::replica::RestoreReport)> {
         let (Some(dir), Some(replication)) = (config.dir.clone(), config.replication.as_mut())
         else {
             return Err(Error::InvalidOptions(

@@ -219,13 +219,13 @@ fn apply(
     let offset = headers
         .and_then(offset_of)
         .ok_or_else(|| damaged(0, "a chunk without its offset"))?;
-    if !files.contains_key(&id) {
-        let file = storage.open_append(&segment_path(dir, id.0, id.1), true)?;
-        files.insert(id, (file, 0));
-        report.segments += 1;
-    }
-    let Some((file, len)) = files.get_mut(&id) else {
-        return Ok(true);
+    let (file, len) = match files.entry(id) {
+        std::collections::btree_map::Entry::Occupied(held) => held.into_mut(),
+        std::collections::btree_map::Entry::Vacant(new) => {
+            let file = storage.open_append(&segment_path(dir, id.0, id.1), true)?;
+            report.segments += 1;
+            new.insert((file, 0))
+        }
     };
     let payload: &[u8] = &message.payload;
     let end = offset + payload.len() as u64;

@@ -112,7 +112,7 @@ fn sync_mode_restores_every_acknowledged_write_after_the_node_is_lost() {
 
     let restored_dir = work.path().join("restored");
     let replication = Replication::new(cluster.url(), "crash").replicas(3);
-    let mut calls = 0;
+    let mut calls;
     // The cluster may still be taking its restarted node back: try again while it
     // answers that it cannot serve (nothing is written to the directory before it does).
     let deadline = Instant::now() + Duration::from_secs(60);

@@ -158,7 +158,7 @@ impl NatsCluster {
 
     /// SIGKILL of node `index`.
     pub fn kill(&mut self, index: usize) {
-        if let Some(mut child) = self.nodes[index].child.take() {
+        if let Some(mut child) = self.nodes.get_mut(index).and_then(|node| node.child.take()) {
             let _ = child.kill();
             let _ = child.wait();
         }
@@ -166,7 +166,9 @@ impl NatsCluster {
 
     /// Starts node `index` again on its ports and store directory.
     pub fn restart(&mut self, index: usize) {
-        let node = &mut self.nodes[index];
+        let Some(node) = self.nodes.get_mut(index) else {
+            return;
+        };
         if node.child.is_none() {
             node.child = Some(spawn_node(&node.setup, node.dir.path()));
         }
