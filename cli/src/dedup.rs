@@ -9,7 +9,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use oncedb::{Db, Durability, MAX_BATCH_KEYS, MAX_KEY_BYTES_LIMIT, Options};
+use oncedb::{
+    Db, Durability, MAX_BATCH_KEYS, MAX_KEY_BYTES_LIMIT, Options, ReplicaMode, Replication,
+};
 
 use crate::duration;
 
@@ -31,9 +33,21 @@ pub struct DedupArgs {
     /// capture group, or the whole match).
     #[arg(long, default_value = "line", value_parser = KeySpec::parse)]
     key: KeySpec,
-    /// `sync`, `buffered` or `interval:MS`.
-    #[arg(long, default_value = "interval:200", value_parser = parse_durability)]
-    durability: Durability,
+    /// `sync`, `buffered` or `interval:MS`. Default `interval:200`, or `sync` with
+    /// `--replica-mode sync`.
+    #[arg(long, value_parser = parse_durability)]
+    durability: Option<Durability>,
+    /// Replicate the store's log to NATS JetStream at this URL (several separated by
+    /// commas), so that `oncedb restore` rebuilds the store on another node.
+    #[arg(long, requires = "replica")]
+    replicate: Option<String>,
+    /// The replica's name (with `--replicate`): ASCII letters, digits, `-` and `_`.
+    #[arg(long, requires = "replicate")]
+    replica: Option<String>,
+    /// `sync`: a line passes once JetStream acknowledged its key; `async`: the log is
+    /// shipped behind the local commit.
+    #[arg(long, default_value = "sync", value_parser = crate::restore::parse_mode)]
+    replica_mode: ReplicaMode,
     /// Drop lines whose key cannot be extracted instead of passing them through.
     #[arg(long)]
     drop_keyless: bool,
@@ -164,11 +178,20 @@ struct Counts {
 /// Runs the filter; errors are reported by the caller in one line.
 pub fn run(args: &DedupArgs) -> Result<(), Failure> {
     let bucket = args.bucket.unwrap_or_else(|| default_bucket(args.window));
-    let options = Options::new(&args.dir)
+    let replicated_sync = args.replicate.is_some() && args.replica_mode == ReplicaMode::Sync;
+    let durability = args.durability.unwrap_or(if replicated_sync {
+        Durability::Sync
+    } else {
+        Durability::Interval(Duration::from_millis(200))
+    });
+    let mut options = Options::new(&args.dir)
         .window(args.window)
         .bucket_width(bucket)
-        .durability(args.durability)
+        .durability(durability)
         .max_key_bytes(MAX_KEY_BYTES_LIMIT);
+    if let (Some(url), Some(name)) = (&args.replicate, &args.replica) {
+        options = options.replicate(Replication::new(url, name).mode(args.replica_mode));
+    }
     let db = Db::open(options).map_err(|err| err.to_string())?;
     let progress = progress_bar();
     let mut counts = Counts::default();

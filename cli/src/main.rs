@@ -1,6 +1,7 @@
 //! `oncedb`: command-line tools for oncedb. `oncedb dedup` is a persistent `uniq` for
 //! event streams; `oncedb inspect` shows what a store holds; `oncedb checkpoint` copies
-//! a store consistently into a new directory; `oncedb verify` checks a
+//! a store consistently into a new directory; `oncedb restore` rebuilds one from its
+//! replica on NATS JetStream; `oncedb verify` checks a
 //! store's files without changing them; `oncedb bench` measures throughput, latency,
 //! memory per key and fsync batching on this machine.
 
@@ -12,6 +13,7 @@ mod checkpoint;
 mod dedup;
 mod duration;
 mod inspect;
+mod restore;
 mod verify;
 
 use std::process::ExitCode;
@@ -50,6 +52,9 @@ enum Command {
     Inspect(inspect::InspectArgs),
     /// Copy a store into a new directory, consistently, as one that opens on its own.
     Checkpoint(checkpoint::CheckpointArgs),
+    /// Rebuild a store in a new directory from its replica on NATS JetStream, and claim
+    /// the replica.
+    Restore(restore::RestoreArgs),
 }
 
 /// Exit code for bad arguments.
@@ -76,6 +81,7 @@ fn main() -> ExitCode {
         Command::Dedup(args) => ("dedup", dedup::run(&args)),
         Command::Inspect(args) => ("inspect", inspect::run(&args)),
         Command::Checkpoint(args) => ("checkpoint", checkpoint::run(&args)),
+        Command::Restore(args) => ("restore", restore::run(&args)),
     };
     match result {
         Ok(()) | Err(output::Failure::Closed) => ExitCode::SUCCESS,

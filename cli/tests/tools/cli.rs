@@ -479,3 +479,56 @@ fn a_checkpoint_remembers_every_line_the_store_admitted() {
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.contains("not empty"), "{stderr}");
 }
+
+/// `oncedb dedup --replicate URL --replica NAME` survives the loss of its directory:
+/// `oncedb restore` rebuilds it from JetStream, and `dedup` on the restored directory
+/// remembers every line; the lost store's replica now belongs to the restored one.
+#[test]
+fn dedup_with_a_replica_survives_the_loss_of_its_directory() {
+    let _serial = serial();
+    let server = oncedb_testkit::servers::nats::NatsServer::start();
+    let url = server.url();
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let replicated = ["--replicate", url.as_str(), "--replica", "lines"];
+    let (code, out, err) = dedup(&store, &replicated, "a\nb\na\nc\n");
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, "a\nb\nc\n");
+    std::fs::remove_dir_all(&store).unwrap();
+    let restored = dir.path().join("restored");
+    let out = oncedb(
+        &[
+            "restore",
+            "--from",
+            &url,
+            "--replica",
+            "lines",
+            "--dir",
+            restored.to_str().unwrap(),
+        ],
+        b"",
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    assert!(stdout.starts_with("restored "), "{stdout}");
+    let (code, out, err) = dedup(&restored, &replicated, "a\nb\nc\nd\n");
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, "d\n", "the restored store forgot a line");
+    // A replica of another name does not exist: one line, exit 1.
+    let missing = oncedb(
+        &[
+            "restore",
+            "--from",
+            &url,
+            "--replica",
+            "nothing",
+            "--dir",
+            dir.path().join("none").to_str().unwrap(),
+        ],
+        b"",
+    );
+    let stderr = String::from_utf8(missing.stderr).unwrap();
+    assert_eq!(missing.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("no replica named nothing"), "{stderr}");
+}
