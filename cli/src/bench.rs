@@ -21,7 +21,9 @@ use std::time::{Duration, Instant, SystemTime};
 use clap::{Args, ValueEnum};
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
-use oncedb::{Db, Durability, ManualClock, Options, Reservation, Scope, Stats};
+use oncedb::{
+    Db, Durability, ManualClock, Options, ReplicaMode, Replication, Reservation, Scope, Stats,
+};
 
 use oncedb_testkit::workload::{KeyStream, peak_rss_bytes, response_body_of, rss_bytes};
 
@@ -91,6 +93,20 @@ pub struct BenchArgs {
     /// Concurrent client tasks for --backend.
     #[arg(long, default_value_t = 8)]
     tasks: usize,
+    /// Replicate durable runs to NATS JetStream at this URL (several separated by
+    /// commas): each run's store ships to a replica of its own.
+    #[arg(long)]
+    replicate: Option<String>,
+    /// `sync` or `async`, with --replicate.
+    #[arg(long, default_value = "sync", value_parser = crate::restore::parse_mode)]
+    replica_mode: ReplicaMode,
+    /// Stream replicas JetStream keeps, with --replicate.
+    #[arg(long, default_value_t = 1)]
+    replica_copies: usize,
+    /// After a run with --replicate, restore its store from the replica into a new
+    /// directory and time it.
+    #[arg(long)]
+    restore: bool,
 }
 
 /// The operation mix.
@@ -310,6 +326,14 @@ fn options(
         (Some(budget), Some(_)) => base.memory_budget(budget),
         _ => base,
     };
+    let base = match (&args.replicate, dir) {
+        (Some(url), Some(_)) => base.replicate(
+            Replication::new(url, replica_name(scenario))
+                .mode(args.replica_mode)
+                .replicas(args.replica_copies),
+        ),
+        _ => base,
+    };
     let base = if args.response_bytes > 1 << 20 {
         base.max_response_bytes(args.response_bytes)
     } else {
@@ -319,6 +343,38 @@ fn options(
         Some(clock) => base.clock(clock.clone()),
         None => base,
     }
+}
+
+/// The replica a run's store ships to: one per run of this process.
+fn replica_name(scenario: &Scenario) -> String {
+    format!("bench-{}-{}", std::process::id(), scenario.name.len())
+}
+
+/// Restores the run's store from its replica into `dir` + `-restored` and prints how
+/// long it took.
+fn time_restore(
+    args: &BenchArgs,
+    scenario: &Scenario,
+    dir: &std::path::Path,
+) -> Result<(), String> {
+    let target = dir.with_extension("restored");
+    let _ = std::fs::remove_dir_all(&target);
+    let started = Instant::now();
+    let (db, report) = Db::restore(options(args, scenario, Some(&target), None), &mut |_, _| {})
+        .map_err(|e| e.to_string())?;
+    let took = started.elapsed();
+    let keys = db.stats().live_keys;
+    noteln!(
+        "   restore: {keys} keys from {} messages ({} bytes of {} segments) in {:.3} s ({:.2} M keys/s)",
+        report.messages,
+        report.bytes,
+        report.segments,
+        took.as_secs_f64(),
+        keys as f64 / took.as_secs_f64() / 1e6
+    );
+    drop(db);
+    let _ = std::fs::remove_dir_all(&target);
+    Ok(())
 }
 
 fn new_histogram() -> Histogram<u64> {
@@ -428,6 +484,9 @@ fn run_scenario(args: &BenchArgs, scenario: Scenario) -> Result<Outcome, String>
         drop(db);
         None
     };
+    if let (true, Some(_), Some(dir)) = (args.restore, &args.replicate, &dir) {
+        time_restore(args, &scenario, dir)?;
+    }
     if let Some(dir) = &dir {
         let _ = std::fs::remove_dir_all(dir);
     }
