@@ -204,6 +204,9 @@ fn a_checkpoint_failing_at_any_call_never_leaves_a_smaller_copy() {
             db.insert_many(batch).unwrap();
             clock.forward(BUCKET);
         }
+        // The segment worker's background work done: every call counted from here is
+        // the checkpoint's.
+        db.flush().unwrap();
         faulty.reset();
         faulty.fail_at(call, false);
         let answer = db.checkpoint("/copy");
