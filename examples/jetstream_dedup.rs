@@ -24,6 +24,13 @@
 //! - A record found completed is a duplicate (a redelivery, or a re-publish older than the
 //!   broker's duplicate window): acknowledged and dropped.
 //!
+//! `--replicate URL --replica NAME [--replica-mode sync|async]` replicates the store to
+//! NATS JetStream (`Options::replicate`): a consumer started on another host with an
+//! empty `--dir` restores its partition's window from the replica first (`Db::restore`,
+//! which claims it: the old consumer, if it still runs, is refused its next write), so
+//! redeliveries and late duplicates of messages the old consumer finished are still
+//! dropped.
+//!
 //! `--naive` runs the broken "remember then forward" pattern instead (insert the ids,
 //! fsync, then forward the new ones): a crash between the two loses messages. It exists
 //! for the control run of the crash test. `--passthrough` forwards everything with no
@@ -41,7 +48,9 @@ use async_nats::HeaderMap;
 use async_nats::jetstream::{self, consumer::AckPolicy, consumer::pull};
 use futures_util::StreamExt;
 use futures_util::future::join_all;
-use oncedb::{Db, Durability, Lease, Options, Reservation, Scope, Store, StoreLease};
+use oncedb::{
+    Db, Durability, Lease, Options, ReplicaMode, Replication, Reservation, Scope, Store, StoreLease,
+};
 
 struct Args {
     server: String,
@@ -61,6 +70,8 @@ struct Args {
     create_streams: bool,
     input_subject: Option<String>,
     output_stream: Option<String>,
+    /// Replicate the store to JetStream: (servers, replica name, mode).
+    replicate: Option<(String, String, ReplicaMode)>,
 }
 
 /// What stands between input and output.
@@ -93,7 +104,9 @@ fn args() -> Result<Args, String> {
         create_streams: false,
         input_subject: None,
         output_stream: None,
+        replicate: None,
     };
+    let (mut replicate_url, mut replica, mut replica_mode) = (None, None, ReplicaMode::Sync);
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         if flag == "--naive" || flag == "--passthrough" {
@@ -119,6 +132,15 @@ fn args() -> Result<Args, String> {
             "--input-stream" => parsed.input_stream = value.clone(),
             "--output-subject" => parsed.output_subject = value.clone(),
             "--input-subject" => parsed.input_subject = Some(value.clone()),
+            "--replicate" => replicate_url = Some(value.clone()),
+            "--replica" => replica = Some(value.clone()),
+            "--replica-mode" => {
+                replica_mode = match value.as_str() {
+                    "sync" => ReplicaMode::Sync,
+                    "async" => ReplicaMode::Async,
+                    _ => return Err(format!("--replica-mode {value}: sync or async")),
+                };
+            }
             "--output-stream" => parsed.output_stream = Some(value.clone()),
             "--dir" => parsed.dir = PathBuf::from(&value),
             "--idle-exit" => parsed.idle_exit = Some(Duration::from_secs(number("--idle-exit")?)),
@@ -145,6 +167,11 @@ fn args() -> Result<Args, String> {
     if parsed.create_streams && (parsed.input_subject.is_none() || parsed.output_stream.is_none()) {
         return Err("--create-streams needs --input-subject and --output-stream".into());
     }
+    parsed.replicate = match (replicate_url, replica) {
+        (Some(url), Some(name)) => Some((url, name, replica_mode)),
+        (None, None) => None,
+        _ => return Err("--replicate and --replica go together".into()),
+    };
     Ok(parsed)
 }
 
@@ -230,7 +257,8 @@ async fn main() {
             eprintln!(
                 "jetstream_dedup: {err}\nusage: jetstream_dedup --server URL --input-stream NAME \
                  --output-subject SUBJECT --dir DIR [--idle-exit SECONDS] [--batch N] [--ack-wait-ms MS] [--naive | --passthrough] [--one-by-one] [--forward-delay-ms MS] \
-                 [--create-streams --input-subject SUBJECT --output-stream NAME]"
+                 [--create-streams --input-subject SUBJECT --output-stream NAME] \
+                 [--replicate URL --replica NAME [--replica-mode sync|async]]"
             );
             std::process::exit(2);
         }
@@ -264,6 +292,35 @@ async fn create_streams(js: &jetstream::Context, args: &Args) -> Result<(), asyn
     Ok(())
 }
 
+/// The consumer's store. With `--replicate`, a directory that holds no store yet is first
+/// restored from the replica (a partition moved here from another host), unless no
+/// replica of that name exists yet (the partition's first run anywhere).
+fn open_store(args: &Args) -> Result<Db, oncedb::Error> {
+    let options = || {
+        let options = Options::new(&args.dir)
+            .durability(Durability::Sync)
+            .window(Duration::from_secs(7 * 24 * 3600));
+        match &args.replicate {
+            Some((url, name, mode)) => options.replicate(Replication::new(url, name).mode(*mode)),
+            None => options,
+        }
+    };
+    if args.replicate.is_some() && !args.dir.join("MANIFEST").exists() {
+        match Db::restore(options(), &mut |_, _| {}) {
+            Ok((db, report)) => {
+                println!(
+                    "restored: {} segments, {} bytes from {} messages",
+                    report.segments, report.bytes, report.messages
+                );
+                return Ok(db);
+            }
+            Err(oncedb::Error::ReplicaNotFound { .. }) => {}
+            Err(err) => return Err(err),
+        }
+    }
+    Db::open(options())
+}
+
 async fn run(args: &Args) -> Result<(), async_nats::Error> {
     let client = async_nats::connect(&args.server).await?;
     let js = jetstream::new(client);
@@ -283,11 +340,7 @@ async fn run(args: &Args) -> Result<(), async_nats::Error> {
             },
         )
         .await?;
-    let db = Db::open(
-        Options::new(&args.dir)
-            .durability(Durability::Sync)
-            .window(Duration::from_secs(7 * 24 * 3600)),
-    )?;
+    let db = open_store(args)?;
     let scope = Scope::new(args.input_stream.as_bytes(), b"forward");
     let (started, mut last_message) = (Instant::now(), Instant::now());
     let mut finished = started;

@@ -264,7 +264,7 @@ impl Db {
     #[cfg(feature = "replicate")]
     pub fn restore(
         options: Options,
-        progress: &mut dyn FnMut(u64, u64),
+        progress: &mut (dyn FnMut(u64, u64) + Send),
     ) -> Result<(Db, crate::engine::RestoreReport)> {
         let config = options.to_config()?;
         let (engine, report) = Engine::restore(config, progress)?;

@@ -109,6 +109,12 @@ pub enum Error {
         /// The replica's name.
         replica: String,
     },
+    /// A restore found no replica of that name on the server: nothing was ever
+    /// replicated under it (or its stream was deleted).
+    ReplicaNotFound {
+        /// The replica's name.
+        replica: String,
+    },
     /// A shared engine answered that the call waited longer than the response timeout
     /// (behind another transaction's row lock, or a statement that ran too long) and
     /// cancelled it: the call took no effect. Not an outage: the server is up and
@@ -188,6 +194,9 @@ impl fmt::Display for Error {
                 f,
                 "replica {replica} is owned by another store; restore it to write here"
             ),
+            Error::ReplicaNotFound { replica } => {
+                write!(f, "no replica named {replica} on the server")
+            }
             Error::TimedOut { engine, message } => {
                 write!(
                     f,

@@ -937,7 +937,7 @@ impl Engine {
     #[cfg(feature = "replicate")]
     pub(crate) fn restore(
         mut config: Config,
-        progress: &mut dyn FnMut(u64, u64),
+        progress: &mut (dyn FnMut(u64, u64) + Send),
     ) -> Result<(Engine, crate::replica::RestoreReport)> {
         let (Some(dir), Some(replication)) = (config.dir.clone(), config.replication.as_mut())
         else {

@@ -42,14 +42,23 @@ pub(crate) fn fetch(
     storage: &dyn Storage,
     dir: &Path,
     now_ms: u64,
-    progress: &mut dyn FnMut(u64, u64),
+    progress: &mut (dyn FnMut(u64, u64) + Send),
 ) -> Result<RestoreReport> {
     replication.check()?;
     crate::wal::prepare_checkpoint_dir(storage, dir)?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    runtime.block_on(fetch_async(replication, storage, dir, now_ms, progress))
+    // On a thread of its own: the caller may be on an async runtime of its own, where a
+    // runtime cannot be entered.
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?;
+                runtime.block_on(fetch_async(replication, storage, dir, now_ms, progress))
+            })
+            .join()
+            .unwrap_or_else(|_| Err(unavailable("the restore thread panicked")))
+    })
 }
 
 async fn fetch_async(
@@ -57,7 +66,7 @@ async fn fetch_async(
     storage: &dyn Storage,
     dir: &Path,
     now_ms: u64,
-    progress: &mut dyn FnMut(u64, u64),
+    progress: &mut (dyn FnMut(u64, u64) + Send),
 ) -> Result<RestoreReport> {
     let name = replication.name.as_str();
     let client = super::connect(replication).await?;
@@ -65,9 +74,9 @@ async fn fetch_async(
     let mut stream = js.get_stream(stream_name(name)).await.map_err(|err| {
         use async_nats::jetstream::context::GetStreamErrorKind;
         match err.kind() {
-            GetStreamErrorKind::JetStream(found) if found.code() == 404 => {
-                Error::InvalidOptions(format!("no replica named {name} on the server"))
-            }
+            GetStreamErrorKind::JetStream(found) if found.code() == 404 => Error::ReplicaNotFound {
+                replica: name.to_owned(),
+            },
             _ => unavailable(err),
         }
     })?;

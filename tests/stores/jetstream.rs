@@ -568,3 +568,147 @@ async fn throughput_with_and_without_oncedb() {
         assert!(done.contains(&format!("forwarded {messages}")));
     }
 }
+
+const PARTITIONS: usize = 8;
+const PER_PARTITION: usize = 150;
+
+/// One consumer of partition `p` (the example, on input stream `IN-p`), its store in
+/// `dir` replicated to replica `part-p`.
+fn partition_consumer(server: &NatsServer, p: usize, dir: &Path) -> std::process::Child {
+    Command::new(example())
+        .args(["--server", &server.url()])
+        .args(["--input-stream", &format!("IN-{p}")])
+        .args(["--output-subject", &format!("out.{p}")])
+        .args(["--batch", "20", "--ack-wait-ms", "1000", "--idle-exit", "3"])
+        .args(["--forward-delay-ms", "2"])
+        .args([
+            "--replicate",
+            &server.url(),
+            "--replica",
+            &format!("part-{p}"),
+        ])
+        .arg("--dir")
+        .arg(dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits for `child` to exit on idle; its output.
+fn finish(mut child: std::process::Child) -> String {
+    let status = child.wait().unwrap();
+    let mut stdout = String::new();
+    std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut stdout).unwrap();
+    assert!(status.success() && stdout.contains("done:"), "{stdout}");
+    stdout
+}
+
+/// A rebalance: two consumer hosts share eight partitions, each partition's store
+/// replicated to JetStream in sync mode. The first host's consumers are SIGKILLed
+/// mid-stream and its disk is lost; the second host restores their partitions from the
+/// replicas and drains them. Redeliveries, re-forwards of records left in flight, and
+/// late duplicates (published once both brokers' duplicate windows passed) of the moved
+/// partitions are all dropped: every message reaches the output exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_moved_partition_keeps_its_window_through_its_replica() {
+    let server = NatsServer::start();
+    let js = jetstream(&server.url()).await;
+    for p in 0..PARTITIONS {
+        create_stream(
+            &js,
+            &format!("IN-{p}"),
+            &format!("in.{p}"),
+            INPUT_DUPLICATE_WINDOW,
+        )
+        .await;
+    }
+    create_stream(&js, "OUT", "out.>", OUTPUT_DUPLICATE_WINDOW).await;
+    let publish_all = |ids: Vec<(usize, usize)>| {
+        let js = js.clone();
+        async move {
+            for (p, i) in ids {
+                let mut headers = HeaderMap::new();
+                headers.insert(
+                    async_nats::header::NATS_MESSAGE_ID,
+                    format!("p{p}-m{i}").as_str(),
+                );
+                let ack = js
+                    .publish_with_headers(format!("in.{p}"), headers, format!("payload {i}").into())
+                    .await
+                    .unwrap()
+                    .await
+                    .unwrap();
+                assert!(!ack.duplicate);
+            }
+        }
+    };
+    let every: Vec<(usize, usize)> = (0..PARTITIONS)
+        .flat_map(|p| (0..PER_PARTITION).map(move |i| (p, i)))
+        .collect();
+    publish_all(every.clone()).await;
+
+    let first_host = tempfile::tempdir().unwrap();
+    let second_host = tempfile::tempdir().unwrap();
+    let dir = |host: &tempfile::TempDir, p: usize| host.path().join(format!("partition-{p}"));
+    let (moved, stayed): (Vec<usize>, Vec<usize>) = (0..PARTITIONS).partition(|p| p % 2 == 0);
+    let outputs = tokio::task::block_in_place(|| {
+        let mut doomed: Vec<_> = moved
+            .iter()
+            .map(|&p| partition_consumer(&server, p, &dir(&first_host, p)))
+            .collect();
+        let staying: Vec<_> = stayed
+            .iter()
+            .map(|&p| partition_consumer(&server, p, &dir(&second_host, p)))
+            .collect();
+        // The first host dies mid-stream (each consumer forwards for at least 300 ms at
+        // 2 ms a message): SIGKILL, then its disk is gone.
+        let dying = Instant::now() + Duration::from_millis(600);
+        while Instant::now() < dying {
+            std::thread::yield_now();
+        }
+        for child in &mut doomed {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+        std::fs::remove_dir_all(first_host.path()).unwrap();
+        // The second host takes the moved partitions at once (as a rebalance does, well
+        // within the output's duplicate window, which absorbs the re-forward of a record
+        // the first host left in flight): each restores from its replica.
+        let moving: Vec<_> = moved
+            .iter()
+            .map(|&p| partition_consumer(&server, p, &dir(&second_host, p)))
+            .collect();
+        for child in staying {
+            finish(child);
+        }
+        moving.into_iter().map(finish).collect::<Vec<_>>()
+    });
+    for output in &outputs {
+        assert!(output.contains("restored:"), "{output}");
+    }
+    // Late duplicates of every partition, once both brokers' windows passed: only the
+    // stores (the restored ones included) can drop them.
+    tokio::time::sleep(
+        OUTPUT_DUPLICATE_WINDOW.max(INPUT_DUPLICATE_WINDOW) + Duration::from_secs(1),
+    )
+    .await;
+    publish_all(every.iter().copied().filter(|(_, i)| i % 5 == 0).collect()).await;
+    tokio::task::block_in_place(|| {
+        let children: Vec<_> = (0..PARTITIONS)
+            .map(|p| partition_consumer(&server, p, &dir(&second_host, p)))
+            .collect();
+        for child in children {
+            finish(child);
+        }
+    });
+    let out = output(&js).await;
+    let missing: Vec<_> = every
+        .iter()
+        .filter(|(p, i)| !out.contains_key(&format!("p{p}-m{i}")))
+        .collect();
+    assert!(missing.is_empty(), "lost: {missing:?}");
+    let repeated: Vec<_> = out.iter().filter(|(_, n)| **n != 1).collect();
+    assert!(repeated.is_empty(), "forwarded twice: {repeated:?}");
+    assert_eq!(out.len(), every.len());
+}
