@@ -75,6 +75,8 @@ mod replica;
 mod store;
 mod wal;
 
+#[cfg(feature = "replicate")]
+pub use api::Standby;
 pub use api::{
     Advance, BucketInfo, Db, InFlight, Lease, LeaseError, Options, Record, RecordStatus,
     Reservation, Scope, Stats, is_archive, verify, verify_with,
@@ -92,7 +94,7 @@ pub use base::{
     SystemClock,
 };
 #[cfg(feature = "replicate")]
-pub use replica::{ReplicaMode, Replication, RestoreReport};
+pub use replica::{ReplicaMode, Replication, RestoreReport, StandbyLag};
 #[cfg(feature = "async")]
 pub use store::{Guarded, GuardedLease, HeldLease, OutagePolicy, Store, StoreLease, StoreOptions};
 pub use wal::{

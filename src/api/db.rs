@@ -276,6 +276,18 @@ impl Db {
         ))
     }
 
+    /// Starts a standby of the replica named by `options`'
+    /// [`replicate`](crate::Options::replicate) in `options`' directory (new, empty, or a
+    /// standby's from an earlier run): a thread of its own applies the replica's chunks
+    /// to the segment files as they arrive, so that [`Standby::promote`] has little
+    /// left to copy. The standby writes no manifest and claims nothing until promoted.
+    #[cfg(feature = "replicate")]
+    pub fn standby(options: Options) -> Result<Standby> {
+        let config = options.to_config()?;
+        let follower = Engine::standby(&config)?;
+        Ok(Standby { follower, config })
+    }
+
     /// What the open of a durable store found: entries replayed, a torn tail cut, ranges
     /// skipped by [`RecoveryMode::Salvage`](crate::RecoveryMode::Salvage). `None` for
     /// in-memory stores.
@@ -379,4 +391,43 @@ pub(crate) fn with_scoped_key<T>(
         SCOPED_KEY.set(buffer);
     }
     answer
+}
+
+/// A warm copy of a replica kept in a directory ([`Db::standby`]); dropping it stops
+/// the copying and leaves the directory as it is (a later standby resumes from it).
+#[cfg(feature = "replicate")]
+pub struct Standby {
+    follower: crate::engine::Follower,
+    config: crate::engine::Config,
+}
+
+#[cfg(feature = "replicate")]
+impl Standby {
+    /// How far behind the replica the standby is.
+    pub fn lag(&self) -> crate::engine::StandbyLag {
+        self.follower.lag()
+    }
+
+    /// Promotes the standby: stops following, copies only what it still lacks (from the
+    /// stream sequence it reached), writes the manifest, and opens the store, which
+    /// checks every frame and claims the replica (the old owner is refused its next
+    /// write). The window and bucket width are the replica's.
+    pub fn promote(self) -> Result<(Db, crate::engine::RestoreReport)> {
+        let (engine, report) = Engine::promote(self.config, self.follower)?;
+        Ok((
+            Db {
+                engine: Arc::new(engine),
+            },
+            report,
+        ))
+    }
+}
+
+#[cfg(feature = "replicate")]
+impl std::fmt::Debug for Standby {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Standby")
+            .field("lag", &self.lag())
+            .finish_non_exhaustive()
+    }
 }

@@ -11,6 +11,8 @@ mod record;
 mod stats;
 
 pub use crate::base::{Advance, Record, RecordStatus};
+#[cfg(feature = "replicate")]
+pub use db::Standby;
 pub use db::{BucketInfo, Db, is_archive, verify, verify_with};
 pub use options::Options;
 pub use record::{InFlight, Lease, LeaseError, Reservation, Scope};

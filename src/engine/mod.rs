@@ -22,7 +22,7 @@ pub(crate) use crate::index::{Grant, InFlightRecord, Reserved};
 use crate::index::{Index, IndexStats, SealedKeys, Shard, ShardGroups, for_each_prefetched};
 pub(crate) use crate::io::{StdStorage, Storage};
 #[cfg(feature = "replicate")]
-pub(crate) use crate::replica::{Replication, RestoreReport};
+pub(crate) use crate::replica::{Follower, Replication, RestoreReport, StandbyLag};
 pub(crate) use crate::wal::{Checkpoint, RecoveryReport, VerifyReport, is_archive, verify_with};
 use crate::wal::{Journal, JournalStats, LogEntry, MANIFEST_LEN, Manifest, Ticket};
 
@@ -939,21 +939,61 @@ impl Engine {
         mut config: Config,
         progress: &mut (dyn FnMut(u64, u64) + Send),
     ) -> Result<(Engine, crate::replica::RestoreReport)> {
-        let (Some(dir), Some(replication)) = (config.dir.clone(), config.replication.as_mut())
+        let (Some(dir), Some(replication)) = (config.dir.clone(), config.replication.clone())
         else {
             return Err(Error::InvalidOptions(
                 "restore needs a durable store (Options::new) and Options::replicate".to_owned(),
             ));
         };
-        replication.claim = true;
         let now_ms = config.clock.now_ms();
-        let report = crate::replica::fetch(replication, &*config.storage, &dir, now_ms, progress)?;
-        if let Some(manifest) = Manifest::load(&*config.storage, &dir)? {
+        let report = crate::replica::fetch(&replication, &*config.storage, &dir, now_ms, progress)?;
+        Engine::open_claiming(&mut config)?;
+        Ok((Engine::open(&config)?, report))
+    }
+
+    /// Starts a standby of the replica `config` names in its directory.
+    #[cfg(feature = "replicate")]
+    pub(crate) fn standby(config: &Config) -> Result<Follower> {
+        let (Some(dir), Some(replication)) = (config.dir.clone(), config.replication.clone())
+        else {
+            return Err(Error::InvalidOptions(
+                "a standby needs a durable store (Options::new) and Options::replicate".to_owned(),
+            ));
+        };
+        Follower::start(
+            replication,
+            Arc::clone(&config.storage),
+            dir,
+            Arc::clone(&config.clock),
+        )
+    }
+
+    /// Promotes a standby: copies what it lacks, then opens the store, claiming the
+    /// replica, with the replica's window and bucket width.
+    #[cfg(feature = "replicate")]
+    pub(crate) fn promote(
+        mut config: Config,
+        follower: Follower,
+    ) -> Result<(Engine, crate::replica::RestoreReport)> {
+        let report = follower.catch_up(config.clock.now_ms())?;
+        Engine::open_claiming(&mut config)?;
+        Ok((Engine::open(&config)?, report))
+    }
+
+    /// Readies `config` to open a directory just copied from its replica: the replica's
+    /// window and bucket width, and a claim on the replica.
+    #[cfg(feature = "replicate")]
+    fn open_claiming(config: &mut Config) -> Result<()> {
+        if let Some(replication) = config.replication.as_mut() {
+            replication.claim = true;
+        }
+        if let Some(dir) = &config.dir
+            && let Some(manifest) = Manifest::load(&*config.storage, dir)?
+        {
             config.window_ms = manifest.window_ms;
             config.bucket_width_ms = manifest.bucket_width_ms;
         }
-        config.validate()?;
-        Ok((Engine::open(&config)?, report))
+        config.validate()
     }
 
     pub(crate) fn recovery_report(&self) -> Option<&RecoveryReport> {

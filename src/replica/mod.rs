@@ -29,8 +29,8 @@ mod shipper;
 
 use std::time::Duration;
 
-pub use restore::RestoreReport;
-pub(crate) use restore::fetch;
+pub(crate) use restore::{Follower, fetch};
+pub use restore::{RestoreReport, StandbyLag};
 pub(crate) use shipper::Shipper;
 
 use crate::base::{Error, Result};

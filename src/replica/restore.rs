@@ -1,16 +1,25 @@
-//! Restore: a store rebuilt in an empty directory from its replica. The replica's
+//! Restore and standby: a store rebuilt in a directory from its replica. The replica's
 //! manifest is read first (its window decides which segments are still live); then every
 //! chunk of the live segments, in stream order, is appended to its segment file at the
-//! offset it carries (a chunk already held, re-sent after a lost acknowledgement, is
-//! skipped; a gap is `Corrupted`); every file is fsynced, the manifest written last, and
-//! the directory fsynced. Opening the directory then checks every frame's checksum, as
-//! any open does, and claims the replica.
+//! offset it carries (a chunk already held, re-sent after a lost acknowledgement or
+//! compacted, is skipped; a gap is `Corrupted`); every file is fsynced, the manifest
+//! written last, and the directory fsynced. Opening the directory then checks every
+//! frame's checksum, as any open does, and claims the replica.
+//!
+//! A restore copies up to where the stream's leader says each live segment ends. A
+//! standby ([`Follower`]) keeps copying as chunks arrive, on a thread of its own, and at
+//! promotion copies only what it still lacks, from the stream sequence it reached.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
 
+use async_nats::jetstream::consumer::DeliverPolicy;
 use async_nats::jetstream::consumer::pull::OrderedConfig;
-use async_nats::jetstream::stream::LastRawMessageErrorKind;
+use async_nats::jetstream::stream::{LastRawMessageErrorKind, Stream};
 use futures_util::StreamExt;
 
 use super::layout::{manifest_subject, parse_segment_subject, segments_filter, stream_name};
@@ -18,7 +27,7 @@ use super::shipper::offset_of;
 use super::{Replication, unavailable};
 use crate::base::{Error, Result, Window};
 use crate::io::{Storage, StorageFile};
-use crate::wal::{Manifest, segment_path};
+use crate::wal::{Manifest, parse_segment_name, segment_path};
 
 /// What a restore fetched.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -34,15 +43,26 @@ pub struct RestoreReport {
     pub expired_messages: u64,
 }
 
+/// How long a copy waits for the next message it needs before it gives up.
+const STALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a standby waits for a message before it looks whether it should stop.
+const FOLLOW_POLL: Duration = Duration::from_millis(200);
+
+/// The segment files being written, and how many bytes each holds.
+type Files = BTreeMap<(u64, u32), (Box<dyn StorageFile>, u64)>;
+
+/// Progress callback: messages read so far, and the stream's total.
+type Progress<'a> = &'a mut (dyn FnMut(u64, u64) + Send);
+
 /// Fetches replica `replication` into the empty directory `dir` (on `storage`), keeping
-/// the segments live at `now_ms`. `progress` is told the messages read so far and the
-/// total.
+/// the segments live at `now_ms`.
 pub(crate) fn fetch(
     replication: &Replication,
     storage: &dyn Storage,
     dir: &Path,
     now_ms: u64,
-    progress: &mut (dyn FnMut(u64, u64) + Send),
+    progress: Progress<'_>,
 ) -> Result<RestoreReport> {
     replication.check()?;
     crate::wal::prepare_checkpoint_dir(storage, dir)?;
@@ -51,36 +71,282 @@ pub(crate) fn fetch(
     std::thread::scope(|scope| {
         scope
             .spawn(|| {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()?;
-                runtime.block_on(fetch_async(replication, storage, dir, now_ms, progress))
+                on_runtime(async {
+                    let mut copy = Copier::open(replication, storage, dir, Files::new()).await?;
+                    copy.catch_up(now_ms, progress).await?;
+                    copy.finish()
+                })
             })
             .join()
             .unwrap_or_else(|_| Err(unavailable("the restore thread panicked")))
     })
 }
 
-async fn fetch_async(
-    replication: &Replication,
-    storage: &dyn Storage,
-    dir: &Path,
-    now_ms: u64,
-    progress: &mut (dyn FnMut(u64, u64) + Send),
-) -> Result<RestoreReport> {
-    let name = replication.name.as_str();
-    let client = super::connect(replication).await?;
-    let js = async_nats::jetstream::new(client);
-    let mut stream = js.get_stream(stream_name(name)).await.map_err(|err| {
-        use async_nats::jetstream::context::GetStreamErrorKind;
-        match err.kind() {
-            GetStreamErrorKind::JetStream(found) if found.code() == 404 => Error::ReplicaNotFound {
-                replica: name.to_owned(),
+fn on_runtime<T>(work: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(work)
+}
+
+/// A replica being copied into a directory: what restore and standby share.
+struct Copier<'a> {
+    storage: &'a dyn Storage,
+    dir: PathBuf,
+    name: String,
+    stream: Stream,
+    manifest: Manifest,
+    files: Files,
+    /// The last stream sequence applied.
+    applied: u64,
+    report: RestoreReport,
+}
+
+impl<'a> Copier<'a> {
+    /// Connects and reads the manifest; `held` are the segment files `dir` already holds
+    /// (a standby's, opened again), with their lengths.
+    async fn open(
+        replication: &Replication,
+        storage: &'a dyn Storage,
+        dir: &Path,
+        held: Files,
+    ) -> Result<Copier<'a>> {
+        let name = replication.name.clone();
+        let client = super::connect(replication).await?;
+        let js = async_nats::jetstream::new(client);
+        let stream = js.get_stream(stream_name(&name)).await.map_err(|err| {
+            use async_nats::jetstream::context::GetStreamErrorKind;
+            match err.kind() {
+                GetStreamErrorKind::JetStream(found) if found.code() == 404 => {
+                    Error::ReplicaNotFound {
+                        replica: name.clone(),
+                    }
+                }
+                _ => unavailable(err),
+            }
+        })?;
+        let manifest = read_manifest(&stream, &name).await?;
+        Ok(Copier {
+            storage,
+            dir: dir.to_path_buf(),
+            name,
+            stream,
+            manifest,
+            files: held,
+            applied: 0,
+            report: RestoreReport::default(),
+        })
+    }
+
+    fn window(&self) -> Window {
+        Window::new(self.manifest.window_ms, self.manifest.bucket_width_ms)
+    }
+
+    /// An ordered consumer of the segment chunks after the last one applied.
+    async fn chunks(&self) -> Result<async_nats::jetstream::consumer::pull::Ordered> {
+        let deliver_policy = match self.applied {
+            0 => DeliverPolicy::All,
+            applied => DeliverPolicy::ByStartSequence {
+                start_sequence: applied + 1,
             },
-            _ => unavailable(err),
+        };
+        self.stream
+            .create_consumer(OrderedConfig {
+                filter_subject: segments_filter(&self.name),
+                deliver_policy,
+                ..Default::default()
+            })
+            .await
+            .map_err(unavailable)?
+            .messages()
+            .await
+            .map_err(unavailable)
+    }
+
+    /// Copies until every live segment reaches the end the stream's leader gives (a
+    /// consumer placed on a replica that is catching up delivers late, never less).
+    async fn catch_up(&mut self, now_ms: u64, progress: Progress<'_>) -> Result<()> {
+        self.manifest = read_manifest(&self.stream, &self.name).await?;
+        let current = self.window().bucket_of(now_ms);
+        let expected = self.segment_ends(current).await?;
+        if reached(&expected, &self.files) {
+            return Ok(());
         }
-    })?;
-    let manifest_message = match stream
+        let total = self
+            .stream
+            .get_info()
+            .await
+            .map_err(unavailable)?
+            .state
+            .messages;
+        let mut messages = self.chunks().await?;
+        while !reached(&expected, &self.files) {
+            let next = tokio::time::timeout(STALL_TIMEOUT, messages.next())
+                .await
+                .map_err(|_| {
+                    unavailable(format!(
+                        "replica {}: no message for {STALL_TIMEOUT:?}",
+                        self.name
+                    ))
+                })?;
+            let Some(message) = next else {
+                return Err(unavailable(format!(
+                    "replica {}: the consumer ended",
+                    self.name
+                )));
+            };
+            self.apply(&message.map_err(unavailable)?, current)?;
+            progress(self.report.messages, total);
+        }
+        Ok(())
+    }
+
+    /// Copies chunks as they arrive until `stop` is set; `lag` is told the messages
+    /// still pending after each.
+    async fn follow(
+        &mut self,
+        clock: &dyn crate::base::Clock,
+        stop: &AtomicBool,
+        (pending, applied): (&AtomicU64, &AtomicU64),
+    ) -> Result<()> {
+        let mut messages = self.chunks().await?;
+        let mut recorded = self.applied;
+        while !stop.load(Ordering::Acquire) {
+            let Ok(next) = tokio::time::timeout(FOLLOW_POLL, messages.next()).await else {
+                // Idle: make what was applied durable and remember where to resume.
+                if recorded != self.applied {
+                    self.record_progress()?;
+                    recorded = self.applied;
+                }
+                continue;
+            };
+            let Some(message) = next else {
+                return Err(unavailable(format!(
+                    "replica {}: the consumer ended",
+                    self.name
+                )));
+            };
+            let message = message.map_err(unavailable)?;
+            pending.store(
+                message.info().map_err(unavailable)?.pending,
+                Ordering::Release,
+            );
+            let current = self.window().bucket_of(clock.now_ms());
+            self.apply(&message, current)?;
+            applied.store(self.report.messages, Ordering::Release);
+        }
+        if recorded != self.applied {
+            self.record_progress()?;
+        }
+        Ok(())
+    }
+
+    /// Fsyncs every segment file, then records the stream sequence applied
+    /// ([`standby_mark`]), so that a standby started again on the directory resumes
+    /// after it instead of reading the stream from its start.
+    fn record_progress(&mut self) -> Result<()> {
+        for (file, _) in self.files.values_mut() {
+            file.sync()?;
+        }
+        standby_mark::store(self.storage, &self.dir, self.applied)
+    }
+
+    /// Fsyncs every file and writes the manifest last.
+    fn finish(self) -> Result<RestoreReport> {
+        for (_, (mut file, _)) in self.files {
+            file.sync()?;
+        }
+        self.manifest.store(self.storage, &self.dir)?;
+        Ok(self.report)
+    }
+
+    /// Where each live segment of the replica ends: the offset and length of the last
+    /// chunk of its subject.
+    async fn segment_ends(&self, current: u64) -> Result<BTreeMap<(u64, u32), u64>> {
+        let window = self.window();
+        let mut subjects = self
+            .stream
+            .info_with_subjects(segments_filter(&self.name))
+            .await
+            .map_err(unavailable)?;
+        let mut live = Vec::new();
+        while let Some(subject) = subjects.next().await {
+            let (subject, _) = subject.map_err(unavailable)?;
+            if let Some(id) = parse_segment_subject(&self.name, &subject)
+                && window.is_live(id.0, current)
+            {
+                live.push((id, subject));
+            }
+        }
+        let mut ends = BTreeMap::new();
+        for (id, subject) in live {
+            let last = self
+                .stream
+                .get_last_raw_message_by_subject(&subject)
+                .await
+                .map_err(unavailable)?;
+            let offset = offset_of(&last.headers).ok_or_else(|| Error::Corrupted {
+                path: replica_path(&self.name, &subject),
+                offset: last.sequence,
+                reason: "a chunk without its offset".to_owned(),
+            })?;
+            ends.insert(id, offset + last.payload.len() as u64);
+        }
+        Ok(ends)
+    }
+
+    /// Appends one chunk to its segment file (unless its segment is expired at
+    /// `current`).
+    fn apply(&mut self, message: &async_nats::jetstream::Message, current: u64) -> Result<()> {
+        self.report.messages += 1;
+        if let Ok(info) = message.info() {
+            self.applied = self.applied.max(info.stream_sequence);
+        }
+        let subject = message.subject.as_str();
+        let damaged = |offset: u64, reason: &str| Error::Corrupted {
+            path: replica_path(&self.name, subject),
+            offset,
+            reason: reason.to_owned(),
+        };
+        let id = parse_segment_subject(&self.name, subject)
+            .ok_or_else(|| damaged(0, "not a segment subject"))?;
+        if !self.window().is_live(id.0, current) {
+            self.report.expired_messages += 1;
+            return Ok(());
+        }
+        let offset = message
+            .headers
+            .as_ref()
+            .and_then(offset_of)
+            .ok_or_else(|| damaged(0, "a chunk without its offset"))?;
+        let (file, len) = match self.files.entry(id) {
+            std::collections::btree_map::Entry::Occupied(held) => held.into_mut(),
+            std::collections::btree_map::Entry::Vacant(new) => {
+                let path = segment_path(&self.dir, id.0, id.1);
+                let file = self.storage.open_append(&path, true)?;
+                self.report.segments += 1;
+                new.insert((file, 0))
+            }
+        };
+        let payload: &[u8] = &message.payload;
+        let end = offset + payload.len() as u64;
+        if offset > *len {
+            return Err(damaged(*len, "the replica misses bytes of this segment"));
+        }
+        if end > *len {
+            let fresh = payload
+                .get(usize::try_from(*len - offset).unwrap_or(usize::MAX)..)
+                .unwrap_or_default();
+            file.append(fresh)?;
+            self.report.bytes += fresh.len() as u64;
+            *len = end;
+        }
+        Ok(())
+    }
+}
+
+async fn read_manifest(stream: &Stream, name: &str) -> Result<Manifest> {
+    let message = match stream
         .get_last_raw_message_by_subject(&manifest_subject(name))
         .await
     {
@@ -92,65 +358,12 @@ async fn fetch_async(
         }
         Err(err) => return Err(unavailable(err)),
     };
-    let manifest =
-        Manifest::decode(&manifest_message.payload).map_err(|reason| Error::Corrupted {
-            path: replica_path(name, &manifest_subject(name)),
-            offset: manifest_message.sequence,
-            reason: reason.to_owned(),
-        })?;
-    let window = Window::new(manifest.window_ms, manifest.bucket_width_ms);
-    let current = window.bucket_of(now_ms);
-    let total = stream.info().await.map_err(unavailable)?.state.messages;
-    let mut report = RestoreReport::default();
-    let mut files: Files = BTreeMap::new();
-    // Where each live segment ends, as the stream's leader says: the restore is done once
-    // every file reaches it (a consumer placed on a replica that is catching up delivers
-    // late, never less).
-    let expected = segment_ends(&stream, name, &window, current).await?;
-    if !expected.is_empty() {
-        let consumer = stream
-            .create_consumer(OrderedConfig {
-                filter_subject: segments_filter(name),
-                ..Default::default()
-            })
-            .await
-            .map_err(unavailable)?;
-        let mut messages = consumer.messages().await.map_err(unavailable)?;
-        while !reached(&expected, &files) {
-            let next = tokio::time::timeout(STALL_TIMEOUT, messages.next())
-                .await
-                .map_err(|_| {
-                    unavailable(format!("replica {name}: no message for {STALL_TIMEOUT:?}"))
-                })?;
-            let Some(message) = next else {
-                return Err(unavailable(format!(
-                    "replica {name}: the consumer ended early"
-                )));
-            };
-            let message = message.map_err(unavailable)?;
-            report.messages += 1;
-            progress(report.messages, total);
-            let chunk = Chunk {
-                name,
-                window: &window,
-                current,
-            };
-            let live = apply(storage, dir, &chunk, &message, &mut files, &mut report)?;
-            report.expired_messages += u64::from(!live);
-        }
-    }
-    for (_, (mut file, _)) in files {
-        file.sync()?;
-    }
-    manifest.store(storage, dir)?;
-    Ok(report)
+    Manifest::decode(&message.payload).map_err(|reason| Error::Corrupted {
+        path: replica_path(name, &manifest_subject(name)),
+        offset: message.sequence,
+        reason: reason.to_owned(),
+    })
 }
-
-/// How long a restore waits for the next message before it gives up.
-const STALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
-
-/// The segment files being written, and how many bytes each holds.
-type Files = BTreeMap<(u64, u32), (Box<dyn StorageFile>, u64)>;
 
 /// Whether every live segment's file reached the end the stream's leader gave.
 fn reached(expected: &BTreeMap<(u64, u32), u64>, files: &Files) -> bool {
@@ -159,100 +372,228 @@ fn reached(expected: &BTreeMap<(u64, u32), u64>, files: &Files) -> bool {
         .all(|(id, end)| files.get(id).is_some_and(|(_, len)| len >= end))
 }
 
-/// Where each live segment of the replica ends: the offset and length of the last
-/// chunk of its subject.
-async fn segment_ends(
-    stream: &async_nats::jetstream::stream::Stream,
-    name: &str,
-    window: &Window,
-    current: u64,
-) -> Result<BTreeMap<(u64, u32), u64>> {
-    let mut subjects = stream
-        .info_with_subjects(segments_filter(name))
-        .await
-        .map_err(unavailable)?;
-    let mut live = Vec::new();
-    while let Some(subject) = subjects.next().await {
-        let (subject, _) = subject.map_err(unavailable)?;
-        if let Some(id) = parse_segment_subject(name, &subject)
-            && window.is_live(id.0, current)
-        {
-            live.push((id, subject));
-        }
-    }
-    let mut ends = BTreeMap::new();
-    for (id, subject) in live {
-        let last = stream
-            .get_last_raw_message_by_subject(&subject)
-            .await
-            .map_err(unavailable)?;
-        let offset = offset_of(&last.headers).ok_or_else(|| Error::Corrupted {
-            path: replica_path(name, &subject),
-            offset: last.sequence,
-            reason: "a chunk without its offset".to_owned(),
-        })?;
-        ends.insert(id, offset + last.payload.len() as u64);
-    }
-    Ok(ends)
-}
-
-/// Which replica a chunk belongs to, and the window it is judged live in.
-struct Chunk<'a> {
-    name: &'a str,
-    window: &'a Window,
-    current: u64,
-}
-
-/// Appends one chunk to its segment file; `false` if its segment is expired.
-fn apply(
-    storage: &dyn Storage,
-    dir: &Path,
-    chunk: &Chunk<'_>,
-    message: &async_nats::jetstream::Message,
-    files: &mut Files,
-    report: &mut RestoreReport,
-) -> Result<bool> {
-    let (name, window, current) = (chunk.name, chunk.window, chunk.current);
-    let subject = message.subject.as_str();
-    let damaged = |offset: u64, reason: &str| Error::Corrupted {
-        path: replica_path(name, subject),
-        offset,
-        reason: reason.to_owned(),
-    };
-    let id =
-        parse_segment_subject(name, subject).ok_or_else(|| damaged(0, "not a segment subject"))?;
-    if !window.is_live(id.0, current) {
-        return Ok(false);
-    }
-    let headers = message.headers.as_ref();
-    let offset = headers
-        .and_then(offset_of)
-        .ok_or_else(|| damaged(0, "a chunk without its offset"))?;
-    let (file, len) = match files.entry(id) {
-        std::collections::btree_map::Entry::Occupied(held) => held.into_mut(),
-        std::collections::btree_map::Entry::Vacant(new) => {
-            let file = storage.open_append(&segment_path(dir, id.0, id.1), true)?;
-            report.segments += 1;
-            new.insert((file, 0))
-        }
-    };
-    let payload: &[u8] = &message.payload;
-    let end = offset + payload.len() as u64;
-    if offset > *len {
-        return Err(damaged(*len, "the replica misses bytes of this segment"));
-    }
-    if end > *len {
-        let fresh = payload
-            .get(usize::try_from(*len - offset).unwrap_or(usize::MAX)..)
-            .unwrap_or_default();
-        file.append(fresh)?;
-        report.bytes += fresh.len() as u64;
-        *len = end;
-    }
-    Ok(true)
-}
-
 /// A path naming a subject of a replica, for errors: `jetstream:ONCEDB_<name>/<subject>`.
 fn replica_path(name: &str, subject: &str) -> PathBuf {
     PathBuf::from(format!("jetstream:{}/{subject}", stream_name(name)))
+}
+
+/// How far a standby is behind its replica.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StandbyLag {
+    /// Chunks the standby applied since it started.
+    pub applied_messages: u64,
+    /// Chunks the stream holds that the standby has not applied yet (as of the last
+    /// one it applied).
+    pub pending_messages: u64,
+}
+
+/// A standby: a warm copy of a replica in a directory, kept by a thread that applies
+/// the stream's chunks as they arrive.
+pub(crate) struct Follower {
+    stop: Arc<AtomicBool>,
+    pending: Arc<AtomicU64>,
+    applied: Arc<AtomicU64>,
+    thread: Option<JoinHandle<Result<(Files, u64, RestoreReport)>>>,
+    replication: Replication,
+    storage: Arc<dyn Storage>,
+    dir: PathBuf,
+}
+
+impl Follower {
+    /// Starts following replica `replication` into `dir` (new, empty, or a standby's
+    /// directory from an earlier run, whose segment files it appends to).
+    pub(crate) fn start(
+        replication: Replication,
+        storage: Arc<dyn Storage>,
+        dir: PathBuf,
+        clock: Arc<dyn crate::base::Clock>,
+    ) -> Result<Follower> {
+        replication.check()?;
+        crate::wal::create_dir_durably(&*storage, &dir)?;
+        let held = held_segments(&*storage, &dir)?;
+        let resume_after = standby_mark::load(&*storage, &dir)?;
+        let (stop, pending, applied) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicU64::new(0)),
+            Arc::new(AtomicU64::new(0)),
+        );
+        let (ready, started) = std::sync::mpsc::channel();
+        let thread = {
+            let (replication, storage, dir) =
+                (replication.clone(), Arc::clone(&storage), dir.clone());
+            let (stop, pending, applied) = (
+                Arc::clone(&stop),
+                Arc::clone(&pending),
+                Arc::clone(&applied),
+            );
+            std::thread::Builder::new()
+                .name("oncedb-standby".into())
+                .spawn(move || {
+                    on_runtime(async {
+                        let opened = Copier::open(&replication, &*storage, &dir, held).await;
+                        let mut copy = match opened {
+                            Ok(mut copy) => {
+                                copy.applied = resume_after;
+                                let _ = ready.send(Ok(()));
+                                copy
+                            }
+                            Err(err) => {
+                                let _ = ready.send(Err(err.to_string()));
+                                return Err(err);
+                            }
+                        };
+                        let followed = copy.follow(&*clock, &stop, (&pending, &applied)).await;
+                        followed
+                            .map(|()| (std::mem::take(&mut copy.files), copy.applied, copy.report))
+                    })
+                })?
+        };
+        match started.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) | Err(_) => {
+                let outcome = thread.join();
+                return Err(match outcome {
+                    Ok(Err(err)) => err,
+                    _ => unavailable("the standby thread ended at start"),
+                });
+            }
+        }
+        Ok(Follower {
+            stop,
+            pending,
+            applied,
+            thread: Some(thread),
+            replication,
+            storage,
+            dir,
+        })
+    }
+
+    /// How far behind the replica the standby is.
+    pub(crate) fn lag(&self) -> StandbyLag {
+        StandbyLag {
+            applied_messages: self.applied.load(Ordering::Acquire),
+            pending_messages: self.pending.load(Ordering::Acquire),
+        }
+    }
+
+    /// Stops following, copies what the standby still lacks (from the sequence it
+    /// reached), and writes the manifest: the directory is a store, ready to open.
+    pub(crate) fn catch_up(mut self, now_ms: u64) -> Result<RestoreReport> {
+        self.stop.store(true, Ordering::Release);
+        let (files, applied, report) = match self.thread.take().map(JoinHandle::join) {
+            Some(Ok(outcome)) => outcome?,
+            _ => return Err(unavailable("the standby thread panicked")),
+        };
+        let (replication, storage, dir) = (&self.replication, &*self.storage, &self.dir);
+        std::thread::scope(|scope| {
+            scope
+                .spawn(move || {
+                    on_runtime(async move {
+                        let mut copy = Copier::open(replication, storage, dir, files).await?;
+                        copy.applied = applied;
+                        copy.report = report;
+                        copy.catch_up(now_ms, &mut |_, _| {}).await?;
+                        let report = copy.finish()?;
+                        standby_mark::remove(storage, dir)?;
+                        Ok(report)
+                    })
+                })
+                .join()
+                .unwrap_or_else(|_| Err(unavailable("the promotion thread panicked")))
+        })
+    }
+}
+
+impl Drop for Follower {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The segment files a standby's directory already holds, opened for appending.
+fn held_segments(storage: &dyn Storage, dir: &Path) -> Result<Files> {
+    let mut held = Files::new();
+    for path in storage.list(dir)? {
+        if let Some(id) = parse_segment_name(&path) {
+            let len = storage.file_len(&path)?;
+            held.insert(id, (storage.open_append(&path, false)?, len));
+        }
+    }
+    Ok(held)
+}
+
+/// The file `STANDBY` of a standby's directory: the last stream sequence whose chunk the
+/// segment files hold durably (24 bytes: magic `ONCESTB\0`, the sequence as u64 LE, and
+/// the XXH3-64 of bytes 0..16). Removed by the promotion, which writes the manifest.
+mod standby_mark {
+    use std::path::Path;
+
+    use xxhash_rust::xxh3::xxh3_64;
+
+    use crate::base::{Error, Result};
+    use crate::io::Storage;
+
+    const NAME: &str = "STANDBY";
+    const TEMP_NAME: &str = "STANDBY.tmp";
+    const MAGIC: &[u8; 8] = b"ONCESTB\0";
+    const LEN: usize = 24;
+
+    /// The sequence recorded in `dir`, or 0 if none is.
+    pub(super) fn load(storage: &dyn Storage, dir: &Path) -> Result<u64> {
+        let path = dir.join(NAME);
+        let bytes = match storage.read(&path, LEN as u64) {
+            Ok(bytes) => bytes,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+            Err(err) => return Err(err.into()),
+        };
+        let word = |range: std::ops::Range<usize>| {
+            let mut out = [0u8; 8];
+            out.copy_from_slice(bytes.get(range).unwrap_or(&[0; 8]));
+            u64::from_le_bytes(out)
+        };
+        if bytes.len() != LEN
+            || bytes.get(..8) != Some(&MAGIC[..])
+            || word(16..24) != xxh3_64(bytes.get(..16).unwrap_or_default())
+        {
+            return Err(Error::Corrupted {
+                path,
+                offset: 0,
+                reason: "not a standby's progress file".to_owned(),
+            });
+        }
+        Ok(word(8..16))
+    }
+
+    /// Removes the record (a promoted standby is a store).
+    pub(super) fn remove(storage: &dyn Storage, dir: &Path) -> Result<()> {
+        match storage.remove(&dir.join(NAME)) {
+            Err(err) if err.kind() != std::io::ErrorKind::NotFound => Err(err.into()),
+            _ => storage.sync_dir(dir).map_err(Into::into),
+        }
+    }
+
+    /// Records `sequence` durably.
+    pub(super) fn store(storage: &dyn Storage, dir: &Path, sequence: u64) -> Result<()> {
+        let mut bytes = Vec::with_capacity(LEN);
+        bytes.extend_from_slice(MAGIC);
+        bytes.extend_from_slice(&sequence.to_le_bytes());
+        let checksum = xxh3_64(&bytes);
+        bytes.extend_from_slice(&checksum.to_le_bytes());
+        let temp = dir.join(TEMP_NAME);
+        if storage.list(dir)?.contains(&temp) {
+            storage.remove(&temp)?;
+        }
+        let mut file = storage.open_append(&temp, true)?;
+        file.append(&bytes)?;
+        file.sync()?;
+        drop(file);
+        storage.rename(&temp, &dir.join(NAME))?;
+        storage.sync_dir(dir)?;
+        Ok(())
+    }
 }

@@ -209,6 +209,24 @@ fn async_mode_refuses_writes_past_its_lag_while_jetstream_is_down() {
 
 /// The segments of replica `name` on the server at `url`: subject count and bytes of the
 /// stream, read with a client of the test's own.
+/// The chunks of replica `name`'s segments the stream holds.
+fn segment_messages(url: &str, name: &str) -> u64 {
+    servers::runtime().block_on(async {
+        let client = async_nats::connect(url).await.unwrap();
+        let js = async_nats::jetstream::new(client);
+        let stream = js.get_stream(format!("ONCEDB_{name}")).await.unwrap();
+        let mut subjects = stream
+            .info_with_subjects(format!("oncedb.{name}.seg.>"))
+            .await
+            .unwrap();
+        let mut total = 0;
+        while let Some(subject) = futures_util::StreamExt::next(&mut subjects).await {
+            total += subject.unwrap().1 as u64;
+        }
+        total
+    })
+}
+
 fn stream_state(url: &str, name: &str) -> (usize, u64) {
     servers::runtime().block_on(async {
         let client = async_nats::connect(url).await.unwrap();
@@ -379,4 +397,72 @@ fn a_restore_refuses_a_damaged_replica() {
         panic!("a gap restored");
     };
     assert!(reason.contains("misses bytes"), "{reason}");
+}
+
+/// A standby follows a replicating store as it writes (its lag falls to no pending
+/// chunk); promoted, it copies only what it still lacks, holds every acknowledged write
+/// and claims the replica: the old owner is refused its next write.
+#[test]
+fn a_standby_follows_and_its_promotion_copies_only_what_it_lacks() {
+    let server = NatsServer::start();
+    let work = tempfile::tempdir().unwrap();
+    let replication = || Replication::new(server.url(), "standby");
+    // Segments large enough that none seals: the stream keeps every chunk (a sealed
+    // segment's chunks are compacted into a few), so a standby starting from scratch
+    // would read them all.
+    let options =
+        |dir: &Path, replication: Replication| options(dir, replication).segment_max_bytes(1 << 20);
+    let old = open_when_ready(|| options(&work.path().join("old"), replication()));
+    for n in 0..300 {
+        assert!(old.insert_if_absent(&key(n)).unwrap());
+    }
+    let standby = Db::standby(options(&work.path().join("standby"), replication())).unwrap();
+    let caught_up = |standby: &oncedb::Standby, at_least: u64| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let lag = standby.lag();
+            if lag.applied_messages >= at_least && lag.pending_messages == 0 {
+                return lag.applied_messages;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the standby never caught up: {lag:?}"
+            );
+            std::thread::yield_now();
+        }
+    };
+    caught_up(&standby, 1);
+    // Stopped and started again on its directory, a standby resumes after the chunks it
+    // applied: it reads only the ones written meanwhile (one per acknowledged write in
+    // sync mode with one writer), not the stream from its start.
+    drop(standby);
+    for n in 300..600 {
+        assert!(old.insert_if_absent(&key(n)).unwrap());
+    }
+    let standby = Db::standby(options(&work.path().join("standby"), replication())).unwrap();
+    let followed = caught_up(&standby, 1);
+    let held = segment_messages(&server.url(), "standby");
+    // About the 300 written while it was stopped, of about 600 the stream holds.
+    assert!(
+        followed <= held / 2 + 10,
+        "the restarted standby read {followed} chunks of the {held} the stream holds"
+    );
+    assert!(old.insert_if_absent(&key(600)).unwrap());
+    let (db, report) = standby.promote().unwrap();
+    let at_promotion = report.messages - followed;
+    assert!(
+        at_promotion <= 5,
+        "the promotion copied {at_promotion} chunks again"
+    );
+    for n in 0..=600 {
+        assert!(db.contains(&key(n)).unwrap(), "key {n}");
+    }
+    assert!(matches!(
+        old.insert_if_absent(b"after the promotion"),
+        Err(Error::NotOwner { .. })
+    ));
+    assert!(
+        db.insert_if_absent(b"written by the promoted store")
+            .unwrap()
+    );
 }
