@@ -81,17 +81,7 @@ pub(super) fn load(storage: &dyn Storage, dir: &Path) -> Result<Option<u64>> {
 
 /// Records the claim durably.
 pub(super) fn store(storage: &dyn Storage, dir: &Path, token: u64) -> Result<()> {
-    let temp = dir.join(TEMP_NAME);
-    if storage.list(dir)?.contains(&temp) {
-        storage.remove(&temp)?;
-    }
-    let mut file = storage.open_append(&temp, true)?;
-    file.append(&encode(token))?;
-    file.sync()?;
-    drop(file);
-    storage.rename(&temp, &dir.join(NAME))?;
-    storage.sync_dir(dir)?;
-    Ok(())
+    crate::wal::store_small_file(storage, dir, (NAME, TEMP_NAME), &encode(token))
 }
 
 #[cfg(test)]

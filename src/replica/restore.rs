@@ -584,16 +584,6 @@ mod standby_mark {
         bytes.extend_from_slice(&sequence.to_le_bytes());
         let checksum = xxh3_64(&bytes);
         bytes.extend_from_slice(&checksum.to_le_bytes());
-        let temp = dir.join(TEMP_NAME);
-        if storage.list(dir)?.contains(&temp) {
-            storage.remove(&temp)?;
-        }
-        let mut file = storage.open_append(&temp, true)?;
-        file.append(&bytes)?;
-        file.sync()?;
-        drop(file);
-        storage.rename(&temp, &dir.join(NAME))?;
-        storage.sync_dir(dir)?;
-        Ok(())
+        crate::wal::store_small_file(storage, dir, (NAME, TEMP_NAME), &bytes)
     }
 }

@@ -125,19 +125,38 @@ impl Manifest {
 
     /// Writes the manifest atomically: temp file, fsync, rename, fsync directory.
     pub(crate) fn store(&self, storage: &dyn Storage, dir: &Path) -> Result<()> {
-        let temp = dir.join(MANIFEST_TEMP_NAME);
-        if storage.list(dir)?.contains(&temp) {
-            storage.remove(&temp)?;
-        }
-        let mut file = storage.open_append(&temp, true)?;
-        file.append(&self.encode())?;
-        file.sync()?;
-        drop(file);
-        storage.rename(&temp, &dir.join(MANIFEST_NAME))?;
-        storage.sync_dir(dir)?;
-        Ok(())
+        store_small_file(
+            storage,
+            dir,
+            (MANIFEST_NAME, MANIFEST_TEMP_NAME),
+            &self.encode(),
+        )
     }
 }
+
+/// Replaces the small file `names.0` of `dir` with `bytes` atomically: written as
+/// `names.1` (a left-over one removed first), fsynced, renamed over it, and the directory
+/// fsynced. A crash leaves the old file or the new one, whole.
+pub(crate) fn store_small_file(
+    storage: &dyn Storage,
+    dir: &Path,
+    (name, temp_name): (&str, &str),
+    bytes: &[u8],
+) -> Result<()> {
+    let temp = dir.join(temp_name);
+    if storage.list(dir)?.contains(&temp) {
+        storage.remove(&temp)?;
+    }
+    let mut file = storage.open_append(&temp, true)?;
+    file.append(bytes)?;
+    file.sync()?;
+    drop(file);
+    storage.rename(&temp, &dir.join(name))?;
+    storage.sync_dir(dir)?;
+    Ok(())
+}
+
+impl Manifest {}
 
 fn corrupted(path: PathBuf, reason: &str) -> Error {
     Error::Corrupted {

@@ -347,6 +347,29 @@ fn every_key_carries_the_window_as_its_server_ttl() {
     }
 }
 
+/// Reserves records `<key_prefix>0`, `<key_prefix>1`, ... until each primary of `nodes`
+/// holds at least one under `prefix`; their leases, in key order.
+async fn reserve_on_every_primary(
+    store: &RedisStore,
+    nodes: &[RedisServer],
+    prefix: &str,
+    scope: &Scope,
+    key_prefix: &str,
+) -> Vec<oncedb::RedisLease> {
+    let mut leases = Vec::new();
+    while nodes.iter().any(|node| names(node, prefix, "r").is_empty()) {
+        assert!(
+            leases.len() < 200,
+            "the records never reached every primary"
+        );
+        let key = format!("{key_prefix}{}", leases.len());
+        leases.push(acquired(
+            store.reserve(scope, key.as_bytes(), b"req").await.unwrap(),
+        ));
+    }
+    leases
+}
+
 #[test]
 fn in_flight_lists_the_records_of_every_primary() {
     let nodes = start_cluster();
@@ -357,21 +380,7 @@ fn in_flight_lists_the_records_of_every_primary() {
         let store = RedisStore::connect_cluster(&urls, "stuck", Duration::from_secs(60))
             .await
             .unwrap();
-        let mut leases = Vec::new();
-        // Records until each primary holds at least one.
-        while nodes
-            .iter()
-            .any(|node| names(node, "stuck", "r").is_empty())
-        {
-            assert!(
-                leases.len() < 200,
-                "the records never reached every primary"
-            );
-            let key = format!("stuck/{}", leases.len());
-            leases.push(acquired(
-                store.reserve(&scope, key.as_bytes(), b"req").await.unwrap(),
-            ));
-        }
+        let leases = reserve_on_every_primary(&store, &nodes, "stuck", &scope, "stuck/").await;
         let held: usize = nodes
             .iter()
             .map(|node| names(node, "stuck", "r").len())
@@ -934,20 +943,7 @@ fn in_flight_follows_the_clusters_primaries() {
         )
         .await
         .unwrap();
-        let mut leases = Vec::new();
-        while nodes
-            .iter()
-            .any(|node| names(node, "topology", "r").is_empty())
-        {
-            assert!(
-                leases.len() < 200,
-                "the records never reached every primary"
-            );
-            let key = format!("k{}", leases.len());
-            leases.push(acquired(
-                store.reserve(&scope, key.as_bytes(), b"req").await.unwrap(),
-            ));
-        }
+        let leases = reserve_on_every_primary(&store, &nodes, "topology", &scope, "k").await;
         let listed = store.in_flight(Duration::ZERO).await.unwrap();
         assert_eq!(listed.len(), leases.len(), "every primary's records");
 
