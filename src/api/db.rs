@@ -251,16 +251,16 @@ impl Db {
 
     /// Rebuilds a store from its replica on this node (feature `replicate`): fetches the
     /// replica named by `options`' [`replicate`](crate::Options::replicate) into
-    /// `options`' directory (which must not exist or be empty), then opens it, which
+    /// `options`' directory (new, empty, or left by an interrupted restore), then opens it, which
     /// verifies every frame's checksum as any open does, and claims the replica: from
     /// then on the store that shipped it is refused every write
     /// ([`Error::NotOwner`](crate::Error::NotOwner)). Only the live window is fetched:
     /// segments whose bucket left the window are skipped. The window and bucket width
     /// are the replica's (its manifest's), whatever `options` say; every other option
-    /// is `options`'. A
-    /// restore interrupted part-way leaves no manifest (it is written last): run it again
-    /// in a fresh directory. `progress` is called with the messages read so far and the
-    /// stream's total.
+    /// is `options`'. A restore interrupted part-way leaves segment files and no
+    /// manifest (it is written last), which nothing opens as a store: run it again on
+    /// the same directory, and it completes them. `progress` is called with the
+    /// messages read so far and the stream's total.
     #[cfg(feature = "replicate")]
     pub fn restore(
         options: Options,

@@ -55,8 +55,10 @@ type Files = BTreeMap<(u64, u32), (Box<dyn StorageFile>, u64)>;
 /// Progress callback: messages read so far, and the stream's total.
 type Progress<'a> = &'a mut (dyn FnMut(u64, u64) + Send);
 
-/// Fetches replica `replication` into the empty directory `dir` (on `storage`), keeping
-/// the segments live at `now_ms`.
+/// Fetches replica `replication` into `dir` (on `storage`), keeping the segments live at
+/// `now_ms`. `dir` is new, empty, or left by a restore that was interrupted (segment files
+/// and no manifest): the segment files it holds are kept and completed, so a restore
+/// killed part-way is run again on the same directory.
 pub(crate) fn fetch(
     replication: &Replication,
     storage: &dyn Storage,
@@ -65,14 +67,14 @@ pub(crate) fn fetch(
     progress: Progress<'_>,
 ) -> Result<RestoreReport> {
     replication.check()?;
-    crate::wal::prepare_checkpoint_dir(storage, dir)?;
+    let held = restore_dir(storage, dir)?;
     // On a thread of its own: the caller may be on an async runtime of its own, where a
     // runtime cannot be entered.
     std::thread::scope(|scope| {
         scope
             .spawn(|| {
                 on_runtime(async {
-                    let mut copy = Copier::open(replication, storage, dir, Files::new()).await?;
+                    let mut copy = Copier::open(replication, storage, dir, held).await?;
                     copy.catch_up(now_ms, progress).await?;
                     copy.finish()
                 })
@@ -513,6 +515,26 @@ impl Drop for Follower {
             let _ = thread.join();
         }
     }
+}
+
+/// Readies `dir` for a restore: created if missing; refused if it holds a store (a
+/// manifest) or any file but segment files; the segment files an interrupted restore
+/// left are opened to be completed.
+fn restore_dir(storage: &dyn Storage, dir: &Path) -> Result<Files> {
+    crate::wal::create_dir_durably(storage, dir)?;
+    let stray = storage
+        .list(dir)?
+        .into_iter()
+        .find(|path| parse_segment_name(path).is_none());
+    if let Some(stray) = stray {
+        return Err(Error::InvalidOptions(format!(
+            "{} holds {}: a restore needs a new or empty directory, or one an interrupted \
+             restore left (segment files only)",
+            dir.display(),
+            stray.display()
+        )));
+    }
+    held_segments(storage, dir)
 }
 
 /// The segment files a standby's directory already holds, opened for appending.

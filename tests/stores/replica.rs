@@ -466,3 +466,157 @@ fn a_standby_follows_and_its_promotion_copies_only_what_it_lacks() {
             .unwrap()
     );
 }
+
+const RESTORE_DIR: &str = "ONCEDB_RESTORE_CHILD_DIR";
+const RESTORE_URL: &str = "ONCEDB_RESTORE_CHILD_URL";
+
+/// The restore of the interrupted-restore test: stops for good after its third message
+/// (saying `paused`), where the parent kills it.
+#[test]
+#[ignore = "child process of the interrupted-restore test"]
+fn restore_child() {
+    let (Ok(dir), Ok(url)) = (std::env::var(RESTORE_DIR), std::env::var(RESTORE_URL)) else {
+        return;
+    };
+    let _ = Db::restore(
+        options(Path::new(&dir), Replication::new(url, "interrupted")),
+        &mut |read, _| {
+            if read == 3 {
+                crate::support::say("paused\n");
+                loop {
+                    std::thread::park();
+                }
+            }
+        },
+    );
+}
+
+/// A restore SIGKILLed part-way leaves segment files and no manifest; run again on the
+/// same directory, it completes them and the store holds every key.
+#[test]
+fn a_restore_killed_part_way_is_run_again() {
+    let server = NatsServer::start();
+    let work = tempfile::tempdir().unwrap();
+    let replication = || Replication::new(server.url(), "interrupted");
+    let db = open_when_ready(|| options(&work.path().join("db"), replication()));
+    for n in 0..400 {
+        assert!(db.insert_if_absent(&key(n)).unwrap());
+    }
+    drop(db);
+    let dir = work.path().join("restored");
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            "replica::restore_child",
+            "--nocapture",
+        ])
+        .args(["--test-threads=1"])
+        .env(RESTORE_DIR, &dir)
+        .env(RESTORE_URL, server.url())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    while !lines
+        .next()
+        .expect("the restore ended before it paused")
+        .unwrap()
+        .contains("paused")
+    {}
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let left: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        !left.is_empty() && left.iter().all(|name| name.starts_with("seg-")),
+        "{left:?}"
+    );
+    let (restored, _) = Db::restore(options(&dir, replication()), &mut |_, _| {}).unwrap();
+    for n in 0..400 {
+        assert!(restored.contains(&key(n)).unwrap(), "key {n}");
+    }
+}
+
+/// The writer of the async loss test: admits keys one by one in async mode and says
+/// `acked N lag L` after each acknowledgement, `L` the replication lag then.
+#[test]
+#[ignore = "child process of the async loss test"]
+fn async_writer_child() {
+    let (Ok(dir), Ok(url)) = (std::env::var(WRITER_DIR), std::env::var(WRITER_URL)) else {
+        return;
+    };
+    let replication = Replication::new(url, "async-loss").mode(ReplicaMode::Async);
+    let db = open_when_ready(|| options(Path::new(&dir), replication.clone()));
+    for n in 0.. {
+        assert!(db.insert_if_absent(&key(n)).unwrap());
+        let lag = db.stats().replication_lag_bytes;
+        crate::support::say(&format!("acked {n} lag {lag}\n"));
+    }
+}
+
+/// Async mode: a writer killed while JetStream was unreachable for part of its run,
+/// whose directory is then lost, is restored with every key it acknowledged but those
+/// the lag it reported last covers: no more is lost than that lag (each lost key's
+/// entry takes at least 48 bytes of log).
+#[test]
+fn async_mode_loses_at_most_the_lag_it_reported() {
+    let mut server = NatsServer::start();
+    let work = tempfile::tempdir().unwrap();
+    let writer_dir = work.path().join("writer");
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            "replica::async_writer_child",
+            "--nocapture",
+        ])
+        .args(["--test-threads=1"])
+        .env(WRITER_DIR, &writer_dir)
+        .env(WRITER_URL, server.url())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let last = loop {
+        let line = lines.next().expect("the writer stopped").unwrap();
+        let Some((_, report)) = line.split_once("acked ") else {
+            continue;
+        };
+        let (n, lag) = report.split_once(" lag ").unwrap();
+        let (n, lag): (u64, u64) = (n.parse().unwrap(), lag.trim().parse().unwrap());
+        if n == 300 {
+            // JetStream goes away: the lag grows from here.
+            server.stop();
+        }
+        if n == 600 {
+            break (n, lag);
+        }
+    };
+    child.kill().unwrap();
+    child.wait().unwrap();
+    server.start_again();
+    std::fs::remove_dir_all(&writer_dir).unwrap();
+    let (lost_before, lag) = last;
+    assert!(lag > 0, "the lag was reported");
+    let (db, _) = Db::restore(
+        options(
+            &work.path().join("restored"),
+            Replication::new(server.url(), "async-loss"),
+        ),
+        &mut |_, _| {},
+    )
+    .unwrap();
+    let lost = (0..=lost_before)
+        .filter(|n| !db.contains(&key(*n)).unwrap())
+        .count() as u64;
+    assert!(lost > 0, "JetStream was down: some keys were not shipped");
+    assert!(
+        lost * 48 <= lag,
+        "{lost} keys lost, more than the reported lag of {lag} bytes covers"
+    );
+}
