@@ -107,6 +107,10 @@ pub struct BenchArgs {
     /// directory and time it.
     #[arg(long)]
     restore: bool,
+    /// With --replicate: keep a standby of the store during the run (`Db::standby`),
+    /// report its lag when the run ends, then time its promotion.
+    #[arg(long)]
+    standby: bool,
 }
 
 /// The operation mix.
@@ -350,6 +354,29 @@ fn replica_name(scenario: &Scenario) -> String {
     format!("bench-{}-{}", std::process::id(), scenario.name.len())
 }
 
+/// Reports how far `standby` is behind when the run ends, then promotes it (it claims
+/// the replica: the run's store is refused its next write) and times the promotion.
+fn time_promotion(
+    standby: oncedb::Standby,
+    lag: oncedb::StandbyLag,
+    target: &std::path::Path,
+) -> Result<(), String> {
+    let started = Instant::now();
+    let (db, report) = standby.promote().map_err(|e| e.to_string())?;
+    let took = started.elapsed();
+    noteln!(
+        "   standby: {} chunks applied during the run, {} pending at its end; promoted after the run in {:.3} s ({} chunks in all, {} keys live)",
+        lag.applied_messages,
+        lag.pending_messages,
+        took.as_secs_f64(),
+        report.messages,
+        db.stats().live_keys
+    );
+    drop(db);
+    let _ = std::fs::remove_dir_all(target);
+    Ok(())
+}
+
 /// Restores the run's store from its replica into `dir` + `-restored` and prints how
 /// long it took.
 fn time_restore(
@@ -417,7 +444,20 @@ fn run_scenario(args: &BenchArgs, scenario: Scenario) -> Result<Outcome, String>
             .map(|clock| (clock, args.advance_every, args.bucket)),
         response: response_body_of(args.response_bytes, 7),
     };
+    let standby = match (args.standby, &args.replicate, &dir) {
+        (true, Some(_), Some(dir)) => {
+            let target = dir.with_extension("standby");
+            let _ = std::fs::remove_dir_all(&target);
+            let standby = Db::standby(options(args, &scenario, Some(&target), None))
+                .map_err(|e| e.to_string())?;
+            Some((standby, target))
+        }
+        _ => None,
+    };
     let latencies = run_threads(&db, &driver)?;
+    // How far the standby is behind as the run ends (it is promoted once the run's store
+    // is closed).
+    let standby_lag = standby.as_ref().map(|(standby, _)| standby.lag());
     check_admitted(args, &scenario, &latencies, started.elapsed())?;
     if !latencies.after_advance.is_empty() {
         for (label, histogram) in [
@@ -486,6 +526,9 @@ fn run_scenario(args: &BenchArgs, scenario: Scenario) -> Result<Outcome, String>
     };
     if let (true, Some(_), Some(dir)) = (args.restore, &args.replicate, &dir) {
         time_restore(args, &scenario, dir)?;
+    }
+    if let (Some((standby, target)), Some(lag)) = (standby, standby_lag) {
+        time_promotion(standby, lag, &target)?;
     }
     if let Some(dir) = &dir {
         let _ = std::fs::remove_dir_all(dir);
