@@ -107,6 +107,11 @@ pub struct BenchArgs {
     /// directory and time it.
     #[arg(long)]
     restore: bool,
+    /// The changelog-style anchor for --restore: publish this many keys to the NATS
+    /// server at --replicate, one message each, and time their replay into an empty
+    /// store.
+    #[arg(long)]
+    changelog: Option<u64>,
     /// With --replicate: keep a standby of the store during the run (`Db::standby`),
     /// report its lag when the run ends, then time its promotion.
     #[arg(long)]
@@ -146,6 +151,9 @@ struct Outcome {
 }
 
 pub fn run(args: &BenchArgs) -> Result<(), Failure> {
+    if let (Some(keys), Some(url)) = (args.changelog, &args.replicate) {
+        return crate::changelog::measure(url, keys).map_err(Failure::from);
+    }
     if let Some(backend) = &args.backend {
         return crate::backends::run(
             backend,

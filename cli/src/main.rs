@@ -9,6 +9,7 @@
 mod output;
 mod backends;
 mod bench;
+mod changelog;
 mod checkpoint;
 mod dedup;
 mod duration;
