@@ -4,8 +4,6 @@
 //! or the system's when none are given. Every connection verifies the server's
 //! certificate chain and its name.
 
-use std::sync::Arc;
-
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 
@@ -38,7 +36,7 @@ pub(crate) fn client_config(pem: Option<&[u8]>) -> Result<rustls::ClientConfig> 
             .add(cert)
             .map_err(|err| invalid(format!("a TLS root certificate: {err}")))?;
     }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
     Ok(rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|err| invalid(format!("TLS protocol versions: {err}")))?

@@ -37,6 +37,7 @@ pub(crate) use prefetch::{prefetch_address, prefetch_read};
 pub use record::{Advance, Record, RecordStatus};
 pub(crate) use record::{LogSpan, ResponseBytes};
 #[cfg(any(feature = "redis", feature = "postgres"))]
+#[cfg(feature = "postgres")]
 pub(crate) use time::system_time_to_ms;
 pub use time::{Clock, ManualClock, SystemClock};
 pub(crate) use time::{duration_to_ms, ms_to_system_time};

@@ -29,7 +29,9 @@ pub(crate) use format::{MAX_SEGMENT_FILE_BYTES, SEGMENT_HEADER_LEN, frame_seed};
 #[cfg(feature = "replicate")]
 pub(crate) use journal::{FeedSnapshot, LogFeed};
 pub(crate) use journal::{Journal, JournalConfig, JournalStats, ReplicaGate, Ticket};
-pub(crate) use manifest::{MANIFEST_LEN, MANIFEST_NAME, Manifest, store_small_file};
+#[cfg(feature = "replicate")]
+pub(crate) use manifest::store_small_file;
+pub(crate) use manifest::{MANIFEST_LEN, MANIFEST_NAME, Manifest};
 pub(crate) use names::{
     LOCK_NAME, MANIFEST_TEMP_NAME, is_prepared_name, parse_segment_name, segment_path,
 };
