@@ -620,3 +620,46 @@ fn async_mode_loses_at_most_the_lag_it_reported() {
         "{lost} keys lost, more than the reported lag of {lag} bytes covers"
     );
 }
+
+/// The window stays exact across a restore: stepping one clock through the end of a
+/// key's window, second by second, the restored store answers as the store it was
+/// restored from, and the key leaves both at the same step.
+#[test]
+fn a_restored_window_expires_exactly_as_the_original() {
+    let server = NatsServer::start();
+    let work = tempfile::tempdir().unwrap();
+    let clock =
+        oncedb::ManualClock::new(std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_040));
+    let options = |dir: &Path| {
+        Options::new(dir)
+            .window(Duration::from_secs(600))
+            .bucket_width(Duration::from_secs(60))
+            .durability(Durability::Sync)
+            .clock(clock.clone())
+            .replicate(Replication::new(server.url(), "boundary"))
+    };
+    let original = open_when_ready(|| options(&work.path().join("db")));
+    assert!(original.insert_if_absent(b"early").unwrap());
+    clock.forward(Duration::from_secs(90));
+    assert!(original.insert_if_absent(b"later").unwrap());
+    let (restored, _) =
+        Db::restore(options(&work.path().join("restored")), &mut |_, _| {}).unwrap();
+    clock.forward(Duration::from_secs(400));
+    let mut left_at = None;
+    for second in 0..300 {
+        for key in [&b"early"[..], &b"later"[..]] {
+            assert_eq!(
+                restored.contains(key).unwrap(),
+                original.contains(key).unwrap(),
+                "{} at +{second} s",
+                String::from_utf8_lossy(key)
+            );
+        }
+        if left_at.is_none() && !restored.contains(b"early").unwrap() {
+            left_at = Some(second);
+        }
+        clock.forward(Duration::from_secs(1));
+    }
+    assert!(left_at.is_some(), "the early key never left the window");
+    assert!(!restored.contains(b"later").unwrap());
+}
