@@ -362,6 +362,23 @@ fn replica_name(scenario: &Scenario) -> String {
     format!("bench-{}-{}", std::process::id(), scenario.name.len())
 }
 
+/// With --standby and --replicate: a standby of the run's replica, in `dir` +
+/// `.standby`.
+fn start_standby(
+    args: &BenchArgs,
+    scenario: &Scenario,
+    dir: Option<&PathBuf>,
+) -> Result<Option<(oncedb::Standby, PathBuf)>, String> {
+    let (true, Some(_), Some(dir)) = (args.standby, &args.replicate, dir) else {
+        return Ok(None);
+    };
+    let target = dir.with_extension("standby");
+    let _ = std::fs::remove_dir_all(&target);
+    let standby =
+        Db::standby(options(args, scenario, Some(&target), None)).map_err(|e| e.to_string())?;
+    Ok(Some((standby, target)))
+}
+
 /// Reports how far `standby` is behind when the run ends, then promotes it (it claims
 /// the replica: the run's store is refused its next write) and times the promotion.
 fn time_promotion(
@@ -452,16 +469,7 @@ fn run_scenario(args: &BenchArgs, scenario: Scenario) -> Result<Outcome, String>
             .map(|clock| (clock, args.advance_every, args.bucket)),
         response: response_body_of(args.response_bytes, 7),
     };
-    let standby = match (args.standby, &args.replicate, &dir) {
-        (true, Some(_), Some(dir)) => {
-            let target = dir.with_extension("standby");
-            let _ = std::fs::remove_dir_all(&target);
-            let standby = Db::standby(options(args, &scenario, Some(&target), None))
-                .map_err(|e| e.to_string())?;
-            Some((standby, target))
-        }
-        _ => None,
-    };
+    let standby = start_standby(args, &scenario, dir.as_ref())?;
     let latencies = run_threads(&db, &driver)?;
     // How far the standby is behind as the run ends (it is promoted once the run's store
     // is closed).

@@ -178,14 +178,7 @@ pub(crate) fn open(config: &Config) -> Result<Engine> {
         replica: replica_gate(config),
     })?;
     #[cfg(feature = "replicate")]
-    let shipper = match &config.replication {
-        Some(replication) => Some(crate::replica::Shipper::start(
-            replication.clone(),
-            journal.feed(),
-            dir_of(config),
-        )?),
-        None => None,
-    };
+    let shipper = start_shipper(config, &journal)?;
     Ok(Engine::from_parts(
         config,
         Parts {
@@ -215,10 +208,15 @@ fn replica_gate(config: &Config) -> Option<crate::wal::ReplicaGate> {
     None
 }
 
-/// The store's directory (recovery opens durable stores only).
+/// Starts shipping the log to the replica, if the store replicates: after the journal
+/// opened, before any write.
 #[cfg(feature = "replicate")]
-fn dir_of(config: &Config) -> std::path::PathBuf {
-    config.dir.clone().unwrap_or_default()
+fn start_shipper(config: &Config, journal: &Journal) -> Result<Option<crate::replica::Shipper>> {
+    let Some(replication) = &config.replication else {
+        return Ok(None);
+    };
+    let dir = config.dir.clone().unwrap_or_default();
+    crate::replica::Shipper::start(replication.clone(), journal.feed(), dir).map(Some)
 }
 
 /// Keys and records the live segments admit, counted from their valid frames, so the
