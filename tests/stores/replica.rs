@@ -43,15 +43,44 @@ fn open_when_ready(options: impl Fn() -> Options) -> Db {
     }
 }
 
-const WRITER_DIR: &str = "ONCEDB_REPLICA_CHILD_DIR";
-const WRITER_URL: &str = "ONCEDB_REPLICA_CHILD_URL";
+/// A child process's store directory and server URL.
+const CHILD_DIR: &str = "ONCEDB_REPLICA_CHILD_DIR";
+const CHILD_URL: &str = "ONCEDB_REPLICA_CHILD_URL";
+
+/// Runs test `test` of this binary as a child process (a writer or a restore), with its
+/// directory and server URL in the environment; the child and its stdout's lines.
+fn child(
+    test: &str,
+    dir: &Path,
+    url: &str,
+) -> (
+    std::process::Child,
+    std::io::Lines<BufReader<std::process::ChildStdout>>,
+) {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            test,
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_DIR, dir)
+        .env(CHILD_URL, url)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    (child, lines)
+}
 
 /// The writer of the crash test: admits keys one by one on a replicating store (sync
 /// mode, three stream replicas) and says `acked N` after each acknowledgement.
 #[test]
 #[ignore = "child process of the replication crash test"]
 fn replica_writer_child() {
-    let (Ok(dir), Ok(url)) = (std::env::var(WRITER_DIR), std::env::var(WRITER_URL)) else {
+    let (Ok(dir), Ok(url)) = (std::env::var(CHILD_DIR), std::env::var(CHILD_URL)) else {
         return;
     };
     let replication = Replication::new(url, "crash").replicas(3);
@@ -78,21 +107,8 @@ fn sync_mode_restores_every_acknowledged_write_after_the_node_is_lost() {
     let mut cluster = NatsCluster::start(3);
     let work = tempfile::tempdir().unwrap();
     let writer_dir = work.path().join("writer");
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--ignored",
-            "--exact",
-            "replica::replica_writer_child",
-            "--nocapture",
-        ])
-        .args(["--test-threads=1"])
-        .env(WRITER_DIR, &writer_dir)
-        .env(WRITER_URL, cluster.url())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let (mut child, mut lines) =
+        child("replica::replica_writer_child", &writer_dir, &cluster.url());
     let mut acked = Vec::new();
     let mut node_killed = false;
     while acked.len() < 400 {
@@ -467,15 +483,12 @@ fn a_standby_follows_and_its_promotion_copies_only_what_it_lacks() {
     );
 }
 
-const RESTORE_DIR: &str = "ONCEDB_RESTORE_CHILD_DIR";
-const RESTORE_URL: &str = "ONCEDB_RESTORE_CHILD_URL";
-
 /// The restore of the interrupted-restore test: stops for good after its third message
 /// (saying `paused`), where the parent kills it.
 #[test]
 #[ignore = "child process of the interrupted-restore test"]
 fn restore_child() {
-    let (Ok(dir), Ok(url)) = (std::env::var(RESTORE_DIR), std::env::var(RESTORE_URL)) else {
+    let (Ok(dir), Ok(url)) = (std::env::var(CHILD_DIR), std::env::var(CHILD_URL)) else {
         return;
     };
     let _ = Db::restore(
@@ -504,21 +517,7 @@ fn a_restore_killed_part_way_is_run_again() {
     }
     drop(db);
     let dir = work.path().join("restored");
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--ignored",
-            "--exact",
-            "replica::restore_child",
-            "--nocapture",
-        ])
-        .args(["--test-threads=1"])
-        .env(RESTORE_DIR, &dir)
-        .env(RESTORE_URL, server.url())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let (mut child, mut lines) = child("replica::restore_child", &dir, &server.url());
     while !lines
         .next()
         .expect("the restore ended before it paused")
@@ -546,7 +545,7 @@ fn a_restore_killed_part_way_is_run_again() {
 #[test]
 #[ignore = "child process of the async loss test"]
 fn async_writer_child() {
-    let (Ok(dir), Ok(url)) = (std::env::var(WRITER_DIR), std::env::var(WRITER_URL)) else {
+    let (Ok(dir), Ok(url)) = (std::env::var(CHILD_DIR), std::env::var(CHILD_URL)) else {
         return;
     };
     let replication = Replication::new(url, "async-loss").mode(ReplicaMode::Async);
@@ -567,21 +566,7 @@ fn async_mode_loses_at_most_the_lag_it_reported() {
     let mut server = NatsServer::start();
     let work = tempfile::tempdir().unwrap();
     let writer_dir = work.path().join("writer");
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--ignored",
-            "--exact",
-            "replica::async_writer_child",
-            "--nocapture",
-        ])
-        .args(["--test-threads=1"])
-        .env(WRITER_DIR, &writer_dir)
-        .env(WRITER_URL, server.url())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let (mut child, mut lines) = child("replica::async_writer_child", &writer_dir, &server.url());
     let last = loop {
         let line = lines.next().expect("the writer stopped").unwrap();
         let Some((_, report)) = line.split_once("acked ") else {
