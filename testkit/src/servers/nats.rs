@@ -70,6 +70,28 @@ impl Drop for NatsServer {
     }
 }
 
+/// `size` pairs of free loopback ports (client, cluster), all distinct: every port is
+/// held until all are chosen, so no two picks return the same one.
+fn distinct_ports(size: usize) -> Vec<(u16, u16)> {
+    let held: Vec<std::net::TcpListener> = (0..size * 2)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let ports: Vec<u16> = held
+        .iter()
+        .map(|listener| listener.local_addr().unwrap().port())
+        .collect();
+    drop(held);
+    ports
+        .chunks(2)
+        .map(|pair| {
+            (
+                pair.first().copied().unwrap_or(0),
+                pair.get(1).copied().unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
 /// How one node of a [`NatsCluster`] is started, the same on every restart.
 struct NodeSetup {
     name: String,
@@ -87,8 +109,10 @@ pub struct ClusterNode {
     dir: tempfile::TempDir,
 }
 
-fn spawn_node(setup: &NodeSetup, dir: &std::path::Path) -> Child {
-    let child = Command::new("nats-server")
+/// Starts a node; `None` if it exited before listening (one of its ports was taken
+/// meanwhile by another process: the caller picks new ports).
+fn try_spawn_node(setup: &NodeSetup, dir: &std::path::Path) -> Option<Child> {
+    let mut child = Command::new("nats-server")
         .args(["-js", "-a", "127.0.0.1", "-p", &setup.port.to_string()])
         .args(["--server_name", &setup.name, "--cluster_name", "oncedb"])
         .arg("--cluster")
@@ -101,10 +125,17 @@ fn spawn_node(setup: &NodeSetup, dir: &std::path::Path) -> Child {
         .spawn()
         .expect("nats-server must be installed (.ci/run installs it)");
     let port = setup.port;
+    let mut exited = false;
     wait_for("nats-server start", || {
-        TcpStream::connect(("127.0.0.1", port)).is_ok()
+        exited = child.try_wait().ok().flatten().is_some();
+        exited || TcpStream::connect(("127.0.0.1", port)).is_ok()
     });
-    child
+    (!exited).then_some(child)
+}
+
+/// Starts a node on ports that are its own.
+fn spawn_node(setup: &NodeSetup, dir: &std::path::Path) -> Child {
+    try_spawn_node(setup, dir).expect("nats-server exited at start: a port of its was taken")
 }
 
 /// Three (or more) `nats-server -js` joined by cluster routes on loopback: JetStream
@@ -115,9 +146,19 @@ pub struct NatsCluster {
 }
 
 impl NatsCluster {
-    /// Starts `size` nodes, each routing to every other.
+    /// Starts `size` nodes, each routing to every other; on fresh ports again if a node
+    /// exits at start because another process took one of its ports meanwhile.
     pub fn start(size: usize) -> NatsCluster {
-        let ports: Vec<(u16, u16)> = (0..size).map(|_| (free_port(), free_port())).collect();
+        for _ in 0..5 {
+            if let Some(cluster) = NatsCluster::try_start(size) {
+                return cluster;
+            }
+        }
+        panic!("no cluster of {size} nats-server nodes started in 5 tries");
+    }
+
+    fn try_start(size: usize) -> Option<NatsCluster> {
+        let ports = distinct_ports(size);
         let nodes = ports
             .iter()
             .enumerate()
@@ -136,15 +177,16 @@ impl NatsCluster {
                     routes,
                 };
                 let dir = tempfile::tempdir().unwrap();
-                ClusterNode {
-                    child: Some(spawn_node(&setup, dir.path())),
+                let child = try_spawn_node(&setup, dir.path())?;
+                Some(ClusterNode {
+                    child: Some(child),
                     port,
                     setup,
                     dir,
-                }
+                })
             })
-            .collect();
-        NatsCluster { nodes }
+            .collect::<Option<Vec<_>>>()?;
+        Some(NatsCluster { nodes })
     }
 
     /// Every node's URL, comma-separated: a client reaches whichever is up.
