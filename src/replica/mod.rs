@@ -22,6 +22,7 @@
 //! The shipper runs on a thread of its own with a tokio runtime of its own; the engine and
 //! the synchronous API never await anything.
 
+mod held;
 mod layout;
 mod owner;
 mod restore;

@@ -19,11 +19,11 @@ use std::time::Duration;
 
 use async_nats::jetstream::consumer::DeliverPolicy;
 use async_nats::jetstream::consumer::pull::OrderedConfig;
-use async_nats::jetstream::stream::{LastRawMessageErrorKind, Stream};
+use async_nats::jetstream::stream::Stream;
 use futures_util::StreamExt;
 
+use super::held::{last_message, offset_of, replica_path, segment_end, segment_subjects};
 use super::layout::{manifest_subject, parse_segment_subject, segments_filter, stream_name};
-use super::shipper::offset_of;
 use super::{Replication, unavailable};
 use crate::base::{Error, Result, Window};
 use crate::io::{Storage, StorageFile};
@@ -266,33 +266,13 @@ impl<'a> Copier<'a> {
     /// chunk of its subject.
     async fn segment_ends(&self, current: u64) -> Result<BTreeMap<(u64, u32), u64>> {
         let window = self.window();
-        let mut subjects = self
-            .stream
-            .info_with_subjects(segments_filter(&self.name))
-            .await
-            .map_err(unavailable)?;
-        let mut live = Vec::new();
-        while let Some(subject) = subjects.next().await {
-            let (subject, _) = subject.map_err(unavailable)?;
-            if let Some(id) = parse_segment_subject(&self.name, &subject)
-                && window.is_live(id.0, current)
-            {
-                live.push((id, subject));
-            }
-        }
         let mut ends = BTreeMap::new();
-        for (id, subject) in live {
-            let last = self
-                .stream
-                .get_last_raw_message_by_subject(&subject)
-                .await
-                .map_err(unavailable)?;
-            let offset = offset_of(&last.headers).ok_or_else(|| Error::Corrupted {
-                path: replica_path(&self.name, &subject),
-                offset: last.sequence,
-                reason: "a chunk without its offset".to_owned(),
-            })?;
-            ends.insert(id, offset + last.payload.len() as u64);
+        for (id, subject, _) in segment_subjects(&self.stream, &self.name).await? {
+            if window.is_live(id.0, current)
+                && let Some(end) = segment_end(&self.stream, &self.name, &subject).await?
+            {
+                ends.insert(id, end);
+            }
         }
         Ok(ends)
     }
@@ -348,17 +328,10 @@ impl<'a> Copier<'a> {
 }
 
 async fn read_manifest(stream: &Stream, name: &str) -> Result<Manifest> {
-    let message = match stream
-        .get_last_raw_message_by_subject(&manifest_subject(name))
-        .await
-    {
-        Ok(message) => message,
-        Err(err) if err.kind() == LastRawMessageErrorKind::NoMessageFound => {
-            return Err(Error::InvalidOptions(format!(
-                "replica {name} holds no manifest: nothing to restore"
-            )));
-        }
-        Err(err) => return Err(unavailable(err)),
+    let Some(message) = last_message(stream, &manifest_subject(name)).await? else {
+        return Err(Error::InvalidOptions(format!(
+            "replica {name} holds no manifest: nothing to restore"
+        )));
     };
     Manifest::decode(&message.payload).map_err(|reason| Error::Corrupted {
         path: replica_path(name, &manifest_subject(name)),
@@ -372,11 +345,6 @@ fn reached(expected: &BTreeMap<(u64, u32), u64>, files: &Files) -> bool {
     expected
         .iter()
         .all(|(id, end)| files.get(id).is_some_and(|(_, len)| len >= end))
-}
-
-/// A path naming a subject of a replica, for errors: `jetstream:ONCEDB_<name>/<subject>`.
-fn replica_path(name: &str, subject: &str) -> PathBuf {
-    PathBuf::from(format!("jetstream:{}/{subject}", stream_name(name)))
 }
 
 /// How far a standby is behind its replica.

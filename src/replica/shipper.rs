@@ -12,13 +12,12 @@ use std::time::Duration;
 
 use async_nats::HeaderMap;
 use async_nats::jetstream::context::PublishErrorKind;
-use async_nats::jetstream::stream::{Config, LastRawMessageErrorKind, Stream};
-use futures_util::StreamExt;
+use async_nats::jetstream::stream::{Config, Stream};
 
+use super::held::{last_message, segment_end, segment_subjects};
 use super::layout::{
     CHUNK_BYTES, DUPLICATE_WINDOW, OFFSET_HEADER, OWNER_HEADER, all_subjects, manifest_subject,
-    owner_subject, parse_segment_subject, segment_subject, segments_filter, stream_name,
-    token_text,
+    owner_subject, segment_subject, stream_name, token_text,
 };
 use super::{Replication, owner, unavailable};
 use crate::base::{Error, Result, random_secret};
@@ -174,7 +173,7 @@ impl Link {
         let info = self.stream.get_info().await.map_err(unavailable)?;
         self.last_seq = info.state.last_sequence;
         let claimed = owner::load(feed.storage(), dir)?;
-        let current = self.last_message(&owner_subject(&self.name)).await?;
+        let current = last_message(&self.stream, &owner_subject(&self.name)).await?;
         let current_owner = current
             .as_ref()
             .and_then(|message| owner_of(&message.headers));
@@ -216,29 +215,17 @@ impl Link {
         let snapshot = feed.snapshot();
         for segment in &snapshot.segments {
             let subject = segment_subject(&self.name, segment.id);
-            let held = match self.last_message(&subject).await? {
-                Some(message) => offset_of(&message.headers)
-                    .map(|offset| offset + message.payload.len() as u64)
-                    .ok_or_else(|| unavailable(format!("{subject}: a chunk without its offset")))?,
-                None => 0,
-            };
+            let held = segment_end(&self.stream, &self.name, &subject)
+                .await?
+                .unwrap_or(0);
             if held > segment.end {
                 return Err(self.lacking(segment.id, held - segment.end));
             }
             self.cursors.insert(segment.id, held);
         }
         let newest = snapshot.segments.last().map(|segment| segment.id);
-        let mut subjects = self
-            .stream
-            .info_with_subjects(segments_filter(&self.name))
-            .await
-            .map_err(unavailable)?;
         let mut gone = Vec::new();
-        while let Some(subject) = subjects.next().await {
-            let (subject, count) = subject.map_err(unavailable)?;
-            let Some(id) = parse_segment_subject(&self.name, &subject) else {
-                continue;
-            };
+        for (id, subject, count) in segment_subjects(&self.stream, &self.name).await? {
             if let Some(segment) = snapshot.segments.iter().find(|segment| segment.id == id) {
                 if segment.sealed && count as u64 <= segment.end.div_ceil(CHUNK_BYTES) {
                     self.compacted.insert(id);
@@ -257,7 +244,7 @@ impl Link {
                 .await
                 .map_err(unavailable)?;
         }
-        if let Some(message) = self.last_message(&manifest_subject(&self.name)).await? {
+        if let Some(message) = last_message(&self.stream, &manifest_subject(&self.name)).await? {
             self.manifest = Some(message.payload.to_vec());
         }
         Ok(())
@@ -269,17 +256,6 @@ impl Link {
              restore the replica (oncedb restore) instead of opening this copy",
             self.name, id.0, id.1
         ))
-    }
-
-    async fn last_message(
-        &self,
-        subject: &str,
-    ) -> Result<Option<async_nats::jetstream::message::StreamMessage>> {
-        match self.stream.get_last_raw_message_by_subject(subject).await {
-            Ok(message) => Ok(Some(message)),
-            Err(err) if err.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
-            Err(err) => Err(unavailable(err)),
-        }
     }
 
     async fn ship_until_stopped(&mut self, feed: &Arc<LogFeed>, stop: &AtomicBool) {
@@ -470,9 +446,4 @@ impl Link {
 fn owner_of(headers: &HeaderMap) -> Option<u64> {
     let text = headers.get(OWNER_HEADER)?.as_str();
     u64::from_str_radix(text, 16).ok()
-}
-
-/// The segment offset a chunk carries.
-pub(super) fn offset_of(headers: &HeaderMap) -> Option<u64> {
-    headers.get(OFFSET_HEADER)?.as_str().parse().ok()
 }

@@ -27,6 +27,22 @@ fn options(dir: &Path, replication: Replication) -> Options {
         .replicate(replication)
 }
 
+/// A manual clock at a bucket boundary.
+fn manual_clock() -> oncedb::ManualClock {
+    oncedb::ManualClock::new(std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_040))
+}
+
+/// A store in `dir` with a ten-minute window of one-minute buckets on `clock`,
+/// replicated in sync mode to replica `name` on `server`.
+fn clocked(dir: &Path, clock: &oncedb::ManualClock, server: &NatsServer, name: &str) -> Options {
+    Options::new(dir)
+        .window(Duration::from_secs(600))
+        .bucket_width(Duration::from_secs(60))
+        .durability(Durability::Sync)
+        .clock(clock.clone())
+        .replicate(Replication::new(server.url(), name))
+}
+
 /// Opens `options`, trying again while JetStream is not ready yet (a cluster electing its
 /// leaders answers "temporarily unavailable" for a few seconds after it starts).
 fn open_when_ready(options: impl Fn() -> Options) -> Db {
@@ -269,17 +285,8 @@ fn stream_state(url: &str, name: &str) -> (usize, u64) {
 fn expired_buckets_leave_the_replica_and_sealed_segments_are_compacted() {
     let server = NatsServer::start();
     let work = tempfile::tempdir().unwrap();
-    let clock =
-        oncedb::ManualClock::new(std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_040));
-    let options = |dir: &Path| {
-        Options::new(dir)
-            .window(Duration::from_secs(600))
-            .bucket_width(Duration::from_secs(60))
-            .durability(Durability::Sync)
-            .segment_max_bytes(16 << 10)
-            .clock(clock.clone())
-            .replicate(Replication::new(server.url(), "expiry"))
-    };
+    let clock = manual_clock();
+    let options = |dir: &Path| clocked(dir, &clock, &server, "expiry").segment_max_bytes(16 << 10);
     let dir = work.path().join("db");
     let db = open_when_ready(|| options(&dir));
     // Ten minutes of keys, one write (and one shipped group) each, then ten more: the
@@ -613,16 +620,8 @@ fn async_mode_loses_at_most_the_lag_it_reported() {
 fn a_restored_window_expires_exactly_as_the_original() {
     let server = NatsServer::start();
     let work = tempfile::tempdir().unwrap();
-    let clock =
-        oncedb::ManualClock::new(std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_040));
-    let options = |dir: &Path| {
-        Options::new(dir)
-            .window(Duration::from_secs(600))
-            .bucket_width(Duration::from_secs(60))
-            .durability(Durability::Sync)
-            .clock(clock.clone())
-            .replicate(Replication::new(server.url(), "boundary"))
-    };
+    let clock = manual_clock();
+    let options = |dir: &Path| clocked(dir, &clock, &server, "boundary");
     let original = open_when_ready(|| options(&work.path().join("db")));
     assert!(original.insert_if_absent(b"early").unwrap());
     clock.forward(Duration::from_secs(90));

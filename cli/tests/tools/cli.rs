@@ -480,6 +480,14 @@ fn a_checkpoint_remembers_every_line_the_store_admitted() {
     assert!(stderr.contains("not empty"), "{stderr}");
 }
 
+/// `oncedb restore --from URL --replica NAME --dir DIR`.
+fn restore(url: &str, replica: &str, dir: &Path) -> std::process::Output {
+    let args = ["restore", "--from", url, "--replica", replica, "--dir"];
+    let mut args: Vec<&str> = args.to_vec();
+    args.push(dir.to_str().unwrap());
+    oncedb(&args, b"")
+}
+
 /// `oncedb dedup --replicate URL --replica NAME` survives the loss of its directory:
 /// `oncedb restore` rebuilds it from JetStream, and `dedup` on the restored directory
 /// remembers every line; the lost store's replica now belongs to the restored one.
@@ -496,18 +504,7 @@ fn dedup_with_a_replica_survives_the_loss_of_its_directory() {
     assert_eq!(out, "a\nb\nc\n");
     std::fs::remove_dir_all(&store).unwrap();
     let restored = dir.path().join("restored");
-    let out = oncedb(
-        &[
-            "restore",
-            "--from",
-            &url,
-            "--replica",
-            "lines",
-            "--dir",
-            restored.to_str().unwrap(),
-        ],
-        b"",
-    );
+    let out = restore(&url, "lines", &restored);
     let stdout = String::from_utf8(out.stdout).unwrap();
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
@@ -516,18 +513,7 @@ fn dedup_with_a_replica_survives_the_loss_of_its_directory() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(out, "d\n", "the restored store forgot a line");
     // A replica of another name does not exist: one line, exit 1.
-    let missing = oncedb(
-        &[
-            "restore",
-            "--from",
-            &url,
-            "--replica",
-            "nothing",
-            "--dir",
-            dir.path().join("none").to_str().unwrap(),
-        ],
-        b"",
-    );
+    let missing = restore(&url, "nothing", &dir.path().join("none"));
     let stderr = String::from_utf8(missing.stderr).unwrap();
     assert_eq!(missing.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("no replica named nothing"), "{stderr}");
