@@ -6,6 +6,8 @@ use std::time::Duration;
 pub(super) const OFFSET_HEADER: &str = "Oncedb-Offset";
 /// Header: the token of the store that published a message (16 hex digits).
 pub(super) const OWNER_HEADER: &str = "Oncedb-Owner";
+/// Header: the whole length of the run a chunk belongs to (decimal).
+pub(super) const LENGTH_HEADER: &str = "Oncedb-Length";
 /// Largest chunk of a segment in one message: below NATS's default 1 MiB payload limit.
 pub(super) const CHUNK_BYTES: u64 = 512 << 10;
 /// How long JetStream drops a re-sent message with the same `Nats-Msg-Id`.
@@ -25,6 +27,22 @@ pub(super) fn segments_filter(name: &str) -> String {
 
 pub(super) fn segment_subject(name: &str, (bucket, seq): (u64, u32)) -> String {
     format!("oncedb.{name}.seg.{bucket:020}.{seq:010}")
+}
+
+pub(super) fn runs_filter(name: &str) -> String {
+    format!("oncedb.{name}.run.>")
+}
+
+pub(super) fn run_subject(name: &str, run_id: u64) -> String {
+    format!("oncedb.{name}.run.{run_id:020}")
+}
+
+/// The run a subject of replica `name` carries, if it is a run subject.
+pub(super) fn parse_run_subject(name: &str, subject: &str) -> Option<u64> {
+    let digits = subject.strip_prefix(&format!("oncedb.{name}.run."))?;
+    (digits.len() == 20 && digits.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| digits.parse().ok())
+        .flatten()
 }
 
 pub(super) fn manifest_subject(name: &str) -> String {
@@ -65,5 +83,8 @@ mod tests {
         assert_eq!(parse_segment_subject("p-2", &subject), None);
         assert_eq!(parse_segment_subject("p-1", "oncedb.p-1.seg.1.2"), None);
         assert_eq!(parse_segment_subject("p-1", &manifest_subject("p-1")), None);
+        assert_eq!(parse_run_subject("p-1", &run_subject("p-1", 42)), Some(42));
+        assert_eq!(parse_run_subject("p-1", &subject), None);
+        assert_eq!(parse_run_subject("p-1", "oncedb.p-1.run.42"), None);
     }
 }

@@ -26,6 +26,7 @@ mod held;
 mod layout;
 mod owner;
 mod restore;
+mod runs;
 mod shipper;
 
 use std::time::Duration;

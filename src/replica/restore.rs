@@ -24,10 +24,11 @@ use futures_util::StreamExt;
 
 use super::held::{last_message, offset_of, replica_path, segment_end, segment_subjects};
 use super::layout::{manifest_subject, parse_segment_subject, segments_filter, stream_name};
+use super::runs::fetch_runs;
 use super::{Replication, unavailable};
 use crate::base::{Error, Result, Window};
 use crate::io::{Storage, StorageFile};
-use crate::wal::{Manifest, parse_segment_name, segment_path};
+use crate::wal::{Manifest, is_temp_run_name, parse_run_name, parse_segment_name, segment_path};
 
 /// What a restore fetched.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -41,10 +42,12 @@ pub struct RestoreReport {
     pub messages: u64,
     /// Messages of segments whose bucket had left the window, skipped.
     pub expired_messages: u64,
+    /// Sealed key runs fetched (their bytes counted in `bytes`).
+    pub runs: u64,
 }
 
 /// How long a copy waits for the next message it needs before it gives up.
-const STALL_TIMEOUT: Duration = Duration::from_secs(30);
+pub(super) const STALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How long a standby waits for a message before it looks whether it should stop.
 const FOLLOW_POLL: Duration = Duration::from_millis(200);
@@ -76,6 +79,16 @@ pub(crate) fn fetch(
                 on_runtime(async {
                     let mut copy = Copier::open(replication, storage, dir, held).await?;
                     copy.catch_up(now_ms, progress).await?;
+                    let database_id = copy.manifest.database_id();
+                    let target = (copy.storage, copy.dir.as_path());
+                    fetch_runs(
+                        &copy.stream,
+                        &copy.name,
+                        target,
+                        database_id,
+                        &mut copy.report,
+                    )
+                    .await?;
                     copy.finish()
                 })
             })
@@ -486,14 +499,19 @@ impl Drop for Follower {
 }
 
 /// Readies `dir` for a restore: created if missing; refused if it holds a store (a
-/// manifest) or any file but segment files; the segment files an interrupted restore
-/// left are opened to be completed.
+/// manifest) or any file but segment files and runs; the segment files an interrupted
+/// restore left are opened to be completed, its runs removed.
 fn restore_dir(storage: &dyn Storage, dir: &Path) -> Result<Files> {
     crate::wal::create_dir_durably(storage, dir)?;
-    let stray = storage
-        .list(dir)?
-        .into_iter()
-        .find(|path| parse_segment_name(path).is_none());
+    let mut stray = None;
+    for path in storage.list(dir)? {
+        if parse_run_name(&path).is_some() || is_temp_run_name(&path) {
+            // Runs are fetched again whole, after the log.
+            storage.remove(&path)?;
+        } else if parse_segment_name(&path).is_none() {
+            stray = Some(path);
+        }
+    }
     if let Some(stray) = stray {
         return Err(Error::InvalidOptions(format!(
             "{} holds {}: a restore needs a new or empty directory, or one an interrupted \

@@ -14,17 +14,23 @@ use async_nats::HeaderMap;
 use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::stream::{Config, Stream};
 
+use super::held::run_subjects;
 use super::held::{last_message, segment_end, segment_subjects};
 use super::layout::{
-    CHUNK_BYTES, DUPLICATE_WINDOW, OFFSET_HEADER, OWNER_HEADER, all_subjects, manifest_subject,
-    owner_subject, segment_subject, stream_name, token_text,
+    CHUNK_BYTES, DUPLICATE_WINDOW, LENGTH_HEADER, OFFSET_HEADER, OWNER_HEADER, all_subjects,
+    manifest_subject, owner_subject, run_subject, segment_subject, stream_name, token_text,
 };
 use super::{Replication, owner, unavailable};
 use crate::base::{Error, Result, random_secret};
-use crate::wal::{FeedSnapshot, LogFeed};
+use crate::wal::{FeedSnapshot, LogFeed, parse_run_name};
 
 /// How long the shipper waits for more log before it looks again (for expiries).
 const IDLE_WAIT: Duration = Duration::from_millis(500);
+/// How often the shipper lists the directory for sealed runs it has not shipped yet.
+const RUN_LIST_EVERY: Duration = Duration::from_millis(500);
+/// Chunks of sealed runs a round of shipping publishes at most, so that a large run
+/// never holds the log's groups (and sync writers) back for long.
+const RUN_CHUNKS_PER_ROUND: usize = 8;
 /// How long it waits before trying an unreachable JetStream again.
 const RETRY_WAIT: Duration = Duration::from_millis(200);
 
@@ -127,6 +133,14 @@ struct Link {
     compacted: BTreeSet<(u64, u32)>,
     /// The manifest as last published.
     manifest: Option<Vec<u8>>,
+    /// The store's directory, listed for sealed runs.
+    dir: PathBuf,
+    /// Per sealed run, the bytes the stream holds.
+    runs: BTreeMap<u64, u64>,
+    /// When the directory was last listed for runs.
+    runs_listed: Option<std::time::Instant>,
+    /// Whether a run waits to be shipped, or shipped only in part.
+    runs_pending: bool,
 }
 
 impl Link {
@@ -157,6 +171,10 @@ impl Link {
             cursors: BTreeMap::new(),
             compacted: BTreeSet::new(),
             manifest: None,
+            dir: dir.to_path_buf(),
+            runs: BTreeMap::new(),
+            runs_listed: None,
+            runs_pending: false,
         };
         link.settle_ownership(replication, feed, dir).await?;
         link.resume(feed).await?;
@@ -195,7 +213,7 @@ impl Link {
     async fn claim(&mut self, feed: &LogFeed, dir: &std::path::Path) -> Result<()> {
         self.token = random_secret();
         match self
-            .publish(owner_subject(&self.name), None, Vec::new(), "")
+            .publish(owner_subject(&self.name), None, Vec::new(), ("", None))
             .await
         {
             Ok(_) => {}
@@ -247,6 +265,12 @@ impl Link {
         if let Some(message) = last_message(&self.stream, &manifest_subject(&self.name)).await? {
             self.manifest = Some(message.payload.to_vec());
         }
+        // A run shipped in part is completed from where the stream's copy ends (its
+        // chunks go in order); one gone from the directory (merged away or expired) is
+        // purged by the first round.
+        for (run_id, held) in run_subjects(&self.stream, &self.name).await? {
+            self.runs.insert(run_id, held.end);
+        }
         Ok(())
     }
 
@@ -275,8 +299,14 @@ impl Link {
                     continue;
                 }
             }
+            // While a run waits to be shipped, the next round starts as soon as it may.
+            let wait = if self.runs_pending {
+                Duration::ZERO
+            } else {
+                IDLE_WAIT
+            };
             let (waiting, shipped) = (Arc::clone(feed), snapshot.counter);
-            let next = tokio::task::spawn_blocking(move || waiting.wait_past(shipped, IDLE_WAIT));
+            let next = tokio::task::spawn_blocking(move || waiting.wait_past(shipped, wait));
             match next.await {
                 Ok(Some(next)) => snapshot = next,
                 _ => return,
@@ -289,8 +319,13 @@ impl Link {
     async fn ship(&mut self, feed: &LogFeed, snapshot: &FeedSnapshot) -> Result<(), Halt> {
         let manifest = feed.manifest_bytes().to_vec();
         if self.manifest.as_ref() != Some(&manifest) {
-            self.publish(manifest_subject(&self.name), None, manifest.clone(), "")
-                .await?;
+            self.publish(
+                manifest_subject(&self.name),
+                None,
+                manifest.clone(),
+                ("", None),
+            )
+            .await?;
             self.manifest = Some(manifest);
         }
         for segment in &snapshot.segments {
@@ -305,7 +340,8 @@ impl Link {
                     Err(err) => return Err(Halt::Down(format!("reading the log: {err}"))),
                 }
                 let subject = segment_subject(&self.name, segment.id);
-                self.publish(subject, Some(offset), chunk, "").await?;
+                self.publish(subject, Some(offset), chunk, ("", None))
+                    .await?;
                 offset += len;
                 self.cursors.insert(segment.id, offset);
             }
@@ -329,6 +365,77 @@ impl Link {
                 .map_err(|err| Halt::Down(err.to_string()))?;
             self.cursors.remove(&id);
             self.compacted.remove(&id);
+        }
+        self.ship_runs(feed).await
+    }
+
+    /// Publishes the sealed runs of the directory the stream lacks, in run id order and
+    /// a few chunks a round, each chunk carrying its offset and the run's whole length;
+    /// once every run is whole on the stream, purges the runs the directory no longer
+    /// holds (merged away, or expired). A restore keeps the runs below the first one
+    /// the stream holds in part (`docs/format.md`, "Replica"): a run is published only
+    /// after every run with a lower id is whole, so a kept run never covers keys that
+    /// only a dropped one holds.
+    async fn ship_runs(&mut self, feed: &LogFeed) -> Result<(), Halt> {
+        if !self.runs_pending
+            && self
+                .runs_listed
+                .is_some_and(|listed| listed.elapsed() < RUN_LIST_EVERY)
+        {
+            return Ok(());
+        }
+        self.runs_listed = Some(std::time::Instant::now());
+        let down = |err: std::io::Error| Halt::Down(format!("reading the sealed runs: {err}"));
+        let storage = feed.storage();
+        let local: BTreeMap<u64, PathBuf> = storage
+            .list(&self.dir)
+            .map_err(down)?
+            .into_iter()
+            .filter_map(|path| Some((parse_run_name(&path)?, path)))
+            .collect();
+        let mut budget = RUN_CHUNKS_PER_ROUND;
+        self.runs_pending = false;
+        for (&run_id, path) in &local {
+            let len = match storage.file_len(path) {
+                Ok(len) => len,
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(err) => return Err(down(err)),
+            };
+            let mut offset = self.runs.get(&run_id).copied().unwrap_or(0);
+            while offset < len {
+                if budget == 0 {
+                    self.runs_pending = true;
+                    return Ok(());
+                }
+                let mut chunk =
+                    vec![0u8; usize::try_from((len - offset).min(CHUNK_BYTES)).unwrap_or(0)];
+                match storage.read_at(path, offset, &mut chunk) {
+                    Ok(()) => {}
+                    // Merged away or expired meanwhile: the next listing purges it.
+                    Err(err) if err.kind() == std::io::ErrorKind::NotFound => break,
+                    Err(err) => return Err(down(err)),
+                }
+                let subject = run_subject(&self.name, run_id);
+                self.publish(subject, Some(offset), chunk, ("", Some(len)))
+                    .await?;
+                offset += (len - offset).min(CHUNK_BYTES);
+                self.runs.insert(run_id, offset);
+                budget -= 1;
+            }
+        }
+        let gone: Vec<u64> = self
+            .runs
+            .keys()
+            .filter(|run_id| !local.contains_key(run_id))
+            .copied()
+            .collect();
+        for run_id in gone {
+            self.stream
+                .purge()
+                .filter(run_subject(&self.name, run_id))
+                .await
+                .map_err(|err| Halt::Down(err.to_string()))?;
+            self.runs.remove(&run_id);
         }
         Ok(())
     }
@@ -357,7 +464,7 @@ impl Link {
                 Err(err) => return Err(Halt::Down(format!("reading the log: {err}"))),
             }
             let sequence = self
-                .publish(subject.clone(), Some(offset), chunk, "whole.")
+                .publish(subject.clone(), Some(offset), chunk, ("whole.", None))
                 .await?;
             first.get_or_insert(sequence);
             offset += len;
@@ -380,13 +487,14 @@ impl Link {
     /// and the message sent again, which the duplicate window drops if it was a chunk),
     /// or another store's claim.
     /// `kind` tells chunks of one offset apart in their message ids (a compaction's from
-    /// the first shipping's). Returns the message's stream sequence.
+    /// the first shipping's); a run's chunks carry the run's length. Returns the
+    /// message's stream sequence.
     async fn publish(
         &mut self,
         subject: String,
         offset: Option<u64>,
         payload: Vec<u8>,
-        kind: &str,
+        (kind, run_len): (&str, Option<u64>),
     ) -> Result<u64, Halt> {
         for _ in 0..2 {
             let mut headers = HeaderMap::new();
@@ -399,6 +507,9 @@ impl Link {
                 headers.insert(OFFSET_HEADER, offset.to_string().as_str());
                 let id = format!("{}.{subject}.{kind}{offset}", token_text(self.token));
                 headers.insert(async_nats::header::NATS_MESSAGE_ID, id.as_str());
+            }
+            if let Some(run_len) = run_len {
+                headers.insert(LENGTH_HEADER, run_len.to_string().as_str());
             }
             let sent = self
                 .js

@@ -40,7 +40,7 @@ pub use report::{
 };
 pub use run::LogPosition;
 pub(crate) use run::{
-    Run, RunSummary, RunWriter, is_temp_run_name, open as open_run, parse_run_name,
+    Run, RunSummary, RunWriter, is_temp_run_name, open as open_run, parse_run_name, run_path,
 };
 pub(crate) use scan::{Scan, Verdict, scan};
 pub(crate) use verify::{header_problem, verify_with};

@@ -647,3 +647,207 @@ fn a_restored_window_expires_exactly_as_the_original() {
     assert!(left_at.is_some(), "the early key never left the window");
     assert!(!restored.contains(b"later").unwrap());
 }
+
+/// The run subjects of replica `name` and the chunks each holds.
+fn run_subjects(url: &str, name: &str) -> Vec<(String, usize)> {
+    servers::runtime().block_on(async {
+        let client = async_nats::connect(url).await.unwrap();
+        let js = async_nats::jetstream::new(client);
+        let stream = js.get_stream(format!("ONCEDB_{name}")).await.unwrap();
+        let mut subjects = stream
+            .info_with_subjects(format!("oncedb.{name}.run.>"))
+            .await
+            .unwrap();
+        let mut found = Vec::new();
+        while let Some(subject) = futures_util::StreamExt::next(&mut subjects).await {
+            found.push(subject.unwrap());
+        }
+        found.sort();
+        found
+    })
+}
+
+/// A store under a memory budget whose runs are all on the replica (whole: their last
+/// chunk reaches their length), every one of its keys admitted.
+fn budgeted_store_shipped(server: &NatsServer, dir: &Path, name: &str, keys: u64) -> Db {
+    let db = open_when_ready(|| {
+        options(dir, Replication::new(server.url(), name))
+            .memory_budget(1 << 16)
+            .shards(4)
+    });
+    let all: Vec<Vec<u8>> = (0..keys).map(key).collect();
+    for batch in all.chunks(256) {
+        assert!(db.insert_many(batch).unwrap().iter().all(|&new| new));
+    }
+    db.flush().unwrap();
+    let runs = || -> usize {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .path()
+                    .extension()
+                    .is_some_and(|x| x == "keys")
+            })
+            .count()
+    };
+    assert!(runs() >= 1, "the budget sealed no run");
+    // The shipper lists the directory twice a second: wait until the stream holds every
+    // local run, whole.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while run_subjects(&server.url(), name).len() != runs() || !runs_whole(server, name) {
+        assert!(Instant::now() < deadline, "the runs were not shipped");
+        std::thread::yield_now();
+    }
+    db
+}
+
+/// Whether every run on replica `name` is whole: its last chunk reaches its length.
+fn runs_whole(server: &NatsServer, name: &str) -> bool {
+    let subjects = run_subjects(&server.url(), name);
+    servers::runtime().block_on(async {
+        let client = async_nats::connect(server.url()).await.unwrap();
+        let js = async_nats::jetstream::new(client);
+        let stream = js.get_stream(format!("ONCEDB_{name}")).await.unwrap();
+        for (subject, _) in subjects {
+            let last = stream
+                .get_last_raw_message_by_subject(&subject)
+                .await
+                .unwrap();
+            let header =
+                |h: &str| -> u64 { last.headers.get(h).unwrap().as_str().parse().unwrap() };
+            if header("Oncedb-Offset") + last.payload.len() as u64 != header("Oncedb-Length") {
+                return false;
+            }
+        }
+        true
+    })
+}
+
+/// Sealed key runs ship beside the log and a restore fetches them (checked whole) so
+/// that the restored store reads its keys from runs, not from a replay of every key;
+/// every key stays a duplicate. A run the replica holds only in part is left out with
+/// every later run (their keys are replayed from the log), and a damaged run is
+/// `Corrupted`.
+#[test]
+fn sealed_runs_are_shipped_and_restored_whole() {
+    let server = NatsServer::start();
+    let work = tempfile::tempdir().unwrap();
+    let db = budgeted_store_shipped(&server, &work.path().join("db"), "runs", 20_000);
+    let local_runs = run_subjects(&server.url(), "runs").len() as u64;
+    drop(db);
+    let restore = |to: &str| {
+        Db::restore(
+            options(
+                &work.path().join(to),
+                Replication::new(server.url(), "runs"),
+            )
+            .memory_budget(1 << 16)
+            .shards(4),
+            &mut |_, _| {},
+        )
+    };
+    let (restored, report) = restore("r1").unwrap();
+    assert_eq!(report.runs, local_runs, "{report:?}");
+    let stats = restored.stats();
+    assert!(stats.sealed_runs >= local_runs, "{stats:?}");
+    let all: Vec<Vec<u8>> = (0..20_000).map(key).collect();
+    for batch in all.chunks(256) {
+        assert!(restored.insert_many(batch).unwrap().iter().all(|&new| !new));
+    }
+    drop(restored);
+
+    // The newest run held in part: a chunk claiming a longer run than it ends. Restores
+    // keep the runs before it, and still every key.
+    let subjects = run_subjects(&server.url(), "runs");
+    let (newest, _) = subjects.last().unwrap().clone();
+    servers::runtime().block_on(async {
+        let client = async_nats::connect(server.url()).await.unwrap();
+        let js = async_nats::jetstream::new(client);
+        let stream = js.get_stream("ONCEDB_runs").await.unwrap();
+        let last = stream
+            .get_last_raw_message_by_subject(&newest)
+            .await
+            .unwrap();
+        let mut headers = async_nats::HeaderMap::new();
+        let offset = last
+            .headers
+            .get("Oncedb-Offset")
+            .unwrap()
+            .as_str()
+            .to_owned();
+        headers.insert("Oncedb-Offset", offset.as_str());
+        headers.insert("Oncedb-Length", "100000000");
+        js.publish_with_headers(newest.clone(), headers, last.payload.clone())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    });
+    let (partial, report) = restore("r2").unwrap();
+    assert_eq!(report.runs, local_runs - 1, "{report:?}");
+    for batch in all.chunks(256) {
+        assert!(partial.insert_many(batch).unwrap().iter().all(|&new| !new));
+    }
+    drop(partial);
+}
+
+/// A run damaged on the replica (one byte flipped) is `Corrupted` at restore, never a
+/// smaller window.
+#[test]
+fn a_restore_refuses_a_damaged_run() {
+    let server = NatsServer::start();
+    let work = tempfile::tempdir().unwrap();
+    drop(budgeted_store_shipped(
+        &server,
+        &work.path().join("db"),
+        "bad-run",
+        20_000,
+    ));
+    let (oldest, _) = run_subjects(&server.url(), "bad-run")[0].clone();
+    servers::runtime().block_on(async {
+        let client = async_nats::connect(server.url()).await.unwrap();
+        let js = async_nats::jetstream::new(client);
+        let stream = js.get_stream("ONCEDB_bad-run").await.unwrap();
+        let last = stream
+            .get_last_raw_message_by_subject(&oldest)
+            .await
+            .unwrap();
+        assert_eq!(
+            last.headers.get("Oncedb-Offset").unwrap().as_str(),
+            "0",
+            "one chunk"
+        );
+        let mut damaged = last.payload.to_vec();
+        damaged[100] ^= 0x40;
+        stream.purge().filter(&oldest).await.unwrap();
+        let mut headers = async_nats::HeaderMap::new();
+        let length = last
+            .headers
+            .get("Oncedb-Length")
+            .unwrap()
+            .as_str()
+            .to_owned();
+        headers.insert("Oncedb-Offset", "0");
+        headers.insert("Oncedb-Length", length.as_str());
+        js.publish_with_headers(oldest.clone(), headers, damaged.into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    });
+    let restored = Db::restore(
+        options(
+            &work.path().join("r"),
+            Replication::new(server.url(), "bad-run"),
+        )
+        .memory_budget(1 << 16)
+        .shards(4),
+        &mut |_, _| {},
+    );
+    let Err(Error::Corrupted { path, .. }) = restored else {
+        panic!("a damaged run restored");
+    };
+    assert!(path.to_string_lossy().contains(".run."), "{path:?}");
+}
