@@ -404,6 +404,22 @@ fn time_promotion(
 
 /// Restores the run's store from its replica into `dir` + `-restored` and prints how
 /// long it took.
+/// Waits until the replica holds every live sealed run whole, so that the restore timed
+/// next fetches them (the shipper lists the directory twice a second).
+fn wait_for_runs_shipped(db: &Db) {
+    let started = Instant::now();
+    if db.stats().replication_runs_unshipped == 0 {
+        return;
+    }
+    while db.stats().replication_runs_unshipped > 0 {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    noteln!(
+        "   replica: every sealed run shipped {:.3} s after the last write",
+        started.elapsed().as_secs_f64()
+    );
+}
+
 fn time_restore(
     args: &BenchArgs,
     scenario: &Scenario,
@@ -415,12 +431,13 @@ fn time_restore(
     let (db, report) = Db::restore(options(args, scenario, Some(&target), None), &mut |_, _| {})
         .map_err(|e| e.to_string())?;
     let took = started.elapsed();
-    let keys = db.stats().live_keys;
+    let keys = db.stats().live_keys + db.stats().sealed_keys;
     noteln!(
-        "   restore: {keys} keys from {} messages ({} bytes of {} segments) in {:.3} s ({:.2} M keys/s)",
+        "   restore: {keys} keys from {} messages ({} bytes of {} segments and {} sealed runs) in {:.3} s ({:.2} M keys/s)",
         report.messages,
         report.bytes,
         report.segments,
+        report.runs,
         took.as_secs_f64(),
         keys as f64 / took.as_secs_f64() / 1e6
     );
@@ -522,6 +539,9 @@ fn run_scenario(args: &BenchArgs, scenario: Scenario) -> Result<Outcome, String>
     }
     let rss_growth = rss_bytes().saturating_sub(rss_before);
     let peak_rss = peak_rss_bytes();
+    if args.restore && args.replicate.is_some() {
+        wait_for_runs_shipped(&db);
+    }
     let reopen = if scenario.reopen && dir.is_some() {
         drop(db);
         let started = Instant::now();

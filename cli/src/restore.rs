@@ -48,14 +48,15 @@ pub fn run(args: &RestoreArgs) -> Result<(), Failure> {
     db.flush()?;
     let stats = db.stats();
     outln!(
-        "restored {} from {}: {} segments, {} bytes from {} messages ({} of expired buckets skipped); {} keys and {} records live",
+        "restored {} from {}: {} segments and {} sealed runs, {} bytes from {} messages ({} of expired buckets skipped); {} keys and {} records live",
         args.dir.display(),
         args.replica,
         report.segments,
+        report.runs,
         report.bytes,
         report.messages,
         report.expired_messages,
-        stats.live_keys,
+        stats.live_keys + stats.sealed_keys,
         stats.live_records
     )?;
     Ok(())

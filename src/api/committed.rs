@@ -88,6 +88,46 @@ impl Db {
     }
 }
 
+impl Db {
+    /// [`Db::wait_finished`] without holding a thread: the task sleeps on the ending's
+    /// waker (and on a timer for the deadline and the lease timeout).
+    pub(crate) async fn wait_finished_async(
+        &self,
+        scope: &Scope,
+        key: &[u8],
+        timeout: std::time::Duration,
+    ) -> Result<Option<crate::base::Record>> {
+        self.engine.check_key(key)?;
+        let now = tokio::time::Instant::now();
+        let deadline = now
+            .checked_add(timeout)
+            .unwrap_or_else(|| now + std::time::Duration::from_secs(86_400 * 365));
+        let mut scoped = Vec::new();
+        scope.encode_key_into(key, &mut scoped)?;
+        loop {
+            let watch = self.engine.watch_ending(&scoped);
+            let record = self.engine.get(&scoped);
+            let now = tokio::time::Instant::now();
+            let in_flight = matches!(
+                &record,
+                Ok(Some(r)) if r.status() == crate::base::RecordStatus::InFlight
+            );
+            if !in_flight || now >= deadline {
+                self.engine.forget_ending(&watch);
+                return record;
+            }
+            let wake = self
+                .engine
+                .lease_timeout()
+                .map_or(deadline, |timeout| deadline.min(now + timeout));
+            let fired = std::future::poll_fn(|cx| watch.1.poll_fired(cx));
+            if tokio::time::timeout_at(wake, fired).await.is_err() {
+                self.engine.forget_ending(&watch);
+            }
+        }
+    }
+}
+
 impl Lease {
     /// Whether ending the lease with a response of `bytes` may do blocking file work on
     /// the calling thread if made now.
@@ -119,6 +159,12 @@ impl Lease {
     }
 
     /// [`Lease::release`], awaiting the commit.
+    pub(crate) async fn keep_alive_committed(&self) -> Result<()> {
+        let lease = (self.fingerprint, self.lease_id);
+        self.settled(|settle| self.engine.renew_settled(lease, settle), "renewed")
+            .await
+    }
+
     pub(crate) async fn release_committed(self) -> Result<()> {
         self.end_committed(Finish::Release, "released").await
     }
@@ -129,7 +175,9 @@ impl Lease {
             self.engine
                 .finish_settled(fingerprint, lease_id, finish, settle)
         };
-        self.settled(end, ending).await
+        self.settled(end, ending).await?;
+        self.engine.ended(fingerprint);
+        Ok(())
     }
 
     /// Makes the lease's write `write` with its wait deferred, awaits its commit, and

@@ -312,6 +312,12 @@ impl Db {
         self.engine.max_response_bytes()
     }
 
+    /// The lease timeout after which a record in flight is taken over:
+    /// [`Options::lease_timeout`]; `None` if it never is.
+    pub fn lease_timeout(&self) -> Option<Duration> {
+        self.engine.lease_timeout()
+    }
+
     /// Whether the store keeps files (and so its writes may wait for an fsync).
     pub fn is_durable(&self) -> bool {
         self.engine.is_durable()

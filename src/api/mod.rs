@@ -6,6 +6,7 @@
 mod committed;
 mod db;
 mod observe;
+mod once;
 mod options;
 mod record;
 mod stats;
@@ -14,6 +15,8 @@ pub use crate::base::{Advance, Record, RecordStatus};
 #[cfg(feature = "replicate")]
 pub use db::Standby;
 pub use db::{BucketInfo, Db, is_archive, verify, verify_with};
+pub(crate) use once::renew_every;
+pub use once::{OnError, Once, RunOnce};
 pub use options::Options;
 pub use record::{InFlight, Lease, LeaseError, Reservation, Scope};
 pub use stats::Stats;

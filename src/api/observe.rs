@@ -146,6 +146,9 @@ pub(crate) fn gauges(stats: &Stats) {
         metrics::gauge!("oncedb_live_records").set(gauge(stats.live_records));
         metrics::gauge!("oncedb_stuck_records").set(gauge(stats.stuck_records));
         metrics::gauge!("oncedb_bytes_on_disk").set(gauge(stats.bytes_on_disk));
+        metrics::gauge!("oncedb_replication_lag_bytes").set(gauge(stats.replication_lag_bytes));
+        metrics::gauge!("oncedb_replication_runs_unshipped")
+            .set(gauge(stats.replication_runs_unshipped));
     }
 }
 

@@ -238,6 +238,21 @@ impl Lease {
         result
     }
 
+    /// Keeps the lease alive: its [`lease_timeout`](crate::Options::lease_timeout)
+    /// counts from now, durably (the renewal is logged, so a reopen keeps it). Call it
+    /// more often than the timeout while the operation runs: a holder that stops
+    /// renewing is taken over once the timeout passes, and one that renews never is.
+    /// After a take-over, [`Error::Fenced`](crate::base::Error::Fenced); after the
+    /// record ended, [`Error::LeaseLost`](crate::base::Error::LeaseLost).
+    pub fn keep_alive(&self) -> Result<()> {
+        let result = self.engine.renew_settled(
+            (self.fingerprint, self.lease_id),
+            &mut crate::engine::Settle::Block,
+        );
+        self.observe(&result, "renewed");
+        result
+    }
+
     /// The lease's fencing epoch: unique in the database and higher than the epoch of
     /// every earlier lease on the same record. A worker that persists it can come back
     /// with [`Db::resume`](crate::Db::resume).

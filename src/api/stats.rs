@@ -94,6 +94,10 @@ pub struct Stats {
     /// Replicating stores (`Options::replicate`): log bytes fsynced here and not yet
     /// acknowledged by the replica. In async mode, what a node's loss would lose now.
     pub replication_lag_bytes: u64,
+    /// Replicating stores: sealed key runs (`memory_budget`) the replica does not hold
+    /// whole yet. A restore leaves out a run held in part, and every later one; their
+    /// keys are replayed from the log instead, which is slower but loses nothing.
+    pub replication_runs_unshipped: u64,
     /// Durable stores: bytes on disk (segment files and the manifest).
     pub bytes_on_disk: u64,
     /// Durable stores: fsync latency percentiles since open, in microseconds, as the
@@ -192,6 +196,7 @@ impl Stats {
             sealed_keys: engine.sealing.sealed_keys,
             sealed_filter_bytes: engine.sealing.filter_bytes,
             runs_sealed: engine.sealing.runs_written,
+            replication_runs_unshipped: engine.replica_runs_unshipped,
             runs_expired: engine.sealing.runs_expired,
             runs_merged: engine.sealing.runs_merged,
             frozen_table_bytes: index.frozen_bytes,

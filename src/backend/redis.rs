@@ -129,6 +129,14 @@ redis.call('HSET', KEYS[1], 'note', ARGV[2])
 return 'ok'
 ";
 
+/// KEYS: record. ARGV: epoch. The lease timeout counts from now, on the server's clock.
+const RENEW: &str = r"
+local state = owner(KEYS[1], ARGV[1])
+if state ~= 'owned' then return state end
+redis.call('HSET', KEYS[1], 'leased', str(now_ms()))
+return 'ok'
+";
+
 const RESUME: &str = r"
 local state = owner(KEYS[1], ARGV[1])
 if state ~= 'owned' then return {state} end
@@ -502,6 +510,7 @@ struct Scripts {
     reserve: Script,
     finish: Script,
     note: Script,
+    renew: Script,
     resume: Script,
     take_over: Script,
     advance: Script,
@@ -513,6 +522,7 @@ static SCRIPTS: std::sync::LazyLock<Scripts> = std::sync::LazyLock::new(|| {
         reserve: script(RESERVE),
         finish: script(FINISH),
         note: script(NOTE),
+        renew: script(RENEW),
         resume: script(RESUME),
         take_over: script(TAKE_OVER),
         advance: script(&ADVANCE.replace("KEPT_TOKENS", &ADVANCE_TOKENS_KEPT.to_string())),
@@ -670,8 +680,46 @@ fn slot(key: &str) -> u16 {
     crc & 0x3fff
 }
 
+/// The first and the longest interval between two looks of a wait for an outcome on
+/// Redis, which polls the record (doubling the interval from the first to the longest).
+const WAIT_POLL_FIRST: Duration = Duration::from_millis(2);
+const WAIT_POLL_MAX: Duration = Duration::from_millis(50);
+
 impl Store for RedisStore {
     type Lease = RedisLease;
+
+    fn lease_timeout(&self) -> Option<Duration> {
+        self.options.lease_timeout
+    }
+
+    /// Polls the record: every 2 ms at first, the interval doubling up to 50 ms, so a
+    /// waiter learns of an ending within 50 ms (and within a few ms of a quick one) at
+    /// the cost of at most 20 reads a second.
+    async fn wait_finished(
+        &self,
+        scope: &Scope,
+        key: &[u8],
+        timeout: Duration,
+    ) -> Result<Option<Record>> {
+        let started = tokio::time::Instant::now();
+        let deadline = started
+            .checked_add(timeout)
+            .unwrap_or(started + Duration::from_secs(86_400 * 365));
+        let mut interval = WAIT_POLL_FIRST;
+        loop {
+            let record = self.get(scope, key).await?;
+            let now = tokio::time::Instant::now();
+            if record
+                .as_ref()
+                .is_none_or(|r| r.status() != RecordStatus::InFlight)
+                || now >= deadline
+            {
+                return Ok(record);
+            }
+            tokio::time::sleep_until(deadline.min(now + interval)).await;
+            interval = (interval * 2).min(WAIT_POLL_MAX);
+        }
+    }
 
     fn max_response_bytes(&self) -> usize {
         self.options.max_response_bytes
@@ -1123,6 +1171,10 @@ impl StoreLease for RedisLease {
     async fn note(&self, note: &[u8]) -> Result<()> {
         StoreOptions::check_note(note)?;
         self.call(&SCRIPTS.note, &[&self.record], &[note]).await
+    }
+
+    async fn keep_alive(&self) -> Result<()> {
+        self.call(&SCRIPTS.renew, &[&self.record], &[]).await
     }
 }
 

@@ -136,6 +136,15 @@ pub enum Error {
         /// What failed.
         message: String,
     },
+    /// `run_once`: the key was used before with a different request
+    /// ([`Reservation::Mismatch`](crate::Reservation::Mismatch)); nothing ran.
+    RequestMismatch,
+    /// `run_once`: another attempt still held the key when the wait for its outcome
+    /// ended; nothing ran. Try again later.
+    StillInFlight {
+        /// When that attempt reserved the key.
+        since: std::time::SystemTime,
+    },
 }
 
 impl fmt::Display for Error {
@@ -205,6 +214,17 @@ impl fmt::Display for Error {
             }
             Error::Authentication { engine, message } => {
                 write!(f, "{engine} authentication failed: {message}")
+            }
+            Error::RequestMismatch => {
+                write!(f, "the key was used before with a different request")
+            }
+            Error::StillInFlight { since } => {
+                let age = since.elapsed().unwrap_or_default();
+                write!(
+                    f,
+                    "another attempt has held the key for {:.1} s and has not finished",
+                    age.as_secs_f64()
+                )
             }
         }
     }

@@ -3,6 +3,7 @@
 //! top; the index and the log sit below and do not know each other.
 
 mod config;
+mod endings;
 mod recovery;
 mod responses;
 mod sealing;
@@ -14,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::base::{
     Advance, Clock, Error, Fingerprint, Finish, Hasher, LEASE_ID_LIMIT, MAX_BATCH_KEYS,
-    MAX_NOTE_BYTES, Record, Result, Window, random_secret,
+    MAX_NOTE_BYTES, Record, RecordStatus, Result, Window, random_secret,
 };
 // What the API uses of the rooms below: it reaches the index, the log and `io` only
 // through these.
@@ -90,6 +91,8 @@ pub(crate) struct Engine {
     stuck_after_ms: u64,
     /// A reserve that finds a record in flight this long takes it over; `None`: never.
     lease_timeout_ms: Option<u64>,
+    /// Callers waiting for a record in flight to end.
+    endings: endings::Endings,
     /// With a memory budget: the sealed runs. Declared before the journal, so that a
     /// closing store waits for the seal under way while it still holds the directory's
     /// lock (fields drop in declaration order).
@@ -116,6 +119,8 @@ pub(crate) struct EngineStats {
     /// Clock readings too far ahead to adopt.
     pub(crate) clock_held_back: u64,
     pub(crate) sealing: sealing::SealStats,
+    /// With a replica: live sealed runs it does not hold whole yet.
+    pub(crate) replica_runs_unshipped: u64,
 }
 
 /// The window and bucket width (in ms) the store in `dir` was created with, from its
@@ -168,6 +173,7 @@ impl Engine {
             max_response_bytes: config.max_response_bytes,
             stuck_after_ms: config.stuck_after_ms,
             lease_timeout_ms: config.lease_timeout_ms,
+            endings: endings::Endings::default(),
             journal: parts.journal,
             unwritten: responses::UnwrittenQueue::default(),
             sealer: parts.sealer,
@@ -675,7 +681,59 @@ impl Engine {
         lease_id: u64,
         finish: Finish,
     ) -> Result<()> {
-        self.finish_settled(fingerprint, lease_id, finish, &mut Settle::Block)
+        self.finish_settled(fingerprint, lease_id, finish, &mut Settle::Block)?;
+        self.ended(fingerprint);
+        Ok(())
+    }
+
+    /// A lease on the record of `fingerprint` ended, its entry committed: wakes the
+    /// callers waiting for it.
+    pub(crate) fn ended(&self, fingerprint: Fingerprint) {
+        self.endings.ended(fingerprint.0);
+    }
+
+    /// Registers a wait for the end of the record of `scoped_key`; look at the record
+    /// after this, then wait on the ending.
+    pub(crate) fn watch_ending(&self, scoped_key: &[u8]) -> (u128, Arc<endings::Ending>) {
+        let key = self.hasher.record(scoped_key).0;
+        (key, self.endings.register(key))
+    }
+
+    /// Takes back a wait registered by [`Engine::watch_ending`] that gave up.
+    pub(crate) fn forget_ending(&self, (key, ending): &(u128, Arc<endings::Ending>)) {
+        self.endings.forget(*key, ending);
+    }
+
+    /// How long a waiter sleeps at most before it looks again: a lease timeout (a
+    /// holder that stopped renewing may be taken over then), or `None`.
+    pub(crate) fn lease_timeout(&self) -> Option<std::time::Duration> {
+        self.lease_timeout_ms.map(std::time::Duration::from_millis)
+    }
+
+    /// Blocks until the record of `scoped_key` is not in flight (finished, released,
+    /// expired) or `deadline` passes, and returns it as it then is. Woken by the ending
+    /// (see `endings`), and at most every lease timeout to look again.
+    pub(crate) fn wait_finished(
+        &self,
+        scoped_key: &[u8],
+        deadline: std::time::Instant,
+    ) -> Result<Option<Record>> {
+        loop {
+            let watch = self.watch_ending(scoped_key);
+            let record = self.get(scoped_key);
+            let now = std::time::Instant::now();
+            let in_flight = matches!(&record, Ok(Some(r)) if r.status == RecordStatus::InFlight);
+            if !in_flight || now >= deadline {
+                self.forget_ending(&watch);
+                return record;
+            }
+            let wake = self
+                .lease_timeout()
+                .map_or(deadline, |timeout| deadline.min(now + timeout));
+            if !watch.1.wait_until(wake) {
+                self.forget_ending(&watch);
+            }
+        }
     }
 
     /// [`Engine::finish`], waiting for the log as `settle` says. A deferred finish
@@ -746,6 +804,29 @@ impl Engine {
                 fingerprint,
                 lease_id,
                 note: &note,
+            }])?
+        };
+        self.settle(ticket, settle)
+    }
+
+    /// Renews lease `lease_id`: the lease timeout counts from now, durably (logged as a
+    /// take-over of the lease by itself, under the shard lock).
+    pub(crate) fn renew_settled(
+        &self,
+        (fingerprint, lease_id): (Fingerprint, u64),
+        settle: &mut Settle,
+    ) -> Result<()> {
+        self.check_writable()?;
+        let now_ms = self.clock.now_ms();
+        let bucket = self.bucket_at(now_ms);
+        let ticket = {
+            let mut shard = self.index.lock(fingerprint, bucket);
+            shard.renew(fingerprint, lease_id, now_ms)?;
+            self.enqueue(&[LogEntry::TakeOver {
+                fingerprint,
+                old: lease_id,
+                new: lease_id,
+                at_ms: now_ms,
             }])?
         };
         self.settle(ticket, settle)
@@ -1000,10 +1081,25 @@ impl Engine {
         self.recovery.as_ref()
     }
 
+    /// Live sealed runs not among the ids `shipped` (those the replica holds whole).
+    fn runs_unshipped(&self, shipped: Option<&[u64]>) -> u64 {
+        let (Some(shipped), Some(sealer)) = (shipped, &self.sealer) else {
+            return 0;
+        };
+        let runs = sealer.runs().hold();
+        runs.iter()
+            .filter(|run| !shipped.contains(&run.summary().run_id))
+            .count() as u64
+    }
+
     pub(crate) fn stats(&self) -> EngineStats {
         let bucket = self.current_bucket();
         let stuck_before = self.clock.now_ms().saturating_sub(self.stuck_after_ms);
         let journal = self.journal.as_ref().map(Journal::stats);
+        let shipped = self
+            .journal
+            .as_ref()
+            .and_then(Journal::replica_runs_shipped);
         let bytes_on_disk = journal.as_ref().map_or(0, |journal| {
             journal.segment_bytes + u64::try_from(MANIFEST_LEN).unwrap_or(u64::MAX)
         });
@@ -1019,6 +1115,7 @@ impl Engine {
                 .as_ref()
                 .map(sealing::Sealer::stats)
                 .unwrap_or_default(),
+            replica_runs_unshipped: self.runs_unshipped(shipped.as_deref()),
         }
     }
 }

@@ -343,6 +343,13 @@ impl StoredRecord {
         self.lease_id = new;
     }
 
+    /// Renews the current lease: a lease timeout counts from `at_ms` now.
+    pub(crate) fn renew(&mut self, at_ms: u64) {
+        if let Body::InFlight { leased_ms, .. } = &mut self.body {
+            *leased_ms = (*leased_ms).max(at_ms);
+        }
+    }
+
     /// Whether the record is in flight under `lease_id`.
     pub(crate) fn in_flight_under(&self, lease_id: u64) -> bool {
         self.is_in_flight() && self.lease_id == lease_id

@@ -825,7 +825,20 @@ impl Shard {
         Ok(Some((old, new, since_ms)))
     }
 
-    /// Recovery: a logged take-over moves the record from lease `old` to lease `new`.
+    /// Renews lease `lease_id` of the record: its timeout counts from `now_ms`.
+    /// `Fenced` if a newer lease holds the record, `LeaseLost` if none does.
+    pub(crate) fn renew(
+        &mut self,
+        fingerprint: Fingerprint,
+        lease_id: u64,
+        now_ms: u64,
+    ) -> Result<()> {
+        self.owned_record(fingerprint, lease_id)?.renew(now_ms);
+        Ok(())
+    }
+
+    /// Recovery: a logged take-over moves the record from lease `old` to lease `new`;
+    /// one whose `old` and `new` are the same lease is a renewal of it.
     pub(crate) fn restore_take_over(
         &mut self,
         fingerprint: Fingerprint,
@@ -836,7 +849,11 @@ impl Shard {
         if let Ok(Some(record)) = self.records.live_mut(fingerprint.0, None, window, current)
             && record.in_flight_under(old)
         {
-            record.hand_over(new, at_ms);
+            if old == new {
+                record.renew(at_ms);
+            } else {
+                record.hand_over(new, at_ms);
+            }
         }
     }
 

@@ -385,44 +385,41 @@ impl Link {
             return Ok(());
         }
         self.runs_listed = Some(std::time::Instant::now());
-        let down = |err: std::io::Error| Halt::Down(format!("reading the sealed runs: {err}"));
-        let storage = feed.storage();
-        let local: BTreeMap<u64, PathBuf> = storage
-            .list(&self.dir)
-            .map_err(down)?
-            .into_iter()
-            .filter_map(|path| Some((parse_run_name(&path)?, path)))
-            .collect();
+        let local = local_runs(feed.storage(), &self.dir).map_err(run_trouble)?;
+        let whole = |runs: &BTreeMap<u64, u64>| -> Vec<u64> {
+            local
+                .iter()
+                .filter(|(run_id, (_, len))| runs.get(run_id) == Some(len))
+                .map(|(&run_id, _)| run_id)
+                .collect()
+        };
         let mut budget = RUN_CHUNKS_PER_ROUND;
         self.runs_pending = false;
-        for (&run_id, path) in &local {
-            let len = match storage.file_len(path) {
-                Ok(len) => len,
-                Err(err) if err.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(err) => return Err(down(err)),
-            };
+        for (&run_id, (path, len)) in &local {
             let mut offset = self.runs.get(&run_id).copied().unwrap_or(0);
-            while offset < len {
+            while offset < *len {
                 if budget == 0 {
                     self.runs_pending = true;
+                    feed.runs_shipped(whole(&self.runs));
                     return Ok(());
                 }
-                let mut chunk =
-                    vec![0u8; usize::try_from((len - offset).min(CHUNK_BYTES)).unwrap_or(0)];
-                match storage.read_at(path, offset, &mut chunk) {
+                let size = (len - offset).min(CHUNK_BYTES);
+                let mut chunk = vec![0u8; usize::try_from(size).unwrap_or(0)];
+                match feed.storage().read_at(path, offset, &mut chunk) {
                     Ok(()) => {}
                     // Merged away or expired meanwhile: the next listing purges it.
                     Err(err) if err.kind() == std::io::ErrorKind::NotFound => break,
-                    Err(err) => return Err(down(err)),
+                    Err(err) => return Err(run_trouble(err)),
                 }
                 let subject = run_subject(&self.name, run_id);
-                self.publish(subject, Some(offset), chunk, ("", Some(len)))
+                self.publish(subject, Some(offset), chunk, ("", Some(*len)))
                     .await?;
-                offset += (len - offset).min(CHUNK_BYTES);
+                offset += size;
                 self.runs.insert(run_id, offset);
                 budget -= 1;
             }
         }
+        feed.runs_shipped(whole(&self.runs));
         let gone: Vec<u64> = self
             .runs
             .keys()
@@ -551,6 +548,32 @@ impl Link {
             Err(Halt::NotOwner)
         }
     }
+}
+
+/// The sealed runs in `dir`, by id, with their paths and lengths (a run removed while
+/// it is listed is left out).
+fn local_runs(
+    storage: &dyn crate::io::Storage,
+    dir: &std::path::Path,
+) -> std::io::Result<BTreeMap<u64, (PathBuf, u64)>> {
+    let mut runs = BTreeMap::new();
+    for path in storage.list(dir)? {
+        let Some(run_id) = parse_run_name(&path) else {
+            continue;
+        };
+        match storage.file_len(&path) {
+            Ok(len) => {
+                runs.insert(run_id, (path, len));
+            }
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+            Err(err) => return Err(err),
+        }
+    }
+    Ok(runs)
+}
+
+fn run_trouble(err: std::io::Error) -> Halt {
+    Halt::Down(format!("reading the sealed runs: {err}"))
 }
 
 /// The owner token a message carries.

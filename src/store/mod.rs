@@ -13,6 +13,7 @@
 //! durable `Db` closes it, which seals the newest segment with an fsync in the dropping
 //! thread; drop it off the runtime (`spawn_blocking(move || drop(db))`) where that matters.
 
+mod once;
 mod outage;
 
 pub use outage::{Guarded, GuardedLease, HeldLease, OutagePolicy};
@@ -20,7 +21,9 @@ pub use outage::{Guarded, GuardedLease, HeldLease, OutagePolicy};
 use std::future::Future;
 use std::time::Duration;
 
-use crate::api::{Advance, Db, InFlight, Lease, Options, Record, Reservation, Scope};
+use crate::api::{
+    Advance, Db, InFlight, Lease, Once, Options, Record, Reservation, RunOnce, Scope,
+};
 use crate::base::{
     DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_RESPONSE_BYTES, Error, MAX_NOTE_BYTES, Result, check_key,
 };
@@ -262,6 +265,43 @@ pub trait Store: Send + Sync + 'static {
         aggregate_id: &[u8],
         version: u64,
     ) -> impl Future<Output = Result<Advance>> + Send;
+
+    /// [`Db::wait_finished`]: the record of `key` in `scope` once it is no longer in
+    /// flight, or as it is when `timeout` passes. How a store learns of the ending is
+    /// its own (`docs/guarantees.md`, "Waiting for an outcome"): the embedded store is
+    /// woken by it, PostgreSQL by `LISTEN`/`NOTIFY`, Redis polls at a bounded interval.
+    /// Every store also looks again at least every lease timeout.
+    fn wait_finished(
+        &self,
+        scope: &Scope,
+        key: &[u8],
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Option<Record>>> + Send;
+
+    /// [`Db::run_once`] on this store: reserves `key` for `request` in `scope`, runs
+    /// `operation` (given the lease's epoch) while the lease is renewed every third of
+    /// the store's lease timeout, and completes, releases or fails the record as
+    /// [`RunOnce`] says; a retry replays, waits for an attempt in flight, or is told of
+    /// a mismatch, exactly as on the embedded store.
+    fn run_once<F, Fut, E>(
+        &self,
+        scope: &Scope,
+        (key, request): (&[u8], &[u8]),
+        how: RunOnce,
+        operation: F,
+    ) -> impl Future<Output = Result<Once<E>>> + Send
+    where
+        Self: Sized,
+        F: FnOnce(u64) -> Fut + Send,
+        Fut: Future<Output = std::result::Result<Vec<u8>, E>> + Send,
+        E: std::fmt::Display + Send,
+    {
+        once::run_once(self, scope, (key, request), how, operation)
+    }
+
+    /// The lease timeout this store takes records in flight over after, if any: how
+    /// often `run_once` renews its lease.
+    fn lease_timeout(&self) -> Option<Duration>;
 }
 
 /// A lease of a [`Store`]: the semantics of [`Lease`]. A call refused with an input
@@ -278,6 +318,8 @@ pub trait StoreLease: Send + Sync + 'static {
     fn release(self) -> impl Future<Output = Result<()>> + Send;
     /// [`Lease::note`].
     fn note(&self, note: &[u8]) -> impl Future<Output = Result<()>> + Send;
+    /// [`Lease::keep_alive`]: the lease timeout counts from now, on the store's clock.
+    fn keep_alive(&self) -> impl Future<Output = Result<()>> + Send;
 }
 
 /// Runs `work` on the blocking pool: for a write that may do blocking file work on the
@@ -349,6 +391,19 @@ impl Store for Db {
         Db::resume(self, scope, key, epoch)
     }
 
+    async fn wait_finished(
+        &self,
+        scope: &Scope,
+        key: &[u8],
+        timeout: Duration,
+    ) -> Result<Option<Record>> {
+        self.wait_finished_async(scope, key, timeout).await
+    }
+
+    fn lease_timeout(&self) -> Option<Duration> {
+        Db::lease_timeout(self)
+    }
+
     async fn advance(&self, scope: &Scope, aggregate_id: &[u8], version: u64) -> Result<Advance> {
         if self.may_block_on_files(aggregate_id.len(), 0, 0) {
             let (scope, aggregate_id) = (scope.clone(), aggregate_id.to_vec());
@@ -400,6 +455,16 @@ impl StoreLease for Lease {
                 .map_err(|err| Error::Io(std::io::Error::other(err)))?;
         }
         self.note_committed(note).await
+    }
+
+    async fn keep_alive(&self) -> Result<()> {
+        if self.may_block_on_files(0) {
+            let lease = self.handle();
+            return tokio::task::spawn_blocking(move || lease.keep_alive())
+                .await
+                .map_err(|err| Error::Io(std::io::Error::other(err)))?;
+        }
+        self.keep_alive_committed().await
     }
 }
 

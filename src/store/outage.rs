@@ -222,6 +222,20 @@ impl<S: Store> Store for Guarded<S> {
         let answer = self.inner.advance(scope, aggregate_id, version).await;
         self.decide(answer, || Advance::Applied)
     }
+
+    async fn wait_finished(
+        &self,
+        scope: &Scope,
+        key: &[u8],
+        timeout: Duration,
+    ) -> Result<Option<Record>> {
+        let answer = self.inner.wait_finished(scope, key, timeout).await;
+        self.closed(answer)
+    }
+
+    fn lease_timeout(&self) -> Option<Duration> {
+        self.inner.lease_timeout()
+    }
 }
 
 impl<L: StoreLease> StoreLease for GuardedLease<L> {
@@ -266,6 +280,16 @@ impl<L: StoreLease> StoreLease for GuardedLease<L> {
         match self {
             GuardedLease::Held(held) => {
                 let answer = held.lease.note(note).await;
+                held.guard.lease_call(answer)
+            }
+            GuardedLease::Unprotected => Ok(()),
+        }
+    }
+
+    async fn keep_alive(&self) -> Result<()> {
+        match self {
+            GuardedLease::Held(held) => {
+                let answer = held.lease.keep_alive().await;
                 held.guard.lease_call(answer)
             }
             GuardedLease::Unprotected => Ok(()),

@@ -693,13 +693,15 @@ fn budgeted_store_shipped(server: &NatsServer, dir: &Path, name: &str, keys: u64
             .count()
     };
     assert!(runs() >= 1, "the budget sealed no run");
-    // The shipper lists the directory twice a second: wait until the stream holds every
-    // local run, whole.
+    // The shipper lists the directory twice a second: wait until the store says the
+    // replica holds every live run whole, then check the stream does.
     let deadline = Instant::now() + Duration::from_secs(60);
-    while run_subjects(&server.url(), name).len() != runs() || !runs_whole(server, name) {
+    while db.stats().replication_runs_unshipped > 0 {
         assert!(Instant::now() < deadline, "the runs were not shipped");
         std::thread::yield_now();
     }
+    assert_eq!(run_subjects(&server.url(), name).len(), runs());
+    assert!(runs_whole(server, name));
     db
 }
 

@@ -17,6 +17,7 @@
 pub mod inbox;
 #[cfg(feature = "nats")]
 pub mod jetstream;
+mod listen;
 mod migrations;
 pub mod outbox;
 mod sql;
@@ -260,6 +261,8 @@ pub struct PostgresStore {
     pool: Pool,
     window_ms: i64,
     options: StoreOptions,
+    /// Wakes the waiters for an outcome.
+    listener: std::sync::Arc<listen::Listener>,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -306,12 +309,19 @@ impl PostgresStore {
         let manager_config = ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         };
-        let manager = match tls_mode(url, &config)? {
-            SslMode::Disable => Manager::from_config(config, NoTls, manager_config),
+        let (manager, connector) = match tls_mode(url, &config)? {
+            SslMode::Disable => (
+                Manager::from_config(config.clone(), NoTls, manager_config),
+                listen::connector(config, NoTls),
+            ),
             // `require`: rustls, verifying the server's chain and name.
             _ => {
-                let tls = tls::client_config(options.tls_roots_pem.as_deref())?;
-                Manager::from_config(config, MakeRustlsConnect::new(tls), manager_config)
+                let tls =
+                    MakeRustlsConnect::new(tls::client_config(options.tls_roots_pem.as_deref())?);
+                (
+                    Manager::from_config(config.clone(), tls.clone(), manager_config),
+                    listen::connector(config, tls),
+                )
             }
         };
         let pool = Pool::builder(manager)
@@ -322,11 +332,15 @@ impl PostgresStore {
             .recycle_timeout(Some(options.response_timeout))
             .build()
             .map_err(|err| Error::InvalidOptions(format!("connection pool: {err}")))?;
-        PostgresStore::from_pool_with(pool, options)
+        let mut store = PostgresStore::from_pool_with(pool, options)?;
+        store.listener = std::sync::Arc::new(listen::Listener::new(Some(connector)));
+        Ok(store)
     }
 
     /// A store on an existing pool (for TLS, pool sizing or shared pools). The pool's
-    /// own TLS settings apply: its `sslmode` is not checked here.
+    /// own TLS settings apply: its `sslmode` is not checked here. Such a store has no
+    /// connection to listen for endings on: its waits for an outcome
+    /// ([`Store::wait_finished`]) poll the record every 50 ms.
     pub fn from_pool(pool: Pool, window: Duration) -> Result<PostgresStore> {
         PostgresStore::from_pool_with(pool, StoreOptions::new(window))
     }
@@ -340,6 +354,7 @@ impl PostgresStore {
             pool,
             window_ms,
             options,
+            listener: std::sync::Arc::new(listen::Listener::new(None)),
         })
     }
 
@@ -376,6 +391,42 @@ impl PostgresStore {
             deleted += purge_all(&client, statement, batch, &[&batch, &retention_ms]).await?;
         }
         Ok(deleted)
+    }
+
+    /// One look at the record of `key`, and a sleep until `signal` (the ending's
+    /// notification) or a time to look again: `Some` answer if the record is no longer
+    /// in flight or the deadline passed, `None` to look again.
+    async fn wait_once(
+        &self,
+        scope: &Scope,
+        key: &[u8],
+        signal: Option<&tokio::sync::Notify>,
+        deadline: tokio::time::Instant,
+    ) -> Option<Result<Option<Record>>> {
+        let woken = signal.map(tokio::sync::Notify::notified);
+        let mut woken = std::pin::pin!(woken);
+        if let Some(woken) = woken.as_mut().as_pin_mut() {
+            woken.enable();
+        }
+        let record = self.get(scope, key).await;
+        let now = tokio::time::Instant::now();
+        let in_flight = matches!(&record, Ok(Some(r)) if r.status() == RecordStatus::InFlight);
+        if !in_flight || now >= deadline {
+            return Some(record);
+        }
+        let look_again = match (signal, self.options.lease_timeout) {
+            (None, _) => listen::POLL_WITHOUT_LISTENER,
+            (Some(_), Some(timeout)) => timeout,
+            (Some(_), None) => deadline - now,
+        };
+        let wake = deadline.min(now + look_again);
+        match woken.as_mut().as_pin_mut() {
+            Some(woken) => {
+                let _ = tokio::time::timeout_at(wake, woken).await;
+            }
+            None => tokio::time::sleep_until(wake).await,
+        }
+        None
     }
 
     async fn client(&self) -> Result<Object> {
@@ -567,6 +618,36 @@ fn parse_status(status: &str) -> Result<RecordStatus> {
 
 impl Store for PostgresStore {
     type Lease = PostgresLease;
+
+    fn lease_timeout(&self) -> Option<Duration> {
+        self.options.lease_timeout
+    }
+
+    /// Woken by the ending's `NOTIFY` (see `listen.rs`); looks again at least every
+    /// lease timeout, and every 50 ms while no connection listens.
+    async fn wait_finished(
+        &self,
+        scope: &Scope,
+        key: &[u8],
+        timeout: Duration,
+    ) -> Result<Option<Record>> {
+        self.record_params(scope, key)?;
+        let topic = listen::topic(scope, key)?;
+        let now = tokio::time::Instant::now();
+        let deadline = now
+            .checked_add(timeout)
+            .unwrap_or(now + Duration::from_secs(86_400 * 365));
+        loop {
+            let signal = self.listener.watch(&topic).await;
+            let ended = self
+                .wait_once(scope, key, signal.as_deref(), deadline)
+                .await;
+            self.listener.forget(signal);
+            if let Some(record) = ended {
+                return record;
+            }
+        }
+    }
 
     fn max_response_bytes(&self) -> usize {
         self.options.max_response_bytes
@@ -815,7 +896,8 @@ impl PostgresLease {
 
     async fn finish(self, status: &str, response: &[u8]) -> Result<()> {
         self.store.options.check_response(response)?;
-        self.call(sql::FINISH, &[&status, &response]).await
+        let topic = listen::topic(&self.scope, &self.key)?;
+        self.call(sql::FINISH, &[&status, &response, &topic]).await
     }
 
     /// [`StoreLease::complete`] inside the caller's transaction `tx`: the response
@@ -826,7 +908,8 @@ impl PostgresLease {
         response: &[u8],
     ) -> Result<()> {
         self.store.options.check_response(response)?;
-        self.call_on(tx, sql::FINISH, &[&"completed", &response])
+        let topic = listen::topic(&self.scope, &self.key)?;
+        self.call_on(tx, sql::FINISH, &[&"completed", &response, &topic])
             .await
     }
 
@@ -837,12 +920,15 @@ impl PostgresLease {
         response: &[u8],
     ) -> Result<()> {
         self.store.options.check_response(response)?;
-        self.call_on(tx, sql::FINISH, &[&"failed", &response]).await
+        let topic = listen::topic(&self.scope, &self.key)?;
+        self.call_on(tx, sql::FINISH, &[&"failed", &response, &topic])
+            .await
     }
 
     /// [`StoreLease::release`] inside the caller's transaction `tx`.
     pub async fn release_in(self, tx: &tokio_postgres::Transaction<'_>) -> Result<()> {
-        self.call_on(tx, sql::RELEASE, &[]).await
+        let topic = listen::topic(&self.scope, &self.key)?;
+        self.call_on(tx, sql::RELEASE, &[&topic]).await
     }
 }
 
@@ -860,11 +946,16 @@ impl StoreLease for PostgresLease {
     }
 
     async fn release(self) -> Result<()> {
-        self.call(sql::RELEASE, &[]).await
+        let topic = listen::topic(&self.scope, &self.key)?;
+        self.call(sql::RELEASE, &[&topic]).await
     }
 
     async fn note(&self, note: &[u8]) -> Result<()> {
         StoreOptions::check_note(note)?;
         self.call(sql::NOTE, &[&note]).await
+    }
+
+    async fn keep_alive(&self) -> Result<()> {
+        self.call(sql::RENEW, &[]).await
     }
 }

@@ -73,14 +73,29 @@ macro_rules! owned_by_lease {
     };
 }
 
-/// `$5` status, `$6` response.
+/// `$5` status, `$6` response, `$7` the record's notification topic: the ending
+/// notifies its waiters when it commits (`listen.rs`); a refused ending (no row) sends
+/// nothing. The rows returned are the rows changed.
 pub(super) const FINISH: &str = concat!(
-    "UPDATE idempotency_records SET status = $5, response_body = $6, finished_at = now(),
-     updated_at = now(), note = NULL",
-    owned_by_lease!()
+    "WITH done AS (UPDATE idempotency_records SET status = $5, response_body = $6,
+     finished_at = now(), updated_at = now(), note = NULL",
+    owned_by_lease!(),
+    " RETURNING 1) SELECT pg_notify('oncedb_finished', $7::text) FROM done"
 );
 
-pub(super) const RELEASE: &str = concat!("DELETE FROM idempotency_records", owned_by_lease!());
+/// `$5` the record's notification topic, as for [`FINISH`].
+pub(super) const RELEASE: &str = concat!(
+    "WITH done AS (DELETE FROM idempotency_records",
+    owned_by_lease!(),
+    " RETURNING 1) SELECT pg_notify('oncedb_finished', $5::text) FROM done"
+);
+
+/// The lease's timeout counts from now (`updated_at` of a record in flight is when its
+/// lease was granted or last renewed).
+pub(super) const RENEW: &str = concat!(
+    "UPDATE idempotency_records SET updated_at = now()",
+    owned_by_lease!()
+);
 
 /// `$5` note. A note leaves `updated_at` alone: the lease timeout counts from the grant
 /// of the lease (its reservation or take-over), on every store.

@@ -315,6 +315,8 @@ struct Shared {
     lagging: AtomicBool,
     /// Another store took the replica over: writes are refused for good.
     not_owner: AtomicBool,
+    /// The sealed runs the replica holds whole, by id, as its shipper last saw them.
+    runs_shipped: Mutex<Vec<u64>>,
     /// `WriterState::written`, readable without the lock.
     written_to: AtomicU64,
     storage: Arc<dyn Storage>,
@@ -400,6 +402,7 @@ impl Journal {
             replica_down: Mutex::new(None),
             lagging: AtomicBool::new(false),
             not_owner: AtomicBool::new(false),
+            runs_shipped: Mutex::new(Vec::new()),
             written_to: AtomicU64::new(0),
             storage: config.storage,
             dir: config.dir,
@@ -747,6 +750,15 @@ impl Journal {
     pub(crate) fn segment_sizes(&self) -> Vec<((u64, u32), u64)> {
         let state = self.shared.state.lock();
         state.segments.iter().map(|(&id, &len)| (id, len)).collect()
+    }
+
+    /// With a replica: the sealed runs it holds whole, by id, as its shipper last saw.
+    pub(crate) fn replica_runs_shipped(&self) -> Option<Vec<u64>> {
+        let shared = &*self.shared;
+        shared
+            .replica
+            .is_some()
+            .then(|| shared.runs_shipped.lock().clone())
     }
 
     pub(crate) fn stats(&self) -> JournalStats {

@@ -99,6 +99,11 @@ impl LogFeed {
         *self.0.replica_down.lock() = Some(why);
     }
 
+    /// The sealed runs the replica holds whole now, by id.
+    pub(crate) fn runs_shipped(&self, runs: Vec<u64>) {
+        *self.0.runs_shipped.lock() = runs;
+    }
+
     /// Another store took the replica over: this one may not write again.
     pub(crate) fn lose_ownership(&self) {
         let shared = &*self.0;
