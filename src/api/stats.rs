@@ -37,6 +37,8 @@ pub struct Stats {
     pub take_overs: u64,
     /// Records in flight at least `Options::stuck_after` (as of the call).
     pub stuck_records: u64,
+    /// Callers waiting now for a record in flight to end (`wait_finished`, `run_once`).
+    pub outcome_waiters: u64,
     /// Ordering guard: versions applied.
     pub versions_applied: u64,
     /// Ordering guard: versions answered `Duplicate`.
@@ -179,6 +181,7 @@ impl Stats {
             fenced: counters.fenced,
             take_overs: counters.take_overs,
             stuck_records: engine.stuck_records,
+            outcome_waiters: engine.outcome_waiters,
             versions_applied: counters.advance_applied,
             versions_duplicate: counters.advance_duplicates,
             versions_stale: counters.advance_stale,

@@ -105,6 +105,11 @@ impl Endings {
         }
     }
 
+    /// How many waiters are registered.
+    pub(crate) fn waiters(&self) -> u64 {
+        self.count.load(Ordering::Acquire) as u64
+    }
+
     /// Wakes every waiter on fingerprint `key`: a lease on it ended, durably.
     pub(crate) fn ended(&self, key: u128) {
         if self.count.load(Ordering::Acquire) == 0 {

@@ -114,6 +114,8 @@ pub(crate) struct EngineStats {
     pub(crate) buckets_dropped: u64,
     /// Records in flight for at least the configured stuck age.
     pub(crate) stuck_records: u64,
+    /// Callers waiting for a record in flight to end.
+    pub(crate) outcome_waiters: u64,
     /// Segment files plus the manifest; 0 in memory.
     pub(crate) bytes_on_disk: u64,
     /// Clock readings too far ahead to adopt.
@@ -1110,6 +1112,7 @@ impl Engine {
             clock_held_back: self.clock_held_back.load(Ordering::Relaxed),
             buckets_dropped: bucket - self.opened_bucket,
             stuck_records: self.index.count_in_flight(bucket, stuck_before),
+            outcome_waiters: self.endings.waiters(),
             sealing: self
                 .sealer
                 .as_ref()

@@ -34,6 +34,90 @@ pub fn canonical_request(parts: &Parts, body: &[u8]) -> Vec<u8> {
     out
 }
 
+/// The fingerprint of a request by chosen fields of its JSON body: `METHOD path?query`,
+/// a newline, then for each JSON Pointer (RFC 6901) of `pointers`, in order, the
+/// pointer, `=`, and the canonical form (as [`canonical_request`]) of the value it
+/// names, or `-` where it names none, each followed by a newline. Fields outside the
+/// pointers (a timestamp a client adds on each retry) do not change it. A body that is
+/// not one JSON value is compared by its bytes, as by [`canonical_request`].
+pub fn fields_request(parts: &Parts, body: &[u8], pointers: &[String]) -> Vec<u8> {
+    let Some(canonical) = canonical_json(body) else {
+        return canonical_request(parts, body);
+    };
+    let target = parts
+        .uri
+        .path_and_query()
+        .map_or_else(|| parts.uri.path(), |pq| pq.as_str());
+    let mut out = format!("{} {target}\n", parts.method).into_bytes();
+    for pointer in pointers {
+        out.extend_from_slice(pointer.as_bytes());
+        out.push(b'=');
+        match resolve(canonical.clone(), pointer) {
+            Some(value) => out.extend_from_slice(&value),
+            None => out.push(b'-'),
+        }
+        out.push(b'\n');
+    }
+    out
+}
+
+/// The string or number the JSON Pointer `pointer` names in the JSON body `body`, as
+/// text (a string unescaped, a number as written); `None` if the body is not JSON or
+/// the pointer names nothing, or names another kind of value.
+pub(crate) fn pointer_text(body: &[u8], pointer: &str) -> Option<String> {
+    let value = resolve(canonical_json(body)?, pointer)?;
+    match value.first()? {
+        b'"' => Reader { text: &value, at: 0 }.string(),
+        b'-' | b'0'..=b'9' => String::from_utf8(value).ok(),
+        _ => None,
+    }
+}
+
+/// Whether `pointer` is a JSON Pointer: empty, or `/`-separated tokens whose `~` is
+/// followed by `0` or `1`.
+pub(crate) fn is_pointer(pointer: &str) -> bool {
+    pointer.is_empty()
+        || pointer.starts_with('/')
+            && pointer
+                .split('~')
+                .skip(1)
+                .all(|after| after.starts_with('0') || after.starts_with('1'))
+}
+
+/// The canonical form of the value `pointer` names in the canonical JSON `canonical`.
+fn resolve(mut canonical: Vec<u8>, pointer: &str) -> Option<Vec<u8>> {
+    if !is_pointer(pointer) {
+        return None;
+    }
+    for token in pointer.split('/').skip(1) {
+        let token = token.replace("~1", "/").replace("~0", "~");
+        canonical = match canonical.first()? {
+            b'{' => Reader { text: &canonical, at: 0 }
+                .members()?
+                .into_iter()
+                .find(|(name, _)| *name == token)?
+                .1,
+            b'[' => {
+                let index = array_index(&token)?;
+                Reader { text: &canonical, at: 0 }
+                    .elements()?
+                    .into_iter()
+                    .nth(index)?
+            }
+            _ => return None,
+        };
+    }
+    Some(canonical)
+}
+
+/// An array index token: `0`, or digits without a leading zero.
+fn array_index(token: &str) -> Option<usize> {
+    let digits = !token.is_empty() && token.bytes().all(|b| b.is_ascii_digit());
+    (digits && (token == "0" || !token.starts_with('0')))
+        .then(|| token.parse().ok())
+        .flatten()
+}
+
 /// Deepest nesting the canonical form follows.
 const MAX_DEPTH: usize = 128;
 
@@ -133,6 +217,45 @@ impl Reader<'_> {
         }
         out.push(b'}');
         Some(())
+    }
+
+    /// The members of the object at the cursor: names and canonical values.
+    fn members(&mut self) -> Option<Vec<(String, Vec<u8>)>> {
+        self.eat(b'{')?;
+        let mut members = Vec::new();
+        if self.eat(b'}').is_none() {
+            loop {
+                self.space();
+                let name = self.string()?;
+                self.eat(b':')?;
+                let mut value = Vec::new();
+                self.value(&mut value, 1)?;
+                members.push((name, value));
+                if self.eat(b',').is_none() {
+                    self.eat(b'}')?;
+                    break;
+                }
+            }
+        }
+        Some(members)
+    }
+
+    /// The elements of the array at the cursor, canonical.
+    fn elements(&mut self) -> Option<Vec<Vec<u8>>> {
+        self.eat(b'[')?;
+        let mut elements = Vec::new();
+        if self.eat(b']').is_none() {
+            loop {
+                let mut value = Vec::new();
+                self.value(&mut value, 1)?;
+                elements.push(value);
+                if self.eat(b',').is_none() {
+                    self.eat(b']')?;
+                    break;
+                }
+            }
+        }
+        Some(elements)
     }
 
     fn array(&mut self, out: &mut Vec<u8>, depth: usize) -> Option<()> {
@@ -357,6 +480,39 @@ mod tests {
         }
         let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
         assert_eq!(canonical(deep.as_bytes()), None);
+    }
+
+    #[test]
+    fn pointers_name_values_as_rfc_6901_says() {
+        let body = br#"{"id":"evt_1","data":{"a/b":[10,{"m~n":"x"}]},"n":-2.50,"t":true}"#;
+        let text = |pointer: &str| super::pointer_text(body, pointer);
+        assert_eq!(text("/id").as_deref(), Some("evt_1"));
+        assert_eq!(text("/n").as_deref(), Some("-2.50"));
+        assert_eq!(text("/data/a~1b/0").as_deref(), Some("10"));
+        assert_eq!(text("/data/a~1b/1/m~0n").as_deref(), Some("x"));
+        // Not a string or number, missing, a bad index, or not a pointer: nothing.
+        for none in ["/t", "/data", "/nope", "/data/a~1b/01", "/data/a~1b/2", "id", "/x~2"] {
+            assert_eq!(text(none), None, "{none}");
+        }
+        assert_eq!(super::pointer_text(b"not json", "/id"), None);
+    }
+
+    #[test]
+    fn fields_fingerprint_only_the_named_fields() {
+        let (parts, ()) = Request::builder()
+            .method("POST")
+            .uri("/hooks")
+            .body(())
+            .unwrap()
+            .into_parts();
+        let pointers = vec!["/amount".to_owned(), "/to".to_owned()];
+        let of = |body: &[u8]| super::fields_request(&parts, body, &pointers);
+        let first = of(br#"{"amount":5,"to":"a","sent_at":1}"#);
+        assert_eq!(first, b"POST /hooks\n/amount=5\n/to=\"a\"\n");
+        assert_eq!(first, of(br#"{"sent_at":2,"to":"a","amount":5}"#));
+        assert_ne!(first, of(br#"{"amount":6,"to":"a","sent_at":1}"#));
+        assert_eq!(of(br#"{"amount":5}"#), b"POST /hooks\n/amount=5\n/to=-\n");
+        assert_eq!(of(b"raw"), b"POST /hooks\nraw");
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //! | a body longer than the limit | `413`, before it is buffered |
 //! | no tenant from the extractor | `401` with `WWW-Authenticate` |
 //! | the key with another fingerprint (method, path, canonical body) | `422` |
-//! | a retry while the first attempt runs | `409` `request_in_progress`, with `Retry-After` |
+//! | a retry while the first attempt runs | with [`IdempotencyLayer::wait_for_outcome`], the first attempt's answer once it ends (or a run of its own if it released the key); after the wait, or without one, `409` `request_in_progress`, with `Retry-After` |
 //! | a retry after an attempt whose outcome is unknown (its record noted) | `409` `request_outcome_unknown`, with `Retry-After` |
 //! | a retry after the response aged out (`Options::response_retention`) | `410` `idempotency_response_expired`: processed, not run again |
 //! | a retry after a `2xx` or `4xx` | the stored status, allow-listed headers and body, byte for byte, plus `Idempotent-Replayed: true` |
@@ -37,6 +37,12 @@
 //!   ([`IdempotencyLayer::detached`]): a retry replays its outcome. A handler that panics
 //!   drops the lease: the record stays in flight, never completed with a partial response.
 //!
+//! The key comes from the `Idempotency-Key` header by default, or from another header
+//! (a webhook's `webhook-id`, GitHub's `X-GitHub-Delivery`) or a JSON Pointer into the
+//! body (a Stripe event's `/id`): [`KeySource`]. The fingerprint covers the method, the
+//! path and the whole canonical body, or only chosen fields of it
+//! ([`IdempotencyLayer::fingerprint_fields`]).
+//!
 //! The scope of a key is the tenant (from the extractor: authentication, never the body),
 //! and the method plus the matched route. The handler finds the key and tenant in the
 //! request's [`IdempotencyContext`] extension, for operation ids sent downstream.
@@ -56,7 +62,7 @@ use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderName, HeaderValue, 
 use axum::http::request::Parts;
 use axum::http::{Method, Request, Response, StatusCode};
 
-pub use fingerprint::canonical_request;
+pub use fingerprint::{canonical_request, fields_request};
 pub use stored::StoredResponse;
 
 use crate::api::{Reservation, Scope};
@@ -140,6 +146,23 @@ struct Settings {
     problem: Option<Arc<ProblemFn>>,
     tenant: Arc<TenantFn>,
     fingerprint: Arc<FingerprintFn>,
+    key_source: KeySource,
+    /// How long a retry waits for the first attempt's outcome before `409`.
+    wait: std::time::Duration,
+}
+
+/// Where the layer reads a request's idempotency key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeySource {
+    /// A request header, sent once: a structured-field string (quoted) or a bare token.
+    /// The default is `Idempotency-Key`; webhooks carry theirs in `webhook-id`
+    /// (Standard Webhooks) or `X-GitHub-Delivery` (GitHub).
+    Header(HeaderName),
+    /// The string or number that a JSON Pointer (RFC 6901) names in the JSON body, such
+    /// as `/id` for a Stripe event. The body is read (up to the size limit) before the
+    /// key: a body that is not JSON, or has nothing there, has no key.
+    Body(String),
 }
 
 impl std::fmt::Debug for Settings {
@@ -176,6 +199,8 @@ impl Settings {
             problem: None,
             tenant: Arc::new(tenant),
             fingerprint: Arc::new(canonical_request),
+            key_source: KeySource::Header(HeaderName::from_static(IDEMPOTENCY_KEY)),
+            wait: std::time::Duration::ZERO,
         }
     }
 }
@@ -306,6 +331,44 @@ impl<S: Store + Clone> IdempotencyLayer<S> {
     /// `false`, a dropped request drops the lease and the record stays in flight.
     pub fn detached(mut self, detached: bool) -> Self {
         self.settings_mut().detached = detached;
+        self
+    }
+
+    /// Where the key is read: [`KeySource`]. Default the `Idempotency-Key` header. A
+    /// body pointer that is not a JSON Pointer is refused with [`Error::InvalidOptions`].
+    pub fn key_source(mut self, source: KeySource) -> Result<Self, Error> {
+        if let KeySource::Body(pointer) = &source
+            && (pointer.is_empty() || !fingerprint::is_pointer(pointer))
+        {
+            return Err(Error::InvalidOptions(format!(
+                "{pointer:?} is not a JSON Pointer to a body field (RFC 6901, such as \"/id\")"
+            )));
+        }
+        self.settings_mut().key_source = source;
+        Ok(self)
+    }
+
+    /// Fingerprints only the body fields these JSON Pointers (RFC 6901) name, with the
+    /// method and path ([`fields_request`]): a retry that changes another field (a
+    /// timestamp) replays, one that changes a named field gets `422`. A pointer that is
+    /// not a JSON Pointer is refused with [`Error::InvalidOptions`].
+    pub fn fingerprint_fields(mut self, pointers: Vec<String>) -> Result<Self, Error> {
+        if let Some(bad) = pointers.iter().find(|p| !fingerprint::is_pointer(p)) {
+            return Err(Error::InvalidOptions(format!(
+                "{bad:?} is not a JSON Pointer (RFC 6901)"
+            )));
+        }
+        self.settings_mut().fingerprint =
+            Arc::new(move |parts: &Parts, body: &[u8]| fields_request(parts, body, &pointers));
+        Ok(self)
+    }
+
+    /// How long a retry that finds the first attempt still running waits for its
+    /// outcome ([`Store::wait_finished`]) and answers it, before it answers `409` as
+    /// without a wait. If the first attempt released the key meanwhile, the retry runs
+    /// the handler itself. Default zero: `409` at once.
+    pub fn wait_for_outcome(mut self, wait: std::time::Duration) -> Self {
+        self.settings_mut().wait = wait;
         self
     }
 
@@ -498,9 +561,9 @@ impl Refusal {
     }
 }
 
-/// The key from the header: a structured-field string (quoted) or a bare token.
-fn read_key(parts: &Parts, settings: &Settings) -> Result<Option<String>, Refusal> {
-    let mut values = parts.headers.get_all(IDEMPOTENCY_KEY).iter();
+/// The key from header `name`: a structured-field string (quoted) or a bare token.
+fn read_key(parts: &Parts, name: &HeaderName, settings: &Settings) -> Result<Option<String>, Refusal> {
+    let mut values = parts.headers.get_all(name).iter();
     let Some(value) = values.next() else {
         return Ok(None);
     };
@@ -517,11 +580,25 @@ fn read_key(parts: &Parts, settings: &Settings) -> Result<Option<String>, Refusa
         .strip_prefix('"')
         .and_then(|rest| rest.strip_suffix('"'))
         .unwrap_or(text);
+    checked_key(key, settings).map(Some)
+}
+
+/// `key` if its length is in range and it is printable ASCII without quotes or
+/// backslashes.
+fn checked_key(key: &str, settings: &Settings) -> Result<String, Refusal> {
     let allowed = |c: char| c.is_ascii_graphic() && c != '"' && c != '\\';
     if !settings.key_bytes.contains(&key.len()) || !key.chars().all(allowed) {
-        return Err(bad());
+        return Err(Refusal(StatusCode::BAD_REQUEST, "invalid_idempotency_key"));
     }
-    Ok(Some(key.to_owned()))
+    Ok(key.to_owned())
+}
+
+/// The key a JSON Pointer names in the body; `None` if it names no string or number.
+fn body_key(body: &[u8], pointer: &str, settings: &Settings) -> Result<Option<String>, Refusal> {
+    match fingerprint::pointer_text(body, pointer) {
+        Some(key) => checked_key(&key, settings).map(Some),
+        None => Ok(None),
+    }
 }
 
 /// Reads the body, refusing one over the limit before buffering it.
@@ -539,6 +616,130 @@ async fn read_body(parts: &Parts, body: Body, settings: &Settings) -> Result<Byt
         .map_err(|_| too_large())
 }
 
+/// A guarded request with its key, before its reservation.
+struct Keyed {
+    tenant: String,
+    operation: String,
+    key: String,
+    scope: Scope,
+    fingerprint: Vec<u8>,
+    body: Bytes,
+}
+
+/// What the checks before the reservation decided.
+enum Admitted {
+    /// Answered by the layer (a refusal).
+    Refused(Response<Body>),
+    /// No key on a route that does not require one: the handler runs unguarded.
+    Unguarded(Body),
+    Keyed(Keyed),
+}
+
+/// Reads the key, the tenant and the body, and refuses what the table in the module's
+/// documentation says.
+async fn admit(parts: &Parts, body: Body, settings: &Settings) -> Admitted {
+    let required = || refuse(StatusCode::BAD_REQUEST, "idempotency_key_required");
+    let header_key = match &settings.key_source {
+        KeySource::Header(name) => match read_key(parts, name, settings) {
+            Ok(Some(key)) => Some(key),
+            Ok(None) if settings.required => return Admitted::Refused(required()),
+            Ok(None) => return Admitted::Unguarded(body),
+            Err(refusal) => return Admitted::Refused(refusal.response()),
+        },
+        KeySource::Body(_) => None,
+    };
+    let Some(tenant) = (settings.tenant)(parts) else {
+        return Admitted::Refused(refuse(StatusCode::UNAUTHORIZED, "unauthorized"));
+    };
+    let body = match read_body(parts, body, settings).await {
+        Ok(body) => body,
+        Err(refusal) => return Admitted::Refused(refusal.response()),
+    };
+    let key = match (header_key, &settings.key_source) {
+        (Some(key), _) => key,
+        (None, KeySource::Body(pointer)) => match body_key(&body, pointer, settings) {
+            Ok(Some(key)) => key,
+            Ok(None) if settings.required => return Admitted::Refused(required()),
+            Ok(None) => return Admitted::Unguarded(Body::from(body)),
+            Err(refusal) => return Admitted::Refused(refusal.response()),
+        },
+        (None, KeySource::Header(_)) => return Admitted::Unguarded(Body::from(body)),
+    };
+    let route = parts
+        .extensions
+        .get::<MatchedPath>()
+        .map_or_else(|| parts.uri.path().to_owned(), |m| m.as_str().to_owned());
+    let operation = format!("{} {route}", parts.method);
+    if tenant.len() > crate::base::MAX_SCOPE_PART_BYTES {
+        return Admitted::Refused(refuse(StatusCode::BAD_REQUEST, "invalid_tenant"));
+    }
+    if operation.len() > crate::base::MAX_SCOPE_PART_BYTES {
+        return Admitted::Refused(refuse(StatusCode::INTERNAL_SERVER_ERROR, "route_too_long"));
+    }
+    Admitted::Keyed(Keyed {
+        scope: Scope::new(&tenant, &operation),
+        fingerprint: (settings.fingerprint)(parts, &body),
+        tenant,
+        operation,
+        key,
+        body,
+    })
+}
+
+/// Reserves the key: the lease, or the layer's answer (a replay, a refusal, `409`). A
+/// retry that finds the first attempt running waits for its outcome as long as
+/// [`IdempotencyLayer::wait_for_outcome`] says, and reserves again once it ended.
+async fn reserve<S: Store>(
+    store: &S,
+    keyed: &Keyed,
+    settings: &Settings,
+) -> Result<S::Lease, Response<Body>> {
+    let now = tokio::time::Instant::now();
+    let deadline = now.checked_add(settings.wait).unwrap_or(now);
+    loop {
+        let reserved = store
+            .reserve(&keyed.scope, keyed.key.as_bytes(), &keyed.fingerprint)
+            .await
+            .map_err(|err| store_error(&err, settings))?;
+        let note = match reserved {
+            Reservation::Acquired(lease) => return Ok(lease),
+            Reservation::InFlight { note, .. } => note,
+            Reservation::Completed(record) | Reservation::Failed(record) => {
+                return Err(replay(record.response().unwrap_or_default()));
+            }
+            // Processed, with nothing left to replay: not run again.
+            Reservation::Expired(_) => {
+                return Err(refuse(StatusCode::GONE, "idempotency_response_expired"));
+            }
+            Reservation::Mismatch => {
+                return Err(refuse(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "idempotency_key_reused",
+                ));
+            }
+        };
+        // A note is the layer's (or a reconciler's) mark of an outcome unknown, which
+        // no wait settles; without one the first attempt is still running, or died
+        // before it could say.
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if note.is_some() || left.is_zero() {
+            let code = match note {
+                Some(_) => "request_outcome_unknown",
+                None => "request_in_progress",
+            };
+            return Err(retry_later(
+                StatusCode::CONFLICT,
+                code,
+                settings.retry_after_secs,
+            ));
+        }
+        store
+            .wait_finished(&keyed.scope, keyed.key.as_bytes(), left)
+            .await
+            .map_err(|err| store_error(&err, settings))?;
+    }
+}
+
 async fn guard<S, I>(
     store: S,
     settings: Arc<Settings>,
@@ -554,67 +755,22 @@ where
         return inner.call(request).await;
     }
     let (mut parts, body) = request.into_parts();
-    let key = match read_key(&parts, &settings) {
-        Ok(Some(key)) => key,
-        Ok(None) if settings.required => {
-            return Ok(refuse(StatusCode::BAD_REQUEST, "idempotency_key_required"));
-        }
-        Ok(None) => return inner.call(Request::from_parts(parts, body)).await,
-        Err(refusal) => return Ok(refusal.response()),
+    let keyed = match admit(&parts, body, &settings).await {
+        Admitted::Refused(response) => return Ok(response),
+        Admitted::Unguarded(body) => return inner.call(Request::from_parts(parts, body)).await,
+        Admitted::Keyed(keyed) => keyed,
     };
-    let Some(tenant) = (settings.tenant)(&parts) else {
-        return Ok(refuse(StatusCode::UNAUTHORIZED, "unauthorized"));
+    let lease = match reserve(&store, &keyed, &settings).await {
+        Ok(lease) => lease,
+        Err(answer) => return Ok(answer),
     };
-    let body = match read_body(&parts, body, &settings).await {
-        Ok(body) => body,
-        Err(refusal) => return Ok(refusal.response()),
-    };
-    let route = parts
-        .extensions
-        .get::<MatchedPath>()
-        .map_or_else(|| parts.uri.path().to_owned(), |m| m.as_str().to_owned());
-    let operation = format!("{} {route}", parts.method);
-    if tenant.len() > crate::base::MAX_SCOPE_PART_BYTES {
-        return Ok(refuse(StatusCode::BAD_REQUEST, "invalid_tenant"));
-    }
-    if operation.len() > crate::base::MAX_SCOPE_PART_BYTES {
-        return Ok(refuse(StatusCode::INTERNAL_SERVER_ERROR, "route_too_long"));
-    }
-    let scope = Scope::new(&tenant, &operation);
-    let fingerprint = (settings.fingerprint)(&parts, &body);
-    let reserved = match store.reserve(&scope, key.as_bytes(), &fingerprint).await {
-        Ok(reserved) => reserved,
-        Err(err) => return Ok(store_error(&err, &settings)),
-    };
-    let lease = match reserved {
-        Reservation::Acquired(lease) => lease,
-        Reservation::InFlight { note, .. } => {
-            // A note is the layer's (or a reconciler's) mark of an outcome unknown; without
-            // one the first attempt is still running, or died before it could say.
-            let code = match note {
-                Some(_) => "request_outcome_unknown",
-                None => "request_in_progress",
-            };
-            return Ok(retry_later(
-                StatusCode::CONFLICT,
-                code,
-                settings.retry_after_secs,
-            ));
-        }
-        Reservation::Completed(record) | Reservation::Failed(record) => {
-            return Ok(replay(record.response().unwrap_or_default()));
-        }
-        Reservation::Expired(_) => {
-            // Processed, with nothing left to replay: not run again.
-            return Ok(refuse(StatusCode::GONE, "idempotency_response_expired"));
-        }
-        Reservation::Mismatch => {
-            return Ok(refuse(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "idempotency_key_reused",
-            ));
-        }
-    };
+    let Keyed {
+        tenant,
+        operation,
+        key,
+        body,
+        ..
+    } = keyed;
     parts.extensions.insert(IdempotencyContext {
         tenant,
         operation,

@@ -10,6 +10,11 @@ pub(super) const OWNER_HEADER: &str = "Oncedb-Owner";
 pub(super) const LENGTH_HEADER: &str = "Oncedb-Length";
 /// Largest chunk of a segment in one message: below NATS's default 1 MiB payload limit.
 pub(super) const CHUNK_BYTES: u64 = 512 << 10;
+/// Chunks a restore's consumer asks for in one pull: 32 of at most 512 KiB is 16 MiB in
+/// flight, well below the 64 MiB a NATS server buffers for a client before it drops the
+/// client as a slow consumer (which a consumer reading large chunks into files would
+/// otherwise become, with the client's default of 500 a pull).
+pub(super) const PULL_BATCH: i64 = 32;
 /// How long JetStream drops a re-sent message with the same `Nats-Msg-Id`.
 pub(super) const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 

@@ -23,7 +23,9 @@ use async_nats::jetstream::stream::Stream;
 use futures_util::StreamExt;
 
 use super::held::{last_message, offset_of, replica_path, segment_end, segment_subjects};
-use super::layout::{manifest_subject, parse_segment_subject, segments_filter, stream_name};
+use super::layout::{
+    PULL_BATCH, manifest_subject, parse_segment_subject, segments_filter, stream_name,
+};
 use super::runs::fetch_runs;
 use super::{Replication, unavailable};
 use crate::base::{Error, Result, Window};
@@ -169,6 +171,7 @@ impl<'a> Copier<'a> {
             .create_consumer(OrderedConfig {
                 filter_subject: segments_filter(&self.name),
                 deliver_policy,
+                max_batch: PULL_BATCH,
                 ..Default::default()
             })
             .await

@@ -16,7 +16,7 @@ use async_nats::jetstream::stream::Stream;
 use futures_util::StreamExt;
 
 use super::held::{HeldRun, offset_of, replica_path, run_subjects};
-use super::layout::{parse_run_subject, runs_filter};
+use super::layout::{PULL_BATCH, parse_run_subject, runs_filter};
 use super::restore::{RestoreReport, STALL_TIMEOUT};
 use super::unavailable;
 use crate::base::{Error, Result};
@@ -97,6 +97,7 @@ async fn copy_runs(
         .create_consumer(OrderedConfig {
             filter_subject: runs_filter(name),
             deliver_policy: DeliverPolicy::All,
+            max_batch: PULL_BATCH,
             ..Default::default()
         })
         .await

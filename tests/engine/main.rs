@@ -22,6 +22,7 @@ mod hashdos;
 mod layering;
 mod memory_bound;
 mod model;
+mod once;
 mod operations;
 mod races;
 mod records;

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use oncedb::io::SplitMix64;
 use oncedb::{
-    Advance, Error, MAX_KEY_BYTES_LIMIT, MAX_NOTE_BYTES, MAX_SCOPE_PART_BYTES, RecordStatus,
-    Reservation, Scope, Store, StoreLease, StoreOptions,
+    Advance, Error, MAX_KEY_BYTES_LIMIT, MAX_NOTE_BYTES, MAX_SCOPE_PART_BYTES, OnError, Once,
+    RecordStatus, Reservation, RunOnce, Scope, Store, StoreLease, StoreOptions,
 };
 
 /// How a suite run gets stores and lets time pass.
@@ -53,6 +53,10 @@ pub async fn run<H: Harness>(harness: &H) {
     races(&store).await;
     window(harness).await;
     lease_timeout(harness).await;
+    keep_alive(harness).await;
+    waiting(&store).await;
+    run_once(&store).await;
+    run_once_errors(&store).await;
     longest_keys(harness).await;
 }
 
@@ -551,6 +555,189 @@ async fn lease_timeout<H: Harness>(harness: &H) {
     assert!(taker.epoch() > noted.epoch());
     assert!(matches!(noted.complete(b"late").await, Err(Error::Fenced)));
     taker.complete(b"done").await.unwrap();
+}
+
+/// `StoreLease::keep_alive`: a lease renewed before its timeout is not taken over
+/// although more than the timeout passed since its grant; once its holder stops
+/// renewing, it is taken over after the timeout, and the old holder's next renewal is
+/// fenced.
+async fn keep_alive<H: Harness>(harness: &H) {
+    let timeout = Duration::from_millis(600);
+    let options = StoreOptions::new(Duration::from_secs(60)).lease_timeout(timeout);
+    let store = harness.store_with(options).await;
+    assert_eq!(store.lease_timeout(), Some(timeout));
+    let scope = Scope::new("t", "keep-alive");
+    let held = acquired(store.reserve(&scope, b"k", b"req").await.unwrap());
+    harness.approach(&store, timeout).await;
+    held.keep_alive().await.unwrap();
+    harness.approach(&store, timeout).await;
+    // Past the timeout since the grant, within it since the renewal.
+    let Reservation::InFlight { .. } = store.reserve(&scope, b"k", b"req").await.unwrap() else {
+        panic!("a renewed lease was taken over");
+    };
+    held.keep_alive().await.unwrap();
+    harness.pass(&store, timeout).await;
+    let taker = acquired(store.reserve(&scope, b"k", b"req").await.unwrap());
+    assert!(taker.epoch() > held.epoch());
+    assert!(matches!(held.keep_alive().await, Err(Error::Fenced)));
+    taker.complete(b"done").await.unwrap();
+    assert!(matches!(renewing_an_ended_lease(&store, &scope).await, Err(Error::LeaseLost)));
+}
+
+/// A renewal of a lease whose record was completed: `LeaseLost`.
+async fn taker_lost<S: Store>(store: &S, scope: &Scope) -> oncedb::Result<()> {
+    let lease = acquired(store.reserve(scope, b"k-ended", b"req").await.unwrap());
+    let again = store.resume(scope, b"k-ended", lease.epoch()).await.unwrap();
+    lease.complete(b"done").await.unwrap();
+    again.keep_alive().await
+}
+
+/// `Store::wait_finished`: a waiter returns with the outcome once the attempt in flight
+/// completes (long before its deadline), with `None` once it is released, and with the
+/// record still in flight when its deadline passes first.
+async fn waiting<S: Store + Clone>(store: &S) {
+    let scope = Arc::new(Scope::new("t", "waiting"));
+    for (n, release) in [(0, false), (1, true)] {
+        let key = format!("wait/{n}").into_bytes();
+        let lease = acquired(store.reserve(&scope, &key, b"req").await.unwrap());
+        let (waiting, started) = tokio::sync::oneshot::channel();
+        let waiter = {
+            let (store, scope, key) = (store.clone(), Arc::clone(&scope), key.clone());
+            tokio::spawn(async move {
+                let _ = waiting.send(());
+                let record = store.wait_finished(&scope, &key, Duration::from_secs(30)).await;
+                (record, Instant::now())
+            })
+        };
+        started.await.unwrap();
+        tokio::task::yield_now().await;
+        let ended_at = Instant::now();
+        if release {
+            lease.release().await.unwrap();
+        } else {
+            lease.complete(b"the outcome").await.unwrap();
+        }
+        let (record, woken_at) = waiter.await.unwrap();
+        let record = record.unwrap();
+        if release {
+            assert!(record.is_none(), "a released record is gone");
+        } else {
+            let record = record.expect("the completed record");
+            assert_eq!(record.status(), RecordStatus::Completed);
+            assert_eq!(record.response(), Some(&b"the outcome"[..]));
+        }
+        // Woken by the ending, not by the 30 s deadline.
+        let waited = woken_at.saturating_duration_since(ended_at);
+        assert!(waited < Duration::from_secs(5), "woken {waited:?} after the ending");
+    }
+    // Nothing ends: the deadline answers, with the record still in flight.
+    let lease = acquired(store.reserve(&scope, b"wait/held", b"req").await.unwrap());
+    let started = Instant::now();
+    let record = store
+        .wait_finished(&scope, b"wait/held", Duration::from_millis(300))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert_eq!(record.status(), RecordStatus::InFlight);
+    lease.complete(b"late").await.unwrap();
+    // A record that is not in flight answers at once, and so does a missing one.
+    let record = store.wait_finished(&scope, b"wait/held", Duration::from_secs(30));
+    let record = record.await.unwrap().unwrap();
+    assert_eq!(record.response(), Some(&b"late"[..]));
+    let missing = store.wait_finished(&scope, b"wait/none", Duration::from_secs(30));
+    assert!(missing.await.unwrap().is_none());
+}
+
+/// `Store::run_once`: sixteen concurrent callers of one key run the operation once; the
+/// one that ran it gets `Ran`, the fifteen that waited for it get its output replayed.
+async fn run_once<S: Store + Clone>(store: &S) {
+    const CALLERS: usize = 16;
+    let scope = Arc::new(Scope::new("t", "run-once"));
+    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let (entered, mut running) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let mut callers = Vec::new();
+    for _ in 0..CALLERS {
+        let (store, scope, runs, gate, entered) = (
+            store.clone(),
+            Arc::clone(&scope),
+            Arc::clone(&runs),
+            Arc::clone(&gate),
+            entered.clone(),
+        );
+        callers.push(tokio::spawn(async move {
+            let how = RunOnce::new().wait(Duration::from_secs(60));
+            store
+                .run_once(&scope, (b"once", b"req"), how, |_epoch| async move {
+                    runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let _ = entered.send(());
+                    // Held until every caller has started: the others wait meanwhile.
+                    let _permit = gate.acquire().await.unwrap();
+                    Ok::<_, String>(b"output".to_vec())
+                })
+                .await
+                .unwrap()
+        }));
+    }
+    running.recv().await.unwrap();
+    gate.add_permits(CALLERS);
+    let (mut ran, mut replayed) = (0, 0);
+    for caller in callers {
+        match caller.await.unwrap() {
+            Once::Ran(output) => {
+                assert_eq!(output, b"output");
+                ran += 1;
+            }
+            Once::Replayed(record) => {
+                assert_eq!(record.status(), RecordStatus::Completed);
+                assert_eq!(record.response(), Some(&b"output"[..]));
+                replayed += 1;
+            }
+            other => panic!("a caller got {other:?}"),
+        }
+    }
+    assert_eq!((ran, replayed), (1, CALLERS - 1));
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
+/// `run_once` with an erring operation releases the record (a retry runs it again) or
+/// stores the failure (a retry replays it), as asked; another request for the key is a
+/// mismatch; an attempt in flight past the wait is `StillInFlight`.
+async fn run_once_errors<S: Store>(store: &S) {
+    let scope = Scope::new("t", "run-once-errors");
+    let fails = |how: RunOnce| {
+        store.run_once(&scope, (b"err", b"req"), how, |_| async {
+            Err::<Vec<u8>, _>("card declined".to_owned())
+        })
+    };
+    let released = fails(RunOnce::new().on_error(OnError::Release)).await.unwrap();
+    assert!(matches!(released, Once::Errored(ref why) if why == "card declined"));
+    assert!(store.get(&scope, b"err").await.unwrap().is_none());
+    let stored = fails(RunOnce::new().on_error(OnError::Fail)).await.unwrap();
+    assert!(matches!(stored, Once::Errored(_)));
+    let Once::Replayed(record) = fails(RunOnce::new()).await.unwrap() else {
+        panic!("a stored failure is replayed");
+    };
+    assert_eq!(record.status(), RecordStatus::Failed);
+    assert_eq!(record.response(), Some(&b"card declined"[..]));
+    let other = store
+        .run_once(&scope, (b"err", b"another"), RunOnce::new(), |_| async {
+            Ok::<_, String>(b"never".to_vec())
+        })
+        .await;
+    assert!(matches!(other, Err(Error::RequestMismatch)));
+    let held = acquired(store.reserve(&scope, b"held", b"req").await.unwrap());
+    let busy = store
+        .run_once(
+            &scope,
+            (b"held", b"req"),
+            RunOnce::new().wait(Duration::from_millis(200)),
+            |_| async { Ok::<_, String>(b"never".to_vec()) },
+        )
+        .await;
+    assert!(matches!(busy, Err(Error::StillInFlight { .. })));
+    held.complete(b"done").await.unwrap();
 }
 
 /// Bytes that no compression shrinks, from a seeded generator.
