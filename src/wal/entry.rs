@@ -188,8 +188,8 @@ impl LogEntry<'_> {
                 at_ms,
             } => {
                 assert!(
-                    old < new && *new < LEASE_ID_LIMIT,
-                    "a take-over raises the lease"
+                    old <= new && *new < LEASE_ID_LIMIT,
+                    "a take-over raises the lease, a renewal keeps it"
                 );
                 encode_frame(out, seed, position, KIND_TAKE_OVER, |out| {
                     out.extend_from_slice(&fingerprint.0.to_le_bytes());
@@ -467,8 +467,10 @@ fn decode_take_over(payload: &[u8]) -> Result<DecodedEntry<'_>, &'static str> {
     }
     let old = get_u64(payload, 16).ok_or(SHORT)?;
     let new = get_u64(payload, 24).ok_or(SHORT)?;
-    if old >= new || new >= LEASE_ID_LIMIT {
-        return Err("take-over entry does not raise the lease");
+    // `old == new` is a renewal (`Lease::keep_alive`): the lease's timeout counts
+    // from `at_ms`.
+    if old > new || new >= LEASE_ID_LIMIT {
+        return Err("take-over entry lowers the lease");
     }
     Ok(DecodedEntry::TakeOver {
         fingerprint: Fingerprint(get_u128(payload, 0).ok_or(SHORT)?),
@@ -639,9 +641,13 @@ mod tests {
                 );
             },
         );
-        let mut lowering = vec![0u8; TAKE_OVER_LEN];
-        lowering[16..24].copy_from_slice(&5u64.to_le_bytes());
-        lowering[24..32].copy_from_slice(&5u64.to_le_bytes());
+        // A renewal keeps the lease; an entry that lowers it is damage.
+        let mut renewal = vec![0u8; TAKE_OVER_LEN];
+        renewal[16..24].copy_from_slice(&5u64.to_le_bytes());
+        renewal[24..32].copy_from_slice(&5u64.to_le_bytes());
+        assert!(decode_entry(KIND_TAKE_OVER, &renewal, 0).is_ok());
+        let mut lowering = renewal.clone();
+        lowering[16..24].copy_from_slice(&6u64.to_le_bytes());
         assert!(decode_entry(KIND_TAKE_OVER, &lowering, 0).is_err());
     }
 

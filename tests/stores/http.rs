@@ -617,3 +617,109 @@ async fn a_retry_after_the_response_aged_out_gets_410_and_does_not_run() {
     assert!(String::from_utf8_lossy(&late.2).contains("idempotency_response_expired"));
     assert_eq!(handler.calls.load(Ordering::SeqCst), 1, "not run again");
 }
+
+/// `wait_for_outcome`: a retry during a slow first attempt waits for it and gets its
+/// `201` replayed instead of `409`; the handler ran once. The retry was waiting (the
+/// store counts it) before the first attempt was let finish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_during_a_slow_first_attempt_waits_and_gets_the_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let handler = Arc::new(Handler::default());
+    let db = durable(dir.path());
+    let layer = IdempotencyLayer::new(db.clone(), |_| Some("tenant_a".to_owned()))
+        .wait_for_outcome(Duration::from_secs(30));
+    let app = Router::new()
+        .route("/things", post(handle).route_layer(layer))
+        .with_state(Arc::clone(&handler));
+    let first = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, request(Some(KEY), "wait", "{}")).await }
+    });
+    while handler.calls.load(Ordering::SeqCst) == 0 {
+        tokio::task::yield_now().await;
+    }
+    let retry = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, request(Some(KEY), "wait", "{}")).await }
+    });
+    while db.stats().outcome_waiters == 0 {
+        tokio::task::yield_now().await;
+    }
+    handler.gate.notify_one();
+    let (first, retry) = (first.await.unwrap(), retry.await.unwrap());
+    assert_eq!(first.0, StatusCode::CREATED);
+    assert_eq!(retry.0, StatusCode::CREATED);
+    assert_eq!(header(&retry.1, "idempotent-replayed"), Some("true"));
+    assert_eq!(retry.2, first.2);
+    assert_eq!(handler.calls.load(Ordering::SeqCst), 1);
+}
+
+/// A webhook-style layer: the key from the `webhook-id` header, or from the body's
+/// `/id`; the fingerprint over `/amount` only.
+fn keyed_app(handler: Arc<Handler>, source: oncedb::http::KeySource) -> Router {
+    let layer = IdempotencyLayer::new(Db::open(Options::in_memory()).unwrap(), |_| {
+        Some("hooks".to_owned())
+    })
+    .key_source(source)
+    .unwrap()
+    .fingerprint_fields(vec!["/amount".to_owned()])
+    .unwrap()
+    .key_bytes(1..=255);
+    Router::new()
+        .route("/things", post(handle).route_layer(layer))
+        .with_state(handler)
+}
+
+fn delivery(header: Option<(&str, &str)>, body: &'static str) -> Request<Body> {
+    let mut builder = Request::post("/things").header("content-type", "application/json");
+    if let Some((name, value)) = header {
+        builder = builder.header(name, value);
+    }
+    builder.body(Body::from(body)).unwrap()
+}
+
+/// Keys from a header of the user's choice and from a body pointer: a duplicate
+/// delivery replays; a change outside the fingerprint fields replays, one inside gets
+/// `422`; a missing or malformed key is `400`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_come_from_any_header_or_a_body_pointer() {
+    use oncedb::http::KeySource;
+    let handler = Arc::new(Handler::default());
+    let by_header = keyed_app(
+        Arc::clone(&handler),
+        KeySource::Header(axum::http::HeaderName::from_static("webhook-id")),
+    );
+    let hook = |body| delivery(Some(("webhook-id", "msg_2KWPBgLlAfxdpx2AI54pPJ85f4W")), body);
+    let first = send(&by_header, hook(r#"{"amount":5,"sent_at":1}"#)).await;
+    assert_eq!(first.0, StatusCode::CREATED);
+    let again = send(&by_header, hook(r#"{"sent_at":2,"amount":5}"#)).await;
+    assert_eq!(again.0, StatusCode::CREATED);
+    assert_eq!(header(&again.1, "idempotent-replayed"), Some("true"));
+    assert_eq!(again.2, first.2);
+    let changed = send(&by_header, hook(r#"{"amount":6,"sent_at":1}"#)).await;
+    assert_eq!(changed.0, StatusCode::UNPROCESSABLE_ENTITY);
+    let missing = send(&by_header, delivery(None, r#"{"amount":5}"#)).await;
+    assert_eq!(missing.0, StatusCode::BAD_REQUEST);
+    assert_eq!(handler.calls.load(Ordering::SeqCst), 1);
+
+    let by_body = keyed_app(Arc::clone(&handler), KeySource::Body("/id".to_owned()));
+    let event = r#"{"id":"evt_1NG8Du2eZvKYlo2C","amount":5,"created":1}"#;
+    let first = send(&by_body, delivery(None, event)).await;
+    assert_eq!(first.0, StatusCode::CREATED);
+    let redelivered = r#"{"created":2,"amount":5,"id":"evt_1NG8Du2eZvKYlo2C"}"#;
+    let again = send(&by_body, delivery(None, redelivered)).await;
+    assert_eq!(header(&again.1, "idempotent-replayed"), Some("true"));
+    assert_eq!(again.2, first.2);
+    let changed = r#"{"id":"evt_1NG8Du2eZvKYlo2C","amount":7}"#;
+    assert_eq!(send(&by_body, delivery(None, changed)).await.0, StatusCode::UNPROCESSABLE_ENTITY);
+    for bad in [r#"{"amount":5}"#, r#"{"id":{"x":1}}"#, "not json", r#"{"id":"has space"}"#] {
+        let refused = send(&by_body, delivery(None, bad)).await;
+        assert_eq!(refused.0, StatusCode::BAD_REQUEST, "{bad}");
+    }
+    assert_eq!(handler.calls.load(Ordering::SeqCst), 2);
+    assert!(
+        IdempotencyLayer::new(Db::open(Options::in_memory()).unwrap(), |_| None)
+            .key_source(KeySource::Body("id".to_owned()))
+            .is_err()
+    );
+}

@@ -585,7 +585,7 @@ async fn keep_alive<H: Harness>(harness: &H) {
 }
 
 /// A renewal of a lease whose record was completed: `LeaseLost`.
-async fn taker_lost<S: Store>(store: &S, scope: &Scope) -> oncedb::Result<()> {
+async fn renewing_an_ended_lease<S: Store>(store: &S, scope: &Scope) -> oncedb::Result<()> {
     let lease = acquired(store.reserve(scope, b"k-ended", b"req").await.unwrap());
     let again = store.resume(scope, b"k-ended", lease.epoch()).await.unwrap();
     lease.complete(b"done").await.unwrap();
