@@ -93,8 +93,8 @@ fn main() {
     };
     // A day of message ids: senders retry for up to a few days; size the window to the
     // sender's retry schedule.
-    let db = Db::open(options.window(std::time::Duration::from_secs(86_400)))
-        .expect("open the store");
+    let db =
+        Db::open(options.window(std::time::Duration::from_secs(86_400))).expect("open the store");
     let addr: SocketAddr = addr.parse().expect("a socket address");
     let runtime = tokio::runtime::Runtime::new().expect("a runtime");
     runtime.block_on(async move {

@@ -67,7 +67,11 @@ pub fn fields_request(parts: &Parts, body: &[u8], pointers: &[String]) -> Vec<u8
 pub(crate) fn pointer_text(body: &[u8], pointer: &str) -> Option<String> {
     let value = resolve(canonical_json(body)?, pointer)?;
     match value.first()? {
-        b'"' => Reader { text: &value, at: 0 }.string(),
+        b'"' => Reader {
+            text: &value,
+            at: 0,
+        }
+        .string(),
         b'-' | b'0'..=b'9' => String::from_utf8(value).ok(),
         _ => None,
     }
@@ -92,17 +96,25 @@ fn resolve(mut canonical: Vec<u8>, pointer: &str) -> Option<Vec<u8>> {
     for token in pointer.split('/').skip(1) {
         let token = token.replace("~1", "/").replace("~0", "~");
         canonical = match canonical.first()? {
-            b'{' => Reader { text: &canonical, at: 0 }
+            b'{' => {
+                Reader {
+                    text: &canonical,
+                    at: 0,
+                }
                 .members()?
                 .into_iter()
                 .find(|(name, _)| *name == token)?
-                .1,
+                .1
+            }
             b'[' => {
                 let index = array_index(&token)?;
-                Reader { text: &canonical, at: 0 }
-                    .elements()?
-                    .into_iter()
-                    .nth(index)?
+                Reader {
+                    text: &canonical,
+                    at: 0,
+                }
+                .elements()?
+                .into_iter()
+                .nth(index)?
             }
             _ => return None,
         };
@@ -491,7 +503,15 @@ mod tests {
         assert_eq!(text("/data/a~1b/0").as_deref(), Some("10"));
         assert_eq!(text("/data/a~1b/1/m~0n").as_deref(), Some("x"));
         // Not a string or number, missing, a bad index, or not a pointer: nothing.
-        for none in ["/t", "/data", "/nope", "/data/a~1b/01", "/data/a~1b/2", "id", "/x~2"] {
+        for none in [
+            "/t",
+            "/data",
+            "/nope",
+            "/data/a~1b/01",
+            "/data/a~1b/2",
+            "id",
+            "/x~2",
+        ] {
             assert_eq!(text(none), None, "{none}");
         }
         assert_eq!(super::pointer_text(b"not json", "/id"), None);

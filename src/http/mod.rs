@@ -562,7 +562,11 @@ impl Refusal {
 }
 
 /// The key from header `name`: a structured-field string (quoted) or a bare token.
-fn read_key(parts: &Parts, name: &HeaderName, settings: &Settings) -> Result<Option<String>, Refusal> {
+fn read_key(
+    parts: &Parts,
+    name: &HeaderName,
+    settings: &Settings,
+) -> Result<Option<String>, Refusal> {
     let mut values = parts.headers.get_all(name).iter();
     let Some(value) = values.next() else {
         return Ok(None);

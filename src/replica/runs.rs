@@ -72,13 +72,18 @@ fn check_run(
         Ok(run.summary().run_id)
     });
     let damaged = |reason: String| Error::Corrupted {
-        path: replica_path(name, kept.get(&run_id).map_or("", |held| held.subject.as_str())),
+        path: replica_path(
+            name,
+            kept.get(&run_id).map_or("", |held| held.subject.as_str()),
+        ),
         offset: 0,
         reason,
     };
     match checked {
         Ok(id) if id == run_id => Ok(()),
-        Ok(id) => Err(damaged(format!("the subject of run {run_id} holds run {id}"))),
+        Ok(id) => Err(damaged(format!(
+            "the subject of run {run_id} holds run {id}"
+        ))),
         Err(Error::Corrupted { reason, .. }) => Err(damaged(reason)),
         Err(err) => Err(err),
     }

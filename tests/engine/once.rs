@@ -7,7 +7,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::support::manual_clock;
-use oncedb::{Db, Durability, Error, Lease, Once, Options, RecordStatus, Reservation, RunOnce, Scope};
+use oncedb::{
+    Db, Durability, Error, Lease, Once, Options, RecordStatus, Reservation, RunOnce, Scope,
+};
 
 fn acquire(db: &Db, scope: &Scope, key: &[u8]) -> Lease {
     match db.reserve(scope, key, b"req").unwrap() {
@@ -45,7 +47,10 @@ fn a_waiter_is_woken_by_the_ending_not_by_a_timer() {
         let record = record.unwrap().unwrap();
         assert_eq!(record.response(), Some(&b"answer"[..]));
         let late = woken_at.saturating_duration_since(completed_at);
-        assert!(late < Duration::from_secs(2), "woken {late:?} after the completion");
+        assert!(
+            late < Duration::from_secs(2),
+            "woken {late:?} after the completion"
+        );
     });
     assert_eq!(db.stats().outcome_waiters, 0);
     let held = acquire(&db, &scope, b"held");
@@ -56,7 +61,11 @@ fn a_waiter_is_woken_by_the_ending_not_by_a_timer() {
         .unwrap();
     assert!(started.elapsed() >= Duration::from_millis(200));
     assert_eq!(record.status(), RecordStatus::InFlight);
-    assert_eq!(db.stats().outcome_waiters, 0, "a waiter that gave up is forgotten");
+    assert_eq!(
+        db.stats().outcome_waiters,
+        0,
+        "a waiter that gave up is forgotten"
+    );
     held.release().unwrap();
 }
 
@@ -87,7 +96,10 @@ fn sixteen_callers_run_the_operation_once_and_all_get_its_output() {
         callers.into_iter().map(|c| c.join().unwrap()).collect()
     });
     assert_eq!(runs.load(Ordering::SeqCst), 1);
-    let ran = outcomes.iter().filter(|o| matches!(o, Once::Ran(out) if out == b"output")).count();
+    let ran = outcomes
+        .iter()
+        .filter(|o| matches!(o, Once::Ran(out) if out == b"output"))
+        .count();
     let replayed = outcomes
         .iter()
         .filter(|o| matches!(o, Once::Replayed(r) if r.response() == Some(&b"output"[..])))
@@ -131,9 +143,12 @@ fn a_renewing_holder_is_never_taken_over_and_a_silent_one_is() {
     // A holder that stopped renewing: its lease dropped, the record left in flight.
     drop(acquire(&db, &scope, b"silent"));
     let taken = db
-        .run_once(&scope, (b"silent", b"req"), RunOnce::new().wait(timeout * 10), |_| {
-            Ok::<_, String>(b"taken over".to_vec())
-        })
+        .run_once(
+            &scope,
+            (b"silent", b"req"),
+            RunOnce::new().wait(timeout * 10),
+            |_| Ok::<_, String>(b"taken over".to_vec()),
+        )
         .unwrap();
     assert!(matches!(taken, Once::Ran(ref out) if out == b"taken over"));
 }

@@ -689,7 +689,12 @@ async fn keys_come_from_any_header_or_a_body_pointer() {
         Arc::clone(&handler),
         KeySource::Header(axum::http::HeaderName::from_static("webhook-id")),
     );
-    let hook = |body| delivery(Some(("webhook-id", "msg_2KWPBgLlAfxdpx2AI54pPJ85f4W")), body);
+    let hook = |body| {
+        delivery(
+            Some(("webhook-id", "msg_2KWPBgLlAfxdpx2AI54pPJ85f4W")),
+            body,
+        )
+    };
     let first = send(&by_header, hook(r#"{"amount":5,"sent_at":1}"#)).await;
     assert_eq!(first.0, StatusCode::CREATED);
     let again = send(&by_header, hook(r#"{"sent_at":2,"amount":5}"#)).await;
@@ -711,8 +716,16 @@ async fn keys_come_from_any_header_or_a_body_pointer() {
     assert_eq!(header(&again.1, "idempotent-replayed"), Some("true"));
     assert_eq!(again.2, first.2);
     let changed = r#"{"id":"evt_1NG8Du2eZvKYlo2C","amount":7}"#;
-    assert_eq!(send(&by_body, delivery(None, changed)).await.0, StatusCode::UNPROCESSABLE_ENTITY);
-    for bad in [r#"{"amount":5}"#, r#"{"id":{"x":1}}"#, "not json", r#"{"id":"has space"}"#] {
+    assert_eq!(
+        send(&by_body, delivery(None, changed)).await.0,
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
+    for bad in [
+        r#"{"amount":5}"#,
+        r#"{"id":{"x":1}}"#,
+        "not json",
+        r#"{"id":"has space"}"#,
+    ] {
         let refused = send(&by_body, delivery(None, bad)).await;
         assert_eq!(refused.0, StatusCode::BAD_REQUEST, "{bad}");
     }

@@ -37,9 +37,9 @@ mod replica;
 mod store;
 #[cfg(all(feature = "postgres", feature = "redis"))]
 mod tls;
+#[cfg(feature = "postgres")]
+mod transactions;
 #[cfg(feature = "http")]
 mod webhooks;
 #[cfg(all(feature = "postgres", feature = "redis"))]
 mod workers;
-#[cfg(feature = "postgres")]
-mod transactions;

@@ -79,11 +79,15 @@ impl Receiver {
 async fn a_duplicate_delivery_gets_the_stored_answer_and_the_handler_runs_once() {
     let dir = tempfile::tempdir().unwrap();
     let receiver = Receiver::start(dir.path());
-    let event = |ts: u32| format!(r#"{{"type":"invoice.paid","data":{{"id":"in_1"}},"timestamp":{ts}}}"#);
+    let event =
+        |ts: u32| format!(r#"{{"type":"invoice.paid","data":{{"id":"in_1"}},"timestamp":{ts}}}"#);
     let first = receiver.deliver("msg_1", &event(1)).await;
     assert_eq!((first.0, first.1.as_deref()), (StatusCode::OK, None));
     let again = receiver.deliver("msg_1", &event(2)).await;
-    assert_eq!((again.0, again.1.as_deref()), (StatusCode::OK, Some("true")));
+    assert_eq!(
+        (again.0, again.1.as_deref()),
+        (StatusCode::OK, Some("true"))
+    );
     assert_eq!(again.2, first.2);
     // Sixteen redeliveries of a new message at once: one runs, fifteen replay.
     let mut deliveries = Vec::new();
@@ -112,6 +116,9 @@ async fn a_duplicate_delivery_gets_the_stored_answer_and_the_handler_runs_once()
     assert_eq!(bodies.len(), 1, "every delivery got the one answer");
     assert_eq!(receiver.handled().await, 2);
     let changed = r#"{"type":"invoice.paid","data":{"id":"in_2"}}"#;
-    assert_eq!(receiver.deliver("msg_1", changed).await.0, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        receiver.deliver("msg_1", changed).await.0,
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
     assert_eq!(receiver.handled().await, 2);
 }

@@ -26,7 +26,9 @@ async fn postgres(url: &str) -> PostgresStore {
 }
 
 async fn redis(url: &str) -> RedisStore {
-    RedisStore::connect_with(url, "workers", options()).await.unwrap()
+    RedisStore::connect_with(url, "workers", options())
+        .await
+        .unwrap()
 }
 
 /// The worker: runs the operation of key `job` and never finishes it, saying so
@@ -45,15 +47,28 @@ fn run_once_worker_child() {
         };
         let scope = Scope::new("t", "workers");
         let _ = match backend.as_str() {
-            "postgres" => postgres(&url).await.run_once(&scope, (b"job", b"req"), RunOnce::new(), never).await,
-            _ => redis(&url).await.run_once(&scope, (b"job", b"req"), RunOnce::new(), never).await,
+            "postgres" => {
+                postgres(&url)
+                    .await
+                    .run_once(&scope, (b"job", b"req"), RunOnce::new(), never)
+                    .await
+            }
+            _ => {
+                redis(&url)
+                    .await
+                    .run_once(&scope, (b"job", b"req"), RunOnce::new(), never)
+                    .await
+            }
         };
     });
 }
 
 /// A worker process, SIGKILLed on drop (a failed test stops it too), and its stdout,
 /// kept open while it runs.
-struct Worker(std::process::Child, std::io::Lines<BufReader<std::process::ChildStdout>>);
+struct Worker(
+    std::process::Child,
+    std::io::Lines<BufReader<std::process::ChildStdout>>,
+);
 
 impl Drop for Worker {
     fn drop(&mut self) {
@@ -65,7 +80,13 @@ impl Drop for Worker {
 /// Starts the worker on `backend` at `url` and waits until it runs the operation.
 fn start_worker(backend: &str, url: &str) -> Worker {
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "workers::run_once_worker_child", "--nocapture", "--test-threads=1"])
+        .args([
+            "--ignored",
+            "--exact",
+            "workers::run_once_worker_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(CHILD_BACKEND, backend)
         .env(CHILD_URL, url)
         .stdout(Stdio::piped())
@@ -97,12 +118,18 @@ async fn renewing_then_killed<S: Store>(store: &S, mut worker: Worker) {
     worker.0.kill().unwrap();
     worker.0.wait().unwrap();
     let taken = store
-        .run_once(&scope, (b"job", b"req"), RunOnce::new().wait(LEASE_TIMEOUT * 20), |_| async {
-            Ok::<_, String>(b"taken over".to_vec())
-        })
+        .run_once(
+            &scope,
+            (b"job", b"req"),
+            RunOnce::new().wait(LEASE_TIMEOUT * 20),
+            |_| async { Ok::<_, String>(b"taken over".to_vec()) },
+        )
         .await
         .unwrap();
-    assert!(matches!(taken, Once::Ran(ref out) if out == b"taken over"), "{taken:?}");
+    assert!(
+        matches!(taken, Once::Ran(ref out) if out == b"taken over"),
+        "{taken:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

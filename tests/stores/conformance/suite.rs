@@ -581,13 +581,19 @@ async fn keep_alive<H: Harness>(harness: &H) {
     assert!(taker.epoch() > held.epoch());
     assert!(matches!(held.keep_alive().await, Err(Error::Fenced)));
     taker.complete(b"done").await.unwrap();
-    assert!(matches!(renewing_an_ended_lease(&store, &scope).await, Err(Error::LeaseLost)));
+    assert!(matches!(
+        renewing_an_ended_lease(&store, &scope).await,
+        Err(Error::LeaseLost)
+    ));
 }
 
 /// A renewal of a lease whose record was completed: `LeaseLost`.
 async fn renewing_an_ended_lease<S: Store>(store: &S, scope: &Scope) -> oncedb::Result<()> {
     let lease = acquired(store.reserve(scope, b"k-ended", b"req").await.unwrap());
-    let again = store.resume(scope, b"k-ended", lease.epoch()).await.unwrap();
+    let again = store
+        .resume(scope, b"k-ended", lease.epoch())
+        .await
+        .unwrap();
     lease.complete(b"done").await.unwrap();
     again.keep_alive().await
 }
@@ -604,8 +610,16 @@ async fn waiting<S: Store + Clone>(store: &S) {
         let waiter = {
             let (store, scope, key) = (store.clone(), Arc::clone(&scope), key.clone());
             tokio::spawn(async move {
+                // A first, short wait ends at its deadline: the waiter is set up (a
+                // listening connection open, where the store has one) before the
+                // ending, and the record was in flight.
+                let first = store.wait_finished(&scope, &key, Duration::from_millis(100));
+                let first = first.await.unwrap().unwrap();
+                assert_eq!(first.status(), RecordStatus::InFlight);
                 let _ = waiting.send(());
-                let record = store.wait_finished(&scope, &key, Duration::from_secs(30)).await;
+                let record = store
+                    .wait_finished(&scope, &key, Duration::from_secs(30))
+                    .await;
                 (record, Instant::now())
             })
         };
@@ -628,7 +642,10 @@ async fn waiting<S: Store + Clone>(store: &S) {
         }
         // Woken by the ending, not by the 30 s deadline.
         let waited = woken_at.saturating_duration_since(ended_at);
-        assert!(waited < Duration::from_secs(5), "woken {waited:?} after the ending");
+        assert!(
+            waited < Duration::from_secs(5),
+            "woken {waited:?} after the ending"
+        );
     }
     // Nothing ends: the deadline answers, with the record still in flight.
     let lease = acquired(store.reserve(&scope, b"wait/held", b"req").await.unwrap());
@@ -681,6 +698,7 @@ async fn run_once<S: Store + Clone>(store: &S) {
         }));
     }
     running.recv().await.unwrap();
+    let opened_at = Instant::now();
     gate.add_permits(CALLERS);
     let (mut ran, mut replayed) = (0, 0);
     for caller in callers {
@@ -699,6 +717,9 @@ async fn run_once<S: Store + Clone>(store: &S) {
     }
     assert_eq!((ran, replayed), (1, CALLERS - 1));
     assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+    // The waiters were woken by the completion, not by their 60 s deadline.
+    let took = opened_at.elapsed();
+    assert!(took < Duration::from_secs(20), "the waiters took {took:?}");
 }
 
 /// `run_once` with an erring operation releases the record (a retry runs it again) or
@@ -711,7 +732,9 @@ async fn run_once_errors<S: Store>(store: &S) {
             Err::<Vec<u8>, _>("card declined".to_owned())
         })
     };
-    let released = fails(RunOnce::new().on_error(OnError::Release)).await.unwrap();
+    let released = fails(RunOnce::new().on_error(OnError::Release))
+        .await
+        .unwrap();
     assert!(matches!(released, Once::Errored(ref why) if why == "card declined"));
     assert!(store.get(&scope, b"err").await.unwrap().is_none());
     let stored = fails(RunOnce::new().on_error(OnError::Fail)).await.unwrap();
