@@ -15,6 +15,7 @@ pub use crate::base::{Advance, Record, RecordStatus};
 #[cfg(feature = "replicate")]
 pub use db::Standby;
 pub use db::{BucketInfo, Db, is_archive, verify, verify_with};
+#[cfg(feature = "async")]
 pub(crate) use once::renew_every;
 pub use once::{OnError, Once, RunOnce};
 pub use options::Options;

@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::task::{Context, Poll, Waker};
+use std::task::Waker;
 use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
@@ -54,17 +54,18 @@ impl Ending {
         true
     }
 
+    #[cfg(feature = "async")]
     /// Polls for the ending, registering `cx`'s waker to be woken by it.
-    pub(crate) fn poll_fired(&self, cx: &mut Context<'_>) -> Poll<()> {
+    pub(crate) fn poll_fired(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
         if self.fired() {
-            return Poll::Ready(());
+            return std::task::Poll::Ready(());
         }
         *self.waker.lock() = Some(cx.waker().clone());
         // Fired between the first look and the waker's registration: it took no waker.
         if self.fired() {
-            return Poll::Ready(());
+            return std::task::Poll::Ready(());
         }
-        Poll::Pending
+        std::task::Poll::Pending
     }
 }
 
