@@ -2,6 +2,11 @@
 //! iteration, without the layer, with it on a first request (reserve, handler, store the
 //! response) and on a replay, over an in-memory, an `Interval(10 ms)` and a `Sync` store.
 //!
+//! And a client that retries 50 ms into a first attempt that takes 120 ms: the time until
+//! the retrying client holds the answer, with `wait_for_outcome` (one retry, answered
+//! when the first attempt ends) against `409` and a retry every 50 ms until it is
+//! replayed.
+//!
 //! `cargo bench --bench http --features http`.
 
 #![expect(clippy::unwrap_used, reason = "benchmark: a failure aborts the run")]
@@ -95,5 +100,56 @@ fn layer(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, layer);
+/// The first attempt's handler: 120 ms of work.
+async fn slow() -> (StatusCode, &'static str) {
+    tokio::time::sleep(std::time::Duration::from_millis(120)).await;
+    (StatusCode::CREATED, "created")
+}
+
+/// Sends a first request, retries it 50 ms later (and every 50 ms while answered `409`),
+/// and returns once the retry got the answer.
+async fn retried(app: Router, key: u64) {
+    let first = tokio::spawn({
+        let app = app.clone();
+        async move { app.oneshot(request(key)).await.unwrap() }
+    });
+    loop {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let answer = app.clone().oneshot(request(key)).await.unwrap();
+        if answer.status() != StatusCode::CONFLICT {
+            assert_eq!(answer.status(), StatusCode::CREATED);
+            break;
+        }
+    }
+    first.await.unwrap();
+}
+
+fn retry_during_first_attempt(c: &mut Criterion) {
+    let mut group = c.benchmark_group("http_retry_during_first_attempt");
+    group.sample_size(10);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_time()
+        .build()
+        .unwrap();
+    let next = AtomicU64::new(0);
+    for (name, wait) in [
+        ("409_and_retry_every_50ms", std::time::Duration::ZERO),
+        ("wait_for_outcome", std::time::Duration::from_secs(5)),
+    ] {
+        let db = Db::open(Options::in_memory()).unwrap();
+        let layer =
+            IdempotencyLayer::new(db, |_| Some("org_123".to_owned())).wait_for_outcome(wait);
+        let app = Router::new().route("/v1/payments", post(slow).route_layer(layer));
+        group.bench_function(name, |b| {
+            b.to_async(&runtime).iter(|| {
+                let key = next.fetch_add(1, Ordering::Relaxed);
+                retried(app.clone(), key)
+            });
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, layer, retry_during_first_attempt);
 criterion_main!(benches);

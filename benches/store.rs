@@ -2,7 +2,8 @@
 //! complete per iteration, through the synchronous API on the calling thread and through
 //! `Store` on a tokio runtime, for an in-memory store and a durable `Sync` and `Interval`
 //! store (each write on the calling task, awaiting its group commit); and an ordering-guard
-//! advance per iteration, the same ways.
+//! advance per iteration, the same ways; and `run_once` (reserve, the operation, complete)
+//! against the same reserve and complete written by hand.
 //!
 //! `cargo bench --bench store --features async`.
 
@@ -12,7 +13,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use oncedb::{Advance, Db, Durability, Options, Reservation, Scope, Store, StoreLease};
+use oncedb::{
+    Advance, Db, Durability, Once, Options, Reservation, RunOnce, Scope, Store, StoreLease,
+};
 
 fn stores() -> Vec<(&'static str, Db, tempfile::TempDir)> {
     let mut out = Vec::new();
@@ -49,6 +52,8 @@ enum Call {
     ReserveComplete,
     /// An ordering-guard advance of a fresh aggregate: applied and logged.
     Advance,
+    /// `run_once` of an operation answering `response`: a reserve and a complete.
+    RunOnce,
 }
 
 impl Call {
@@ -61,6 +66,12 @@ impl Call {
                 lease.complete(b"response").unwrap();
             }
             Call::Advance => assert_eq!(db.advance(scope, key, 1).unwrap(), Advance::Applied),
+            Call::RunOnce => {
+                let ran = db.run_once(scope, (key, b"req"), RunOnce::new(), |_| {
+                    Ok::<_, String>(b"response".to_vec())
+                });
+                assert!(matches!(ran.unwrap(), Once::Ran(_)));
+            }
         }
     }
 
@@ -77,6 +88,12 @@ impl Call {
             Call::Advance => {
                 let advanced = Store::advance(db, scope, key, 1).await.unwrap();
                 assert_eq!(advanced, Advance::Applied);
+            }
+            Call::RunOnce => {
+                let ran = Store::run_once(db, scope, (key, b"req"), RunOnce::new(), |_| async {
+                    Ok::<_, String>(b"response".to_vec())
+                });
+                assert!(matches!(ran.await.unwrap(), Once::Ran(_)));
             }
         }
     }
@@ -109,6 +126,11 @@ fn reserve_complete(c: &mut Criterion) {
 
 fn advance(c: &mut Criterion) {
     each_store(c, "store_advance", Call::Advance);
+}
+
+/// `run_once` against `store_reserve_complete`, its hand-written equivalent.
+fn run_once(c: &mut Criterion) {
+    each_store(c, "store_run_once", Call::RunOnce);
 }
 
 /// 64 tasks, each admitting fresh keys one at a time through `Store` on a `Sync` store:
@@ -160,5 +182,5 @@ fn sync_writers(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, reserve_complete, advance, sync_writers);
+criterion_group!(benches, reserve_complete, run_once, advance, sync_writers);
 criterion_main!(benches);
