@@ -71,15 +71,48 @@ fn raise(err: oncedb::Error) -> PyErr {
 }
 
 fn raise_ref(err: &oncedb::Error) -> PyErr {
-    let message = err.to_string();
+    classify(err).error(err.to_string())
+}
+
+/// The Python exception class of a store error.
+#[derive(Clone, Copy)]
+enum Kind {
+    LeaseLost,
+    Fenced,
+    Full,
+    Poisoned,
+    Locked,
+    Corrupted,
+    Io,
+    InvalidInput,
+    Other,
+}
+
+impl Kind {
+    fn error(self, message: String) -> PyErr {
+        match self {
+            Kind::LeaseLost => LeaseLost::new_err(message),
+            Kind::Fenced => Fenced::new_err(message),
+            Kind::Full => Full::new_err(message),
+            Kind::Poisoned => Poisoned::new_err(message),
+            Kind::Locked => Locked::new_err(message),
+            Kind::Corrupted => Corrupted::new_err(message),
+            Kind::Io => StoreIoError::new_err(message),
+            Kind::InvalidInput => InvalidInput::new_err(message),
+            Kind::Other => Error::new_err(message),
+        }
+    }
+}
+
+fn classify(err: &oncedb::Error) -> Kind {
     match err {
-        oncedb::Error::LeaseLost => LeaseLost::new_err(message),
-        oncedb::Error::Fenced => Fenced::new_err(message),
-        oncedb::Error::Full => Full::new_err(message),
-        oncedb::Error::Poisoned => Poisoned::new_err(message),
-        oncedb::Error::Locked(_) => Locked::new_err(message),
-        oncedb::Error::Corrupted { .. } => Corrupted::new_err(message),
-        oncedb::Error::Io(_) => StoreIoError::new_err(message),
+        oncedb::Error::LeaseLost => Kind::LeaseLost,
+        oncedb::Error::Fenced => Kind::Fenced,
+        oncedb::Error::Full => Kind::Full,
+        oncedb::Error::Poisoned => Kind::Poisoned,
+        oncedb::Error::Locked(_) => Kind::Locked,
+        oncedb::Error::Corrupted { .. } => Kind::Corrupted,
+        oncedb::Error::Io(_) => Kind::Io,
         oncedb::Error::InvalidOptions(_)
         | oncedb::Error::IncompatibleOptions(_)
         | oncedb::Error::KeyTooLong { .. }
@@ -87,8 +120,8 @@ fn raise_ref(err: &oncedb::Error) -> PyErr {
         | oncedb::Error::ScopeTooLong { .. }
         | oncedb::Error::ResponseTooLarge { .. }
         | oncedb::Error::BatchTooLarge { .. }
-        | oncedb::Error::NoteTooLong { .. } => InvalidInput::new_err(message),
-        _ => Error::new_err(message),
+        | oncedb::Error::NoteTooLong { .. } => Kind::InvalidInput,
+        _ => Kind::Other,
     }
 }
 
@@ -142,10 +175,28 @@ fn unix_seconds(time: SystemTime) -> f64 {
 struct Db {
     /// `None` once closed.
     db: Mutex<Option<std::sync::Arc<oncedb::Db>>>,
+    /// The process that opened it: a forked worker has a copy of its memory (its own
+    /// index, no background threads, the parent's directory lock) and must not use it.
+    pid: u32,
+}
+
+/// Refuses a store (or lease) opened by another process: this one was forked from it.
+fn same_process(pid: u32) -> PyResult<()> {
+    let here = std::process::id();
+    if here == pid {
+        return Ok(());
+    }
+    Err(Error::new_err(format!(
+        "this Db was opened by process {pid} and is used in process {here}, forked from it: \
+         a forked worker has its own copy of the index, so two workers could both acquire \
+         one key. Open the Db in each worker after the fork, each with its own directory \
+         (route each key to one worker), or share a PostgreSQL or Redis store"
+    )))
 }
 
 impl Db {
     fn handle(&self) -> PyResult<std::sync::Arc<oncedb::Db>> {
+        same_process(self.pid)?;
         self.db
             .lock()
             .map_err(|_| Error::new_err("the Db's lock is poisoned"))?
@@ -157,7 +208,7 @@ impl Db {
 #[pymethods]
 impl Db {
     #[new]
-    #[pyo3(signature = (path=None, *, window=None, bucket=None, durability="sync", max_keys=None, memory_budget=None, response_retention=None, shards=None))]
+    #[pyo3(signature = (path=None, *, window=None, bucket=None, durability="sync", max_keys=None, memory_budget=None, response_retention=None, shards=None, lease_timeout=None))]
     #[expect(
         clippy::too_many_arguments,
         reason = "Python keyword arguments, all optional"
@@ -172,6 +223,7 @@ impl Db {
         memory_budget: Option<u64>,
         response_retention: Option<&Bound<'_, PyAny>>,
         shards: Option<usize>,
+        lease_timeout: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Db> {
         let mut options = match &path {
             Some(path) => oncedb::Options::new(path).durability(durability_of(durability)?),
@@ -195,9 +247,13 @@ impl Db {
         if let Some(shards) = shards {
             options = options.shards(shards);
         }
+        if let Some(timeout) = lease_timeout {
+            options = options.lease_timeout(duration_of(timeout)?);
+        }
         let db = py.detach(|| oncedb::Db::open(options)).map_err(raise)?;
         Ok(Db {
             db: Mutex::new(Some(std::sync::Arc::new(db))),
+            pid: std::process::id(),
         })
     }
 
@@ -240,6 +296,34 @@ impl Db {
             .detach(|| db.reserve(&scope, &key, &request))
             .map_err(raise)?;
         Ok(Reservation::from(reservation))
+    }
+
+    /// Waits until the record of `key` in (`tenant`, `operation`) is no longer in flight
+    /// or `timeout` passes (the GIL released, woken by the ending itself): the record
+    /// as it then is, as a `Reservation` whose status is "completed", "failed" or
+    /// "in_flight"; `None` if there is none (released, expired, never reserved).
+    fn wait_finished(
+        &self,
+        py: Python<'_>,
+        tenant: &Bound<'_, PyAny>,
+        operation: &Bound<'_, PyAny>,
+        key: &Bound<'_, PyAny>,
+        timeout: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<Reservation>> {
+        let db = self.handle()?;
+        let scope = oncedb::Scope::new(key_of(tenant)?, key_of(operation)?);
+        let (key, timeout) = (key_of(key)?.into_owned(), duration_of(timeout)?);
+        let record = py
+            .detach(|| db.wait_finished(&scope, &key, timeout))
+            .map_err(raise)?;
+        Ok(record.map(|record| Reservation::of_record(&record)))
+    }
+
+    /// The lease timeout after which a record in flight is taken over, in seconds, or
+    /// `None`.
+    #[getter]
+    fn lease_timeout(&self) -> PyResult<Option<f64>> {
+        Ok(self.handle()?.lease_timeout().map(|t| t.as_secs_f64()))
     }
 
     /// Takes over the record of `key` if it is in flight: a new lease, the old one
@@ -335,6 +419,7 @@ impl Db {
             fenced,
             take_overs,
             stuck_records,
+            outcome_waiters,
             full_rejections,
             buckets_live,
             buckets_dropped,
@@ -402,6 +487,21 @@ struct Reservation {
 }
 
 impl Reservation {
+    /// A record as `wait_finished` returns it.
+    fn of_record(record: &oncedb::Record) -> Reservation {
+        Reservation {
+            status: match record.status() {
+                oncedb::RecordStatus::Completed => "completed",
+                oncedb::RecordStatus::Failed => "failed",
+                _ => "in_flight",
+            },
+            lease: None,
+            response: record.response().map(<[u8]>::to_vec),
+            since: Some(unix_seconds(record.created_at())),
+            note: None,
+        }
+    }
+
     fn from(reservation: oncedb::Reservation) -> Reservation {
         let mut answer = Reservation {
             status: "mismatch",
@@ -457,7 +557,11 @@ impl Reservation {
 /// The right to finish one record: complete, fail or release it once.
 #[pyclass(module = "oncedb._oncedb", frozen)]
 struct Lease {
+    /// Locked only with the GIL released (inside `py.detach`): a thread that holds the
+    /// GIL never waits on it, so a call waiting on the lock and a call waiting for the
+    /// GIL cannot wait on each other.
     lease: Mutex<Option<oncedb::Lease>>,
+    pid: u32,
     /// The fencing epoch: pass it to downstream writes so that a replaced holder's
     /// writes can be refused.
     #[pyo3(get)]
@@ -469,34 +573,61 @@ impl Lease {
         Lease {
             epoch: lease.epoch(),
             lease: Mutex::new(Some(lease)),
+            pid: std::process::id(),
         }
     }
 
-    fn take(&self) -> PyResult<oncedb::Lease> {
-        self.lease
-            .lock()
-            .map_err(|_| Error::new_err("the lease's lock is poisoned"))?
-            .take()
-            .ok_or_else(|| LeaseLost::new_err("the lease already ended"))
-    }
-
-    /// Ends the lease with `end`, the GIL released. A failed end gives the lease back, so
-    /// that a retry (after an I/O error) can end it.
+    /// Ends the lease with `end`, the GIL released (the lock taken only then). A failed
+    /// end gives the lease back, so that a retry (after an I/O error) can end it.
     fn end(
         &self,
         py: Python<'_>,
         end: impl FnOnce(oncedb::Lease) -> Result<(), oncedb::LeaseError> + Send,
     ) -> PyResult<()> {
-        let lease = self.take()?;
-        match py.detach(|| end(lease)) {
-            Ok(()) => Ok(()),
-            Err(err) => {
-                let message = raise_ref(err.error());
-                if let Ok(mut slot) = self.lease.lock() {
-                    *slot = Some(err.into_lease());
-                }
-                Err(message)
-            }
+        same_process(self.pid)?;
+        let ended = py.detach(|| {
+            let mut slot = self.lease.lock().map_err(|_| Ended::Poisoned)?;
+            let lease = slot.take().ok_or(Ended::Gone)?;
+            end(lease).map_err(|err| {
+                let error = err.error().to_string();
+                let kind = Ended::Refused(error, classify(err.error()));
+                *slot = Some(err.into_lease());
+                kind
+            })
+        });
+        ended.map_err(Ended::into_py)
+    }
+
+    /// Runs `call` on the lease, the GIL released (the lock taken only then).
+    fn with(
+        &self,
+        py: Python<'_>,
+        call: impl FnOnce(&oncedb::Lease) -> oncedb::Result<()> + Send,
+    ) -> PyResult<()> {
+        same_process(self.pid)?;
+        let done = py.detach(|| {
+            let slot = self.lease.lock().map_err(|_| Ended::Poisoned)?;
+            let lease = slot.as_ref().ok_or(Ended::Gone)?;
+            call(lease).map_err(|err| Ended::Refused(err.to_string(), classify(&err)))
+        });
+        done.map_err(Ended::into_py)
+    }
+}
+
+/// Why a lease call failed, carried out of a section without the GIL (where no Python
+/// object may be made).
+enum Ended {
+    Poisoned,
+    Gone,
+    Refused(String, Kind),
+}
+
+impl Ended {
+    fn into_py(self) -> PyErr {
+        match self {
+            Ended::Poisoned => Error::new_err("the lease's lock is poisoned"),
+            Ended::Gone => LeaseLost::new_err("the lease already ended"),
+            Ended::Refused(message, kind) => kind.error(message),
         }
     }
 }
@@ -520,14 +651,13 @@ impl Lease {
 
     /// Attaches a short note to the record while in flight (what a reconciler sees).
     fn note(&self, py: Python<'_>, note: Vec<u8>) -> PyResult<()> {
-        let guard = self
-            .lease
-            .lock()
-            .map_err(|_| Error::new_err("the lease's lock is poisoned"))?;
-        let lease = guard
-            .as_ref()
-            .ok_or_else(|| LeaseLost::new_err("the lease already ended"))?;
-        py.detach(|| lease.note(&note)).map_err(raise)
+        self.with(py, move |lease| lease.note(&note))
+    }
+
+    /// Renews the lease: the store's lease timeout counts from now, durably. Call it
+    /// more often than the timeout while the work runs.
+    fn keep_alive(&self, py: Python<'_>) -> PyResult<()> {
+        self.with(py, oncedb::Lease::keep_alive)
     }
 }
 
@@ -535,6 +665,7 @@ impl Lease {
 #[pymodule]
 fn _oncedb(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<Db>()?;
     m.add_class::<Reservation>()?;
     m.add_class::<Lease>()?;

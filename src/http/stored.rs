@@ -152,6 +152,30 @@ mod tests {
 
     use super::StoredResponse;
 
+    /// The bytes of one stored answer, also asserted by the Python middleware's tests
+    /// (`python/tests/test_bad_days.py`): both sides write and read one layout.
+    const SHARED_WITH_PYTHON: &str =
+        "02c900010c636f6e74656e742d7479706510006170706c69636174696f6e2f6a736f6e020000007b7d";
+
+    #[test]
+    fn the_layout_is_the_one_python_writes() {
+        let stored = StoredResponse {
+            status: StatusCode::CREATED,
+            headers: vec![(
+                HeaderName::from_static("content-type"),
+                HeaderValue::from_static("application/json"),
+            )],
+            body: b"{}".to_vec(),
+        };
+        let hex: String = stored.encode().iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex, SHARED_WITH_PYTHON);
+        let bytes: Vec<u8> = (0..SHARED_WITH_PYTHON.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&SHARED_WITH_PYTHON[i..i + 2], 16).unwrap())
+            .collect();
+        assert_eq!(StoredResponse::decode(&bytes), Some(stored));
+    }
+
     #[test]
     fn round_trips_and_refuses_damage() {
         let stored = StoredResponse {

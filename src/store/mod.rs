@@ -270,7 +270,9 @@ pub trait Store: Send + Sync + 'static {
     /// flight, or as it is when `timeout` passes. How a store learns of the ending is
     /// its own (`docs/guarantees.md`, "Waiting for an outcome"): the embedded store is
     /// woken by it, PostgreSQL by `LISTEN`/`NOTIFY`, Redis polls at a bounded interval.
-    /// Every store also looks again at least every lease timeout.
+    /// Every store also looks again at least every lease timeout. Needs a runtime with
+    /// timers (`enable_time`, or `enable_all` as `#[tokio::main]` builds it), for the
+    /// deadline.
     fn wait_finished(
         &self,
         scope: &Scope,

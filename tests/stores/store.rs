@@ -70,14 +70,16 @@ fn a_durable_db_never_fsyncs_on_the_runtime_thread() {
         clock: ManualClock::new(SystemTime::now()),
         stores: Mutex::new(Vec::new()),
     };
+    // Timers on: waits for an outcome (`wait_finished`, `run_once`) sleep on them.
     let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
         .build()
         .unwrap();
     runtime.block_on(suite::run(&harness));
     let runtime_thread = std::thread::current().id();
     // Before the harness drops the stores.
     let threads = harness.threads.lock().unwrap().clone();
-    assert_eq!(harness.stores.lock().unwrap().len(), 4);
+    assert_eq!(harness.stores.lock().unwrap().len(), 5);
     assert!(
         threads.len() > 40,
         "the writes were fsynced: {}",

@@ -1,0 +1,139 @@
+"""`oncedb.idempotent` on `def` and `async def`, and a `Db` used after a fork."""
+
+import asyncio
+import os
+import threading
+
+import pytest
+
+import oncedb
+
+
+def counting(db, **options):
+    calls = []
+
+    @oncedb.idempotent(
+        db,
+        tenant="t",
+        operation=lambda order, amount: f"charge:{order}",
+        key=lambda order, amount: order,
+        payload=lambda order, amount: {"amount": amount},
+        **options,
+    )
+    def charge(order, amount):
+        calls.append((order, amount))
+        if amount < 0:
+            raise ValueError("a negative amount")
+        return {"charged": amount, "call": len(calls)}
+
+    return charge, calls
+
+
+def test_a_function_runs_once_per_key_and_retries_get_its_value():
+    db = oncedb.Db()
+    charge, calls = counting(db)
+    assert charge("o-1", 5) == {"charged": 5, "call": 1}
+    assert charge("o-1", 5) == {"charged": 5, "call": 1}
+    assert len(calls) == 1
+    with pytest.raises(oncedb.Mismatch):
+        charge("o-1", 6)
+    assert charge("o-2", 5) == {"charged": 5, "call": 2}
+
+
+def test_an_exception_releases_the_key_or_is_stored():
+    db = oncedb.Db()
+    charge, calls = counting(db)
+    for _ in range(2):
+        with pytest.raises(ValueError):
+            charge("o-3", -1)
+    assert len(calls) == 2, "a released key runs again"
+    failing, failed_calls = counting(db, on_error="fail")
+    with pytest.raises(ValueError):
+        failing("o-4", -1)
+    with pytest.raises(oncedb.Failed, match="a negative amount"):
+        failing("o-4", -1)
+    assert len(failed_calls) == 1
+    with pytest.raises(ValueError):
+        counting(db, on_error="sometimes")
+
+
+def test_a_call_in_flight_waits_for_the_outcome_or_raises_in_flight():
+    db = oncedb.Db()
+    entered, gate = threading.Event(), threading.Event()
+
+    @oncedb.idempotent(db, tenant="t", operation="slow", key=lambda n: n, wait=30)
+    def slow(n):
+        entered.set()
+        gate.wait(30)
+        return n * 2
+
+    first = threading.Thread(target=slow, args=("k",))
+    first.start()
+    entered.wait(30)
+    answers = []
+    waiter = threading.Thread(target=lambda: answers.append(slow("k")))
+    waiter.start()
+    while db.stats()["outcome_waiters"] == 0:
+        threading.Event().wait(0.001)
+    gate.set()
+    first.join(30)
+    waiter.join(30)
+    assert answers == ["kk"]
+
+    @oncedb.idempotent(db, tenant="t", operation="busy", key=lambda n: n, wait=0.2)
+    def busy(n):
+        return n
+
+    lease = db.reserve("t", "busy", "b", b'{"args":["b"],"kwargs":{}}').lease
+    with pytest.raises(oncedb.InFlight):
+        busy("b")
+    lease.release()
+    assert busy("b") == "b"
+
+
+def test_async_functions_run_once_and_renew_their_lease():
+    db = oncedb.Db(lease_timeout=0.3)
+    calls = []
+
+    @oncedb.idempotent(db, tenant="t", operation="async", key=lambda n: n, wait=0.2)
+    async def work(n):
+        calls.append(n)
+        # Longer than the lease timeout: renewed meanwhile, so never taken over.
+        await asyncio.sleep(1.0)
+        return n
+
+    async def main():
+        first = asyncio.ensure_future(work("a"))
+        await asyncio.sleep(0.7)
+        with pytest.raises(oncedb.InFlight):
+            await work("a")
+        return await first, await work("a")
+
+    assert asyncio.run(main()) == ("a", "a")
+    assert calls == ["a"]
+
+
+def test_a_db_used_after_a_fork_refuses_at_once(tmp_path):
+    db = oncedb.Db(tmp_path / "db")
+    lease = db.reserve("t", "op", "k", b"r").lease
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            db.insert_if_absent(b"x")
+        except oncedb.Error as err:
+            code = 0 if "forked" in str(err) else 2
+        try:
+            lease.complete(b"done")
+            code = 3
+        except oncedb.Error:
+            pass
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    assert db.insert_if_absent(b"x")
+    lease.complete(b"done")
+
+
+def test_the_version_is_the_packages():
+    assert oncedb.__version__ == "0.1.0"
