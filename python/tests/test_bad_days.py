@@ -167,7 +167,10 @@ def test_background_tasks_run_after_the_answer_and_their_failure_keeps_it():
         await asyncio.get_running_loop().run_in_executor(None, gate.wait, 10)
         raise RuntimeError("the background task failed")
 
+    entered = asyncio.Event()
+
     async def handler(request):
+        entered.set()
         return PlainTextResponse("created", status_code=201, background=BackgroundTask(later))
 
     app, db = make(handler)
@@ -175,6 +178,7 @@ def test_background_tasks_run_after_the_answer_and_their_failure_keeps_it():
     async def main():
         async with client(app) as http:
             first = asyncio.ensure_future(http.post("/things", headers={"idempotency-key": KEY}))
+            await entered.wait()
             # The record completes (and the answer goes out) before the background task.
             done = await oncedb.run(db.wait_finished, TENANT, "POST /things", KEY, 10)
             assert done is not None and done.status == "completed"
@@ -197,11 +201,14 @@ def test_background_tasks_run_after_the_answer_and_their_failure_keeps_it():
 def test_app_exceptions_follow_server_errors_with_a_note(policy, retried):
     calls = []
 
-    async def broken(request):
+    async def broken(scope, receive, send):
+        # A bare ASGI app: the exception reaches the middleware unanswered (a Starlette
+        # app answers 500 first, which the middleware takes as the answer).
         calls.append(1)
         raise RuntimeError("database down")
 
-    app, db = make(broken, server_errors=policy)
+    db = oncedb.Db(window=3600, bucket=60)
+    app = IdempotencyMiddleware(broken, db=db, tenant=lambda scope: TENANT, server_errors=policy)
 
     async def main():
         transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
@@ -387,7 +394,7 @@ def test_a_handler_reads_the_tenant_key_and_operation_id():
 
     context = asyncio.run(main()).json()
     assert context["key"] == KEY and context["tenant"] == TENANT
-    assert context["operation_id"] == f"1:t11:POST /things{len(KEY)}:{KEY}"
+    assert context["operation_id"] == f"1:t12:POST /things{len(KEY)}:{KEY}"
 
 
 def test_excluded_paths_and_optional_keys_pass_unguarded():
