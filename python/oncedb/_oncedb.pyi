@@ -1,9 +1,26 @@
 from datetime import timedelta
 from os import PathLike
-from typing import Literal, Optional, Sequence, Union
+from typing import Literal, Optional, Sequence, Union, final
 
-Key = Union[bytes, str]
-Seconds = Union[int, float, timedelta]
+_Key = Union[bytes, str]
+_Seconds = Union[int, float, timedelta]
+
+__all__ = [
+    "Closed",
+    "Corrupted",
+    "Db",
+    "Error",
+    "Fenced",
+    "Full",
+    "InvalidInput",
+    "Lease",
+    "LeaseLost",
+    "Locked",
+    "Poisoned",
+    "Reservation",
+    "StoreIoError",
+    "__version__",
+]
 
 __version__: str
 
@@ -18,6 +35,7 @@ class Corrupted(Error): ...
 class StoreIoError(Error): ...
 class Closed(Error): ...
 
+@final
 class Lease:
     """The right to finish one record: complete, fail or release it once."""
 
@@ -29,6 +47,7 @@ class Lease:
     def note(self, note: bytes) -> None: ...
     def keep_alive(self) -> None: ...
 
+@final
 class Reservation:
     """What ``Db.reserve`` answered."""
 
@@ -45,35 +64,36 @@ class Reservation:
     @property
     def note(self) -> Optional[bytes]: ...
 
+@final
 class Db:
     """A store: durable in ``path``, or in memory with ``path=None``."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         path: Union[str, PathLike[str], None] = None,
         *,
-        window: Optional[Seconds] = None,
-        bucket: Optional[Seconds] = None,
+        window: Optional[_Seconds] = None,
+        bucket: Optional[_Seconds] = None,
         durability: str = "sync",
         max_keys: Optional[int] = None,
         memory_budget: Optional[int] = None,
-        response_retention: Optional[Seconds] = None,
+        response_retention: Optional[_Seconds] = None,
         shards: Optional[int] = None,
-        lease_timeout: Optional[Seconds] = None,
-    ) -> None: ...
-    def insert_if_absent(self, key: Key) -> bool: ...
-    def insert_many(self, keys: Sequence[Key]) -> list[bool]: ...
-    def contains(self, key: Key) -> bool: ...
-    def reserve(self, tenant: Key, operation: Key, key: Key, request: bytes) -> Reservation: ...
-    def take_over(self, tenant: Key, operation: Key, key: Key) -> Optional[Lease]: ...
+        lease_timeout: Optional[_Seconds] = None,
+    ) -> "Db": ...
+    def insert_if_absent(self, key: _Key) -> bool: ...
+    def insert_many(self, keys: Sequence[_Key]) -> list[bool]: ...
+    def contains(self, key: _Key) -> bool: ...
+    def reserve(self, tenant: _Key, operation: _Key, key: _Key, request: bytes) -> Reservation: ...
+    def take_over(self, tenant: _Key, operation: _Key, key: _Key) -> Optional[Lease]: ...
     def wait_finished(
-        self, tenant: Key, operation: Key, key: Key, timeout: Seconds
+        self, tenant: _Key, operation: _Key, key: _Key, timeout: _Seconds
     ) -> Optional[Reservation]: ...
     @property
     def lease_timeout(self) -> Optional[float]: ...
-    def in_flight(self, older_than: Seconds) -> list[dict[str, object]]: ...
+    def in_flight(self, older_than: _Seconds) -> list[dict[str, object]]: ...
     def advance(
-        self, tenant: Key, operation: Key, aggregate_id: Key, version: int
+        self, tenant: _Key, operation: _Key, aggregate_id: _Key, version: int
     ) -> tuple[str, Optional[int]]: ...
     def flush(self) -> None: ...
     def stats(self) -> dict[str, int]: ...
@@ -81,4 +101,4 @@ class Db:
     def durable(self) -> bool: ...
     def close(self) -> None: ...
     def __enter__(self) -> "Db": ...
-    def __exit__(self, *exc: object) -> bool: ...
+    def __exit__(self, _kind: object, _value: object, _traceback: object) -> bool: ...
