@@ -3,28 +3,22 @@
 //! 16 concurrent duplicates and a SIGKILL of the server; the refusals (`400`, `401`,
 //! `413`, `422`); a timeout settled by reconciliation.
 
-use crate::support::servers;
+use crate::support::ExampleServer;
 
-use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use oncedb::http::IdempotencyContext;
 use reqwest::StatusCode;
 
 /// The payments example as a child process, SIGKILLed on drop.
-struct Payments {
-    child: Child,
-    base: String,
-    http: reqwest::Client,
-}
+struct Payments(ExampleServer);
 
-impl Drop for Payments {
-    fn drop(&mut self) {
-        // `Child::kill` is SIGKILL on Unix.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+impl std::ops::Deref for Payments {
+    type Target = ExampleServer;
+
+    fn deref(&self) -> &ExampleServer {
+        &self.0
     }
 }
 
@@ -46,23 +40,7 @@ impl Answer {
 impl Payments {
     /// Starts the example on a free loopback port with its store in `dir`.
     fn start(dir: &Path, flags: &[&str]) -> Payments {
-        let port = servers::free_port();
-        let child = Command::new(servers::example("payments"))
-            .args(["--addr", &format!("127.0.0.1:{port}"), "--dir"])
-            .arg(dir)
-            .args(flags)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        servers::wait_for("the example's start", || {
-            TcpStream::connect(("127.0.0.1", port)).is_ok()
-        });
-        Payments {
-            child,
-            base: format!("http://127.0.0.1:{port}"),
-            http: reqwest::Client::new(),
-        }
+        Payments(ExampleServer::start("payments", dir, flags))
     }
 
     async fn post(&self, headers: &[(&str, &str)], body: String) -> Answer {

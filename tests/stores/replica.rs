@@ -5,9 +5,8 @@
 //! reopen are refused; async mode refuses writes past its lag while JetStream is down;
 //! a damaged chunk is `Corrupted` at restore; expired buckets leave the replica.
 
-use std::io::{BufRead, BufReader};
+use std::io::BufReader;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::support::servers;
@@ -73,22 +72,8 @@ fn child(
     std::process::Child,
     std::io::Lines<BufReader<std::process::ChildStdout>>,
 ) {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--ignored",
-            "--exact",
-            test,
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_DIR, dir)
-        .env(CHILD_URL, url)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    (child, lines)
+    let dir = dir.to_string_lossy();
+    crate::support::child_test(test, &[(CHILD_DIR, &dir), (CHILD_URL, url)])
 }
 
 /// The writer of the crash test: admits keys one by one on a replicating store (sync

@@ -69,3 +69,74 @@ pub fn say(line: &str) {
     out.write_all(line.as_bytes()).unwrap();
     out.flush().unwrap();
 }
+
+/// An example served by a child process on a free loopback port (`--addr`), SIGKILLed on
+/// drop, so that a failed test stops it too.
+#[cfg(feature = "http")]
+pub struct ExampleServer {
+    child: std::process::Child,
+    /// `http://127.0.0.1:<port>`.
+    pub base: String,
+    pub http: reqwest::Client,
+}
+
+#[cfg(feature = "http")]
+impl ExampleServer {
+    /// Starts example `name` with `--addr`, `--dir dir` and `flags`, and waits until it
+    /// accepts connections.
+    pub fn start(name: &str, dir: &std::path::Path, flags: &[&str]) -> ExampleServer {
+        let port = servers::free_port();
+        let child = std::process::Command::new(servers::example(name))
+            .args(["--addr", &format!("127.0.0.1:{port}"), "--dir"])
+            .arg(dir)
+            .args(flags)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        servers::wait_for("the example's start", || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+        ExampleServer {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            http: reqwest::Client::new(),
+        }
+    }
+}
+
+#[cfg(feature = "http")]
+impl Drop for ExampleServer {
+    fn drop(&mut self) {
+        // `Child::kill` is SIGKILL on Unix.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs ignored test `test` of this binary as a child process with `env`; the child
+/// and its stdout's lines (where it `say`s how far it got).
+pub fn child_test(
+    test: &str,
+    env: &[(&str, &str)],
+) -> (
+    std::process::Child,
+    std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            test,
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    (child, lines)
+}

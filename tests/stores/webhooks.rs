@@ -3,45 +3,24 @@
 //! a new timestamp, and sixteen at once) gets the stored answer and the handler runs
 //! once per message id; a changed payload under one id is `422`.
 
-use crate::support::servers;
-
-use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
+use crate::support::ExampleServer;
 
 use reqwest::StatusCode;
 
 /// The example as a child process, SIGKILLed on drop.
-struct Receiver {
-    child: Child,
-    base: String,
-    http: reqwest::Client,
-}
+struct Receiver(ExampleServer);
 
-impl Drop for Receiver {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+impl std::ops::Deref for Receiver {
+    type Target = ExampleServer;
+
+    fn deref(&self) -> &ExampleServer {
+        &self.0
     }
 }
 
 impl Receiver {
     fn start(dir: &std::path::Path) -> Receiver {
-        let port = servers::free_port();
-        let child = Command::new(servers::example("webhook_receiver"))
-            .args(["--addr", &format!("127.0.0.1:{port}"), "--dir"])
-            .arg(dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        servers::wait_for("the example's start", || {
-            TcpStream::connect(("127.0.0.1", port)).is_ok()
-        });
-        Receiver {
-            child,
-            base: format!("http://127.0.0.1:{port}"),
-            http: reqwest::Client::new(),
-        }
+        Receiver(ExampleServer::start("webhook_receiver", dir, &[]))
     }
 
     async fn deliver(&self, id: &str, body: &str) -> (StatusCode, Option<String>, String) {

@@ -4,8 +4,7 @@
 //! SIGKILLed mid-operation, the waiting caller takes the record over after the timeout
 //! and runs the operation itself. PostgreSQL and Redis, real servers.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::io::BufReader;
 use std::time::Duration;
 
 use crate::support::servers;
@@ -79,21 +78,8 @@ impl Drop for Worker {
 
 /// Starts the worker on `backend` at `url` and waits until it runs the operation.
 fn start_worker(backend: &str, url: &str) -> Worker {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--ignored",
-            "--exact",
-            "workers::run_once_worker_child",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_BACKEND, backend)
-        .env(CHILD_URL, url)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let env = [(CHILD_BACKEND, backend), (CHILD_URL, url)];
+    let (child, lines) = crate::support::child_test("workers::run_once_worker_child", &env);
     let mut worker = Worker(child, lines);
     assert!(
         worker
