@@ -130,6 +130,18 @@ class _Renewal:
             self.thread.join()
 
 
+async def _renew(lease: Lease, timeout: Optional[float]) -> None:
+    """Renews ``lease`` every third of ``timeout`` until cancelled (or refused)."""
+    if not timeout:
+        return
+    while True:
+        await asyncio.sleep(timeout / 3)
+        try:
+            await lease.akeep_alive()
+        except Error:
+            return
+
+
 def idempotent(
     db: Db,
     *,
@@ -193,29 +205,34 @@ def idempotent(
 
             @functools.wraps(function)
             async def run_async(*args: Any, **kwargs: Any) -> Any:
+                # The awaitables: no thread is held while a call waits on a commit or
+                # for an outcome.
                 scope = request_of(args, kwargs)
                 loop = asyncio.get_running_loop()
                 deadline = loop.time() + wait
                 while True:
-                    answer = await run(db.reserve, *scope)
+                    answer = await db.areserve(*scope)
                     if answer.status == "acquired":
                         lease = answer.lease
-                        renewal = await run(_Renewal, lease, db.lease_timeout)
+                        renewal = asyncio.ensure_future(_renew(lease, db.lease_timeout))
                         try:
                             value = await function(*args, **kwargs)
                         except BaseException as err:
-                            await run(renewal.stop)
-                            await run(ended, lease, err)
+                            renewal.cancel()
+                            if on_error == "fail" and isinstance(err, Exception):
+                                await lease.afail(repr(err).encode("utf-8", "replace"))
+                            else:
+                                await lease.arelease()
                             raise
-                        await run(renewal.stop)
-                        await run(lease.complete, encode(value))
+                        renewal.cancel()
+                        await lease.acomplete(encode(value))
                         return value
                     if answer.status != "in_flight":
                         return settled(answer)
                     left = deadline - loop.time()
                     if left <= 0:
                         raise InFlight("another call of the key is still running")
-                    await run(db.wait_finished, scope[0], scope[1], scope[2], left)
+                    await db.await_finished(scope[0], scope[1], scope[2], left)
 
             return run_async
 

@@ -9,6 +9,7 @@ use std::borrow::Cow;
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use pyo3::BoundObject;
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -295,7 +296,60 @@ impl Db {
         let reservation = py
             .detach(|| db.reserve(&scope, &key, &request))
             .map_err(raise)?;
-        Ok(Reservation::from(reservation))
+        Ok(Reservation::from(reservation, db.max_response_bytes()))
+    }
+
+    /// `insert_if_absent`, as an awaitable: the task waits for the group commit that
+    /// covers the key without holding a thread.
+    fn ainsert_if_absent<'py>(
+        &self,
+        py: Python<'py>,
+        key: &Bound<'_, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let (db, key) = (self.handle()?, key_of(key)?.into_owned());
+        awaitable(py, async move {
+            oncedb::Store::insert_if_absent(&*db, &key)
+                .await
+                .map_err(|err| carried(&err))
+        })
+    }
+
+    /// `reserve`, as an awaitable that holds no thread while it awaits the commit.
+    fn areserve<'py>(
+        &self,
+        py: Python<'py>,
+        tenant: &Bound<'_, PyAny>,
+        operation: &Bound<'_, PyAny>,
+        key: &Bound<'_, PyAny>,
+        request: Vec<u8>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let db = self.handle()?;
+        let scope = oncedb::Scope::new(key_of(tenant)?, key_of(operation)?);
+        let key = key_of(key)?.into_owned();
+        awaitable(py, async move {
+            let reserved = oncedb::Store::reserve(&*db, &scope, &key, &request).await;
+            let reservation = reserved.map_err(|err| carried(&err))?;
+            Ok(Reservation::from(reservation, db.max_response_bytes()))
+        })
+    }
+
+    /// `wait_finished`, as an awaitable woken by the ending, holding no thread.
+    fn await_finished<'py>(
+        &self,
+        py: Python<'py>,
+        tenant: &Bound<'_, PyAny>,
+        operation: &Bound<'_, PyAny>,
+        key: &Bound<'_, PyAny>,
+        timeout: &Bound<'_, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let db = self.handle()?;
+        let scope = oncedb::Scope::new(key_of(tenant)?, key_of(operation)?);
+        let (key, timeout) = (key_of(key)?.into_owned(), duration_of(timeout)?);
+        awaitable(py, async move {
+            let record = oncedb::Store::wait_finished(&*db, &scope, &key, timeout).await;
+            let record = record.map_err(|err| carried(&err))?;
+            Ok(record.map(|record| Reservation::of_record(&record)))
+        })
     }
 
     /// Waits until the record of `key` in (`tenant`, `operation`) is no longer in flight
@@ -339,7 +393,8 @@ impl Db {
         let scope = oncedb::Scope::new(key_of(tenant)?, key_of(operation)?);
         let key = key_of(key)?.into_owned();
         let lease = py.detach(|| db.take_over(&scope, &key)).map_err(raise)?;
-        Ok(lease.map(Lease::new))
+        let max = db.max_response_bytes();
+        Ok(lease.map(|lease| Lease::new(lease, max)))
     }
 
     /// Records in flight for at least `older_than` seconds: dicts with tenant,
@@ -502,7 +557,7 @@ impl Reservation {
         }
     }
 
-    fn from(reservation: oncedb::Reservation) -> Reservation {
+    fn from(reservation: oncedb::Reservation, max_response_bytes: usize) -> Reservation {
         let mut answer = Reservation {
             status: "mismatch",
             lease: None,
@@ -513,7 +568,8 @@ impl Reservation {
         match reservation {
             oncedb::Reservation::Acquired(lease) => {
                 answer.status = "acquired";
-                answer.lease = Python::attach(|py| Py::new(py, Lease::new(lease)).ok());
+                answer.lease =
+                    Python::attach(|py| Py::new(py, Lease::new(lease, max_response_bytes)).ok());
             }
             oncedb::Reservation::InFlight { since, note } => {
                 answer.status = "in_flight";
@@ -562,6 +618,8 @@ struct Lease {
     /// GIL cannot wait on each other.
     lease: Mutex<Option<oncedb::Lease>>,
     pid: u32,
+    /// The store's response limit: checked before an awaitable end takes the lease.
+    max_response_bytes: usize,
     /// The fencing epoch: pass it to downstream writes so that a replaced holder's
     /// writes can be refused.
     #[pyo3(get)]
@@ -569,12 +627,76 @@ struct Lease {
 }
 
 impl Lease {
-    fn new(lease: oncedb::Lease) -> Lease {
+    fn new(lease: oncedb::Lease, max_response_bytes: usize) -> Lease {
         Lease {
             epoch: lease.epoch(),
             lease: Mutex::new(Some(lease)),
             pid: std::process::id(),
+            max_response_bytes,
         }
+    }
+
+    /// Takes the lease out, for a call that awaits (no lock is held across an await).
+    fn take(this: &Py<Lease>) -> Result<oncedb::Lease, (String, Kind)> {
+        let mut slot = this
+            .get()
+            .lease
+            .lock()
+            .map_err(|_| ("the lease's lock is poisoned".to_owned(), Kind::Other))?;
+        slot.take()
+            .ok_or_else(|| ("the lease already ended".to_owned(), Kind::LeaseLost))
+    }
+
+    /// Puts back a lease taken for a call that keeps it.
+    fn put_back(this: &Py<Lease>, lease: oncedb::Lease) {
+        if let Ok(mut slot) = this.get().lease.lock() {
+            *slot = Some(lease);
+        }
+    }
+
+    /// An awaitable end: `end` given the lease, once the response was checked against
+    /// the store's limit (a refused one changes nothing and keeps the lease).
+    fn aend<'py, F>(
+        slf: Bound<'py, Self>,
+        response_len: usize,
+        end: impl FnOnce(oncedb::Lease) -> F + Send + 'static,
+    ) -> PyResult<Bound<'py, PyAny>>
+    where
+        F: std::future::Future<Output = oncedb::Result<()>> + Send + 'static,
+    {
+        let py = slf.py();
+        let lease = slf.get();
+        same_process(lease.pid)?;
+        if response_len > lease.max_response_bytes {
+            return Err(InvalidInput::new_err(format!(
+                "response of {response_len} bytes exceeds the limit of {} bytes",
+                lease.max_response_bytes
+            )));
+        }
+        let this = slf.unbind();
+        awaitable(py, async move {
+            let lease = Lease::take(&this)?;
+            end(lease).await.map_err(|err| carried(&err))
+        })
+    }
+
+    /// An awaitable call that keeps the lease (a note, a renewal).
+    fn akeep<'py, F>(
+        slf: Bound<'py, Self>,
+        call: impl FnOnce(oncedb::Lease) -> F + Send + 'static,
+    ) -> PyResult<Bound<'py, PyAny>>
+    where
+        F: std::future::Future<Output = (oncedb::Lease, oncedb::Result<()>)> + Send + 'static,
+    {
+        let py = slf.py();
+        same_process(slf.get().pid)?;
+        let this = slf.unbind();
+        awaitable(py, async move {
+            let lease = Lease::take(&this)?;
+            let (lease, result) = call(lease).await;
+            Lease::put_back(&this, lease);
+            result.map_err(|err| carried(&err))
+        })
     }
 
     /// Ends the lease with `end`, the GIL released (the lock taken only then). A failed
@@ -649,6 +771,43 @@ impl Lease {
         self.end(py, oncedb::Lease::release)
     }
 
+    /// `complete`, as an awaitable that holds no thread while it awaits the commit.
+    fn acomplete(slf: Bound<'_, Self>, response: Vec<u8>) -> PyResult<Bound<'_, PyAny>> {
+        Lease::aend(slf, response.len(), move |lease| async move {
+            oncedb::StoreLease::complete(lease, &response).await
+        })
+    }
+
+    /// `fail`, as an awaitable.
+    fn afail(slf: Bound<'_, Self>, response: Vec<u8>) -> PyResult<Bound<'_, PyAny>> {
+        Lease::aend(slf, response.len(), move |lease| async move {
+            oncedb::StoreLease::fail(lease, &response).await
+        })
+    }
+
+    /// `release`, as an awaitable.
+    fn arelease(slf: Bound<'_, Self>) -> PyResult<Bound<'_, PyAny>> {
+        Lease::aend(slf, 0, |lease| async move {
+            oncedb::StoreLease::release(lease).await
+        })
+    }
+
+    /// `note`, as an awaitable.
+    fn anote(slf: Bound<'_, Self>, note: Vec<u8>) -> PyResult<Bound<'_, PyAny>> {
+        Lease::akeep(slf, move |lease| async move {
+            let result = oncedb::StoreLease::note(&lease, &note).await;
+            (lease, result)
+        })
+    }
+
+    /// `keep_alive`, as an awaitable.
+    fn akeep_alive(slf: Bound<'_, Self>) -> PyResult<Bound<'_, PyAny>> {
+        Lease::akeep(slf, |lease| async move {
+            let result = oncedb::StoreLease::keep_alive(&lease).await;
+            (lease, result)
+        })
+    }
+
     /// Attaches a short note to the record while in flight (what a reconciler sees).
     fn note(&self, py: Python<'_>, note: Vec<u8>) -> PyResult<()> {
         self.with(py, move |lease| lease.note(&note))
@@ -667,6 +826,7 @@ fn _oncedb(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<Db>()?;
+    m.add_function(wrap_pyfunction!(_settle, m)?)?;
     m.add_class::<Reservation>()?;
     m.add_class::<Lease>()?;
     for (name, class) in [
@@ -684,4 +844,86 @@ fn _oncedb(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add(name, class)?;
     }
     Ok(())
+}
+
+/// The runtime the awaitables run on: one thread of its own, whatever the number of calls
+/// waiting (a write awaits its group commit through a waker, holding no thread). Made
+/// again in a forked child, where the parent's thread does not exist.
+fn runtime() -> PyResult<tokio::runtime::Handle> {
+    static RUNTIME: Mutex<Option<(u32, tokio::runtime::Handle)>> = Mutex::new(None);
+    let mut slot = RUNTIME
+        .lock()
+        .map_err(|_| Error::new_err("the runtime's lock is poisoned"))?;
+    let pid = std::process::id();
+    if let Some((owner, handle)) = slot.as_ref()
+        && *owner == pid
+    {
+        return Ok(handle.clone());
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .map_err(|err| Error::new_err(format!("starting oncedb's runtime: {err}")))?;
+    let handle = runtime.handle().clone();
+    std::thread::Builder::new()
+        .name("oncedb-async".into())
+        .spawn(move || runtime.block_on(std::future::pending::<()>()))
+        .map_err(|err| Error::new_err(format!("starting oncedb's runtime: {err}")))?;
+    *slot = Some((pid, handle.clone()));
+    Ok(handle)
+}
+
+/// An asyncio future of the running loop, settled from the runtime thread by `work`'s
+/// outcome (through `call_soon_threadsafe`, so the loop's own thread sets it). A future
+/// cancelled meanwhile is left alone.
+fn awaitable<'py, T>(
+    py: Python<'py>,
+    work: impl std::future::Future<Output = Result<T, (String, Kind)>> + Send + 'static,
+) -> PyResult<Bound<'py, PyAny>>
+where
+    T: for<'a> IntoPyObject<'a> + Send + 'static,
+{
+    let running = py.import("asyncio")?.call_method0("get_running_loop")?;
+    let future = running.call_method0("create_future")?;
+    let (event_loop, target) = (running.unbind(), future.clone().unbind());
+    let settle = py.import("oncedb._oncedb")?.getattr("_settle")?.unbind();
+    runtime()?.spawn(async move {
+        let outcome = work.await;
+        Python::attach(|py| {
+            let value: PyResult<(bool, Py<PyAny>)> = match outcome {
+                Ok(value) => value
+                    .into_pyobject(py)
+                    .map(|v| (true, v.into_any().unbind()))
+                    .map_err(Into::into),
+                Err((message, kind)) => Ok((false, kind.error(message).into_value(py).into_any())),
+            };
+            let (ok, value) = match value {
+                Ok(pair) => pair,
+                Err(err) => (false, err.into_value(py).into_any()),
+            };
+            let _ =
+                event_loop.call_method1(py, "call_soon_threadsafe", (settle, target, ok, value));
+        });
+    });
+    Ok(future)
+}
+
+/// Settles `future` with `value` (a result if `ok`, else an exception), unless it was
+/// cancelled: the callback the runtime thread schedules on the loop.
+#[pyfunction]
+fn _settle(future: &Bound<'_, PyAny>, ok: bool, value: &Bound<'_, PyAny>) -> PyResult<()> {
+    if future.call_method0("done")?.extract::<bool>()? {
+        return Ok(());
+    }
+    if ok {
+        future.call_method1("set_result", (value,))?;
+    } else {
+        future.call_method1("set_exception", (value,))?;
+    }
+    Ok(())
+}
+
+/// A store error carried out of the runtime thread (no Python object is made there).
+fn carried(err: &oncedb::Error) -> (String, Kind) {
+    (err.to_string(), classify(err))
 }

@@ -137,3 +137,37 @@ def test_a_db_used_after_a_fork_refuses_at_once(tmp_path):
 
 def test_the_version_is_the_packages():
     assert oncedb.__version__ == "0.1.0"
+
+
+def test_awaitables_complete_from_the_commit_without_threads(tmp_path):
+    db = oncedb.Db(tmp_path / "db", durability="sync")
+
+    async def main():
+        threads_before = threading.active_count()
+        answers = await asyncio.gather(*(db.areserve("t", "op", f"k{n}", b"r") for n in range(200)))
+        assert all(a.status == "acquired" for a in answers)
+        threads_during = threading.active_count()
+        await asyncio.gather(*(a.lease.acomplete(b"done") for a in answers))
+        again = await db.areserve("t", "op", "k7", b"r")
+        assert (again.status, again.response) == ("completed", b"done")
+        assert await db.ainsert_if_absent(b"x") and not await db.ainsert_if_absent(b"x")
+        # Woken by the ending; a missing record answers at once.
+        held = (await db.areserve("t", "op", "held", b"r")).lease
+        waiting = asyncio.ensure_future(db.await_finished("t", "op", "held", 30))
+        while db.stats()["outcome_waiters"] == 0:
+            await asyncio.sleep(0)
+        await held.acomplete(b"late")
+        assert (await waiting).response == b"late"
+        assert await db.await_finished("t", "op", "none", 30) is None
+        # A refused end changes nothing: the lease is kept.
+        big = (await db.areserve("t", "op", "big", b"r")).lease
+        with pytest.raises(oncedb.InvalidInput):
+            await big.acomplete(b"x" * (2 << 20))
+        await big.arelease()
+        with pytest.raises(oncedb.LeaseLost):
+            await big.arelease()
+        return threads_before, threads_during
+
+    before, during = asyncio.run(main())
+    # One runtime thread at most, however many calls wait.
+    assert during <= before + 1

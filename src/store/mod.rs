@@ -24,9 +24,7 @@ use std::time::Duration;
 use crate::api::{
     Advance, Db, InFlight, Lease, Once, Options, Record, Reservation, RunOnce, Scope,
 };
-use crate::base::{
-    DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_RESPONSE_BYTES, Error, MAX_NOTE_BYTES, Result, check_key,
-};
+use crate::base::{DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_RESPONSE_BYTES, Error, Result};
 
 /// What every shared store is built with: the window, the input limits (the embedded
 /// store's defaults, so that every store refuses the same input before writing) and how
@@ -177,11 +175,13 @@ impl StoreOptions {
     }
 
     /// Refuses a key the embedded store would refuse.
+    #[cfg(any(feature = "redis", feature = "postgres"))]
     pub(crate) fn check_key(&self, key: &[u8]) -> Result<()> {
-        check_key(key, self.max_key_bytes)
+        crate::base::check_key(key, self.max_key_bytes)
     }
 
     /// Refuses a response over the limit.
+    #[cfg(any(feature = "redis", feature = "postgres"))]
     pub(crate) fn check_response(&self, response: &[u8]) -> Result<()> {
         if response.len() > self.max_response_bytes {
             return Err(Error::ResponseTooLarge {
@@ -192,9 +192,10 @@ impl StoreOptions {
         Ok(())
     }
 
-    /// Refuses a note over [`MAX_NOTE_BYTES`].
+    /// Refuses a note over [`MAX_NOTE_BYTES`](crate::MAX_NOTE_BYTES).
+    #[cfg(any(feature = "redis", feature = "postgres"))]
     pub(crate) fn check_note(note: &[u8]) -> Result<()> {
-        if note.len() > MAX_NOTE_BYTES {
+        if note.len() > crate::base::MAX_NOTE_BYTES {
             return Err(Error::NoteTooLong { len: note.len() });
         }
         Ok(())
