@@ -20,7 +20,10 @@ __all__ = [
     "Reservation",
     "StoreIoError",
     "__version__",
+    "_settle",
 ]
+
+def _settle(future: object, ok: bool, value: object) -> None: ...
 
 __version__: str
 
