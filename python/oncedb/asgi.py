@@ -49,7 +49,9 @@ answer, so a retry finds the outcome. The answer is sent once the handler sent i
 body message; background tasks then run without holding the client, and an exception they
 raise no longer changes a stored answer. A failure to store the answer (a lease fenced or
 lost, a poisoned store) is logged and never replaces the answer sent. The handler reads
-the tenant, key and operation id with :func:`idempotency_context`.
+the tenant, key and operation id with :func:`idempotency_context`. Every store call is an
+awaitable that holds no thread (``areserve``, ``acomplete``, ``await_finished``, ...), so
+the event loop never waits on an fsync.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ import logging
 import struct
 from typing import Any, Awaitable, Callable, Iterable, Optional
 
-from . import Db, Error, Full, InvalidInput, run
+from . import Db, Error, Full, InvalidInput
 
 Scope = dict
 Message = dict
@@ -462,7 +464,7 @@ class IdempotencyMiddleware:
         deadline = loop.time() + self.wait
         while True:
             reserving = self._keep(
-                asyncio.ensure_future(run(self.db.reserve, tenant, operation, key, print_))
+                asyncio.ensure_future(self.db.areserve(tenant, operation, key, print_))
             )
             try:
                 answer = await asyncio.shield(reserving)
@@ -479,7 +481,7 @@ class IdempotencyMiddleware:
             if answer.status != "in_flight" or answer.note or left <= 0:
                 return answer
             try:
-                await run(self.db.wait_finished, tenant, operation, key, left)
+                await self.db.await_finished(tenant, operation, key, left)
             except Error:
                 raise _Refused(500, "idempotency_store_error")
 
@@ -488,7 +490,7 @@ class IdempotencyMiddleware:
             return
         answer = reserving.result()
         if answer.status == "acquired":
-            self._keep(asyncio.ensure_future(run(answer.lease.release)))
+            self._keep(asyncio.ensure_future(answer.lease.arelease()))
 
     def _retry(self) -> list[tuple[bytes, bytes]]:
         return [(b"retry-after", self.retry_after)]
@@ -526,7 +528,7 @@ class IdempotencyMiddleware:
             return await self._failed(lease, err)
         if answer is None:
             # Streamed to the client as it came: nothing whole to store.
-            await self._safely(lease.release)
+            await self._safely(lease.arelease)
             return None
         status, headers, content = answer
         marked = scope.get("extensions", {}).get(SIDE_EFFECT)
@@ -536,19 +538,19 @@ class IdempotencyMiddleware:
     async def _failed(self, lease: Any, err: Exception) -> Any:
         """An app that raised before answering: noted, then per ``server_errors``."""
         note = f"service error: {err!r}".encode("utf-8", "replace")[:1024]
-        await self._safely(lease.note, note)
+        await self._safely(lease.anote, note)
         if self.server_errors == "store":
             status, headers, content = _problem_parts(500, "internal_server_error", [])
-            await self._safely(lease.fail, encode_response(status, headers, content))
+            await self._safely(lease.afail, encode_response(status, headers, content))
             return status, headers, content
         if self.server_errors == "release":
-            await self._safely(lease.release)
+            await self._safely(lease.arelease)
         raise err
 
-    async def _safely(self, call: Callable[..., Any], *args: Any) -> bool:
-        """Runs a lease call; a failure is logged, never raised (an answer is on its way)."""
+    async def _safely(self, call: Callable[..., Awaitable[Any]], *args: Any) -> bool:
+        """Awaits a lease call; a failure is logged, never raised (an answer is on its way)."""
         try:
-            await run(call, *args)
+            await call(*args)
             return True
         except Error as err:
             log.warning("oncedb: %s failed: %s", getattr(call, "__name__", "a lease call"), err)
@@ -560,18 +562,18 @@ class IdempotencyMiddleware:
         server_error = status >= 500
         if marked == "unknown" or (server_error and self.server_errors == "keep_in_flight"):
             # Left in flight with a note: the lease is dropped unfinished.
-            await self._safely(lease.note, f"HTTP {status}: outcome unknown".encode())
+            await self._safely(lease.anote, f"HTTP {status}: outcome unknown".encode())
             return
         released = status in RELEASE_STATUSES or marked == "not_performed"
         if released or (server_error and self.server_errors == "release"):
-            await self._safely(lease.release)
+            await self._safely(lease.arelease)
             return
         kept = [(k.lower(), v) for k, v in headers if k.lower() in self.replayed]
         if len(content) > self.max_response_bytes:
             kept.append((b"idempotent-body-omitted", b"true"))
             content = b""
         stored = encode_response(status, kept, content)
-        await self._safely(lease.complete if status < 400 else lease.fail, stored)
+        await self._safely(lease.acomplete if status < 400 else lease.afail, stored)
 
     async def _replay(self, send: Send, stored: bytes) -> None:
         try:
