@@ -133,11 +133,13 @@ impl Db {
         how: RunOnce,
         operation: impl FnOnce(&Lease) -> std::result::Result<Vec<u8>, E>,
     ) -> Result<Once<E>> {
-        let deadline = how.deadline();
+        // Read the clock only when an attempt is in flight: the common call acquires.
+        let mut deadline = None;
         loop {
             match self.reserve(scope, key, request)? {
                 Reservation::Acquired(lease) => return self.run_leased(lease, how, operation),
                 Reservation::InFlight { since, .. } => {
+                    let deadline = *deadline.get_or_insert_with(|| how.deadline());
                     let left = deadline.saturating_duration_since(Instant::now());
                     if left.is_zero() {
                         return Err(Error::StillInFlight { since });

@@ -21,7 +21,8 @@ where
     Fut: Future<Output = std::result::Result<Vec<u8>, E>> + Send,
     E: std::fmt::Display + Send,
 {
-    let deadline = tokio::time::Instant::from_std(how.deadline());
+    // Read the clock only when an attempt is in flight: the common call acquires.
+    let mut deadline = None;
     loop {
         match store.reserve(scope, key, request).await? {
             Reservation::Acquired(lease) => {
@@ -29,6 +30,8 @@ where
                 return finish(lease, how, output).await;
             }
             Reservation::InFlight { since, .. } => {
+                let deadline = *deadline
+                    .get_or_insert_with(|| tokio::time::Instant::from_std(how.deadline()));
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                 if left.is_zero() {
                     return Err(Error::StillInFlight { since });
