@@ -30,8 +30,8 @@ where
                 return finish(lease, how, output).await;
             }
             Reservation::InFlight { since, .. } => {
-                let deadline = *deadline
-                    .get_or_insert_with(|| tokio::time::Instant::from_std(how.deadline()));
+                let deadline =
+                    *deadline.get_or_insert_with(|| tokio::time::Instant::from_std(how.deadline()));
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                 if left.is_zero() {
                     return Err(Error::StillInFlight { since });
