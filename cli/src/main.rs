@@ -1,7 +1,8 @@
 //! `oncedb`: command-line tools for oncedb. `oncedb dedup` is a persistent `uniq` for
 //! event streams; `oncedb inspect` shows what a store holds; `oncedb checkpoint` copies
 //! a store consistently into a new directory; `oncedb restore` rebuilds one from its
-//! replica on NATS JetStream; `oncedb verify` checks a
+//! replica on NATS JetStream, and `oncedb standby` keeps a warm copy of it to promote;
+//! `oncedb verify` checks a
 //! store's files without changing them; `oncedb bench` measures throughput, latency,
 //! memory per key and fsync batching on this machine.
 
@@ -15,6 +16,7 @@ mod dedup;
 mod duration;
 mod inspect;
 mod restore;
+mod standby;
 mod verify;
 
 use std::process::ExitCode;
@@ -56,6 +58,9 @@ enum Command {
     /// Rebuild a store in a new directory from its replica on NATS JetStream, and claim
     /// the replica.
     Restore(restore::RestoreArgs),
+    /// Keep a warm copy of a replica until standard input ends, then (with `--promote`)
+    /// take the replica over.
+    Standby(standby::StandbyArgs),
 }
 
 /// Exit code for bad arguments.
@@ -83,6 +88,7 @@ fn main() -> ExitCode {
         Command::Inspect(args) => ("inspect", inspect::run(&args)),
         Command::Checkpoint(args) => ("checkpoint", checkpoint::run(&args)),
         Command::Restore(args) => ("restore", restore::run(&args)),
+        Command::Standby(args) => ("standby", standby::run(&args)),
     };
     match result {
         Ok(()) | Err(output::Failure::Closed) => ExitCode::SUCCESS,

@@ -488,6 +488,41 @@ fn restore(url: &str, replica: &str, dir: &Path) -> std::process::Output {
     oncedb(&args, b"")
 }
 
+/// `oncedb standby --promote` follows a replica until its input ends, then takes it over:
+/// `dedup` on the promoted directory remembers every line the old store took.
+#[test]
+fn a_standby_promoted_remembers_every_line() {
+    let _serial = serial();
+    let server = oncedb_testkit::servers::nats::NatsServer::start();
+    let url = server.url();
+    let dir = tempfile::tempdir().unwrap();
+    let replicated = ["--replicate", url.as_str(), "--replica", "warm"];
+    let (code, out, err) = dedup(&dir.path().join("store"), &replicated, "a\nb\na\n");
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, "a\nb\n");
+    let standby = dir.path().join("standby");
+    let args = [
+        "standby",
+        "--from",
+        url.as_str(),
+        "--replica",
+        "warm",
+        "--promote",
+        "--dir",
+    ];
+    let mut args: Vec<&str> = args.to_vec();
+    args.push(standby.to_str().unwrap());
+    // Standard input empty: it ends at once, and the standby promotes.
+    let out = oncedb(&args, b"");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    assert!(stdout.starts_with("promoted "), "{stdout}");
+    let (code, out, err) = dedup(&standby, &replicated, "a\nb\nc\n");
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, "c\n", "the promoted standby forgot a line");
+}
+
 /// `oncedb dedup --replicate URL --replica NAME` survives the loss of its directory:
 /// `oncedb restore` rebuilds it from JetStream, and `dedup` on the restored directory
 /// remembers every line; the lost store's replica now belongs to the restored one.
