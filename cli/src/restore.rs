@@ -9,16 +9,32 @@ use std::path::PathBuf;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use oncedb::{Db, Durability, Options, ReplicaMode, Replication};
 
-/// Arguments of `oncedb restore`.
+/// Where a replica is read from: what `oncedb restore` and `oncedb standby` share.
 #[derive(clap::Args, Debug)]
-pub struct RestoreArgs {
+pub struct ReplicaSource {
     /// The NATS servers holding the replica (`nats://HOST:PORT`, several separated by
     /// commas).
     #[arg(long)]
-    from: String,
+    pub from: String,
     /// The replica's name, as the store that shipped it was given (`--replica`).
     #[arg(long)]
-    replica: String,
+    pub replica: String,
+}
+
+impl ReplicaSource {
+    /// A sync-mode store in `dir` replicating to this replica.
+    pub fn options(&self, dir: &std::path::Path) -> Options {
+        Options::new(dir)
+            .durability(Durability::Sync)
+            .replicate(Replication::new(&self.from, &self.replica))
+    }
+}
+
+/// Arguments of `oncedb restore`.
+#[derive(clap::Args, Debug)]
+pub struct RestoreArgs {
+    #[command(flatten)]
+    source: ReplicaSource,
     /// Where the store is rebuilt: a new or empty directory.
     #[arg(long)]
     dir: PathBuf,
@@ -35,9 +51,7 @@ pub fn parse_mode(text: &str) -> Result<ReplicaMode, String> {
 
 /// Fetches the replica, opens the store (checking every frame) and claims the replica.
 pub fn run(args: &RestoreArgs) -> Result<(), Failure> {
-    let options = Options::new(&args.dir)
-        .durability(Durability::Sync)
-        .replicate(Replication::new(&args.from, &args.replica));
+    let options = args.source.options(&args.dir);
     let bar = progress_bar();
     let restored = Db::restore(options, &mut |read, total| {
         bar.set_length(total);
@@ -50,7 +64,7 @@ pub fn run(args: &RestoreArgs) -> Result<(), Failure> {
     outln!(
         "restored {} from {}: {} segments and {} sealed runs, {} bytes from {} messages ({} of expired buckets skipped); {} keys and {} records live",
         args.dir.display(),
-        args.replica,
+        args.source.replica,
         report.segments,
         report.runs,
         report.bytes,

@@ -10,18 +10,13 @@ use std::path::PathBuf;
 use std::sync::mpsc::RecvTimeoutError;
 use std::time::Duration;
 
-use oncedb::{Db, Durability, Options, Replication};
+use oncedb::Db;
 
 /// Arguments of `oncedb standby`.
 #[derive(clap::Args, Debug)]
 pub struct StandbyArgs {
-    /// The NATS servers holding the replica (`nats://HOST:PORT`, several separated by
-    /// commas).
-    #[arg(long)]
-    from: String,
-    /// The replica's name, as the store that ships it was given (`--replica`).
-    #[arg(long)]
-    replica: String,
+    #[command(flatten)]
+    source: crate::restore::ReplicaSource,
     /// The standby's directory: new, empty, or a standby's from an earlier run.
     #[arg(long)]
     dir: PathBuf,
@@ -35,10 +30,7 @@ const REPORT_EVERY: Duration = Duration::from_secs(1);
 
 /// Follows the replica until standard input ends, then promotes or stops.
 pub fn run(args: &StandbyArgs) -> Result<(), Failure> {
-    let options = Options::new(&args.dir)
-        .durability(Durability::Sync)
-        .replicate(Replication::new(&args.from, &args.replica));
-    let standby = Db::standby(options)?;
+    let standby = Db::standby(args.source.options(&args.dir))?;
     let (ended, input_ended) = std::sync::mpsc::channel::<()>();
     std::thread::spawn(move || {
         // Reads (and drops) standard input to its end: the signal to stop following.
@@ -52,7 +44,7 @@ pub fn run(args: &StandbyArgs) -> Result<(), Failure> {
         let lag = standby.lag();
         noteln!(
             "standby {}: {} chunks applied, {} pending",
-            args.replica,
+            args.source.replica,
             lag.applied_messages,
             lag.pending_messages
         );
@@ -61,7 +53,7 @@ pub fn run(args: &StandbyArgs) -> Result<(), Failure> {
         drop(standby);
         outln!(
             "standby {} stopped; {} resumes from here",
-            args.replica,
+            args.source.replica,
             args.dir.display()
         )?;
         return Ok(());
@@ -72,7 +64,7 @@ pub fn run(args: &StandbyArgs) -> Result<(), Failure> {
     outln!(
         "promoted {} from {}: {} bytes from {} messages at promotion; {} keys and {} records live",
         args.dir.display(),
-        args.replica,
+        args.source.replica,
         report.bytes,
         report.messages,
         stats.live_keys + stats.sealed_keys,

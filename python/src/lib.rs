@@ -137,6 +137,16 @@ fn key_of<'a>(key: &'a Bound<'_, PyAny>) -> PyResult<Cow<'a, [u8]>> {
     Err(PyTypeError::new_err("a key is bytes or str"))
 }
 
+/// A record's scope and key, from the Python arguments (each `bytes` or `str`).
+fn scoped(
+    tenant: &Bound<'_, PyAny>,
+    operation: &Bound<'_, PyAny>,
+    key: &Bound<'_, PyAny>,
+) -> PyResult<(oncedb::Scope, Vec<u8>)> {
+    let scope = oncedb::Scope::new(key_of(tenant)?, key_of(operation)?);
+    Ok((scope, key_of(key)?.into_owned()))
+}
+
 /// A duration: seconds (int or float) or a `datetime.timedelta`.
 fn duration_of(value: &Bound<'_, PyAny>) -> PyResult<Duration> {
     let seconds: f64 = if value.hasattr("total_seconds")? {
@@ -291,8 +301,7 @@ impl Db {
         request: Vec<u8>,
     ) -> PyResult<Reservation> {
         let db = self.handle()?;
-        let scope = oncedb::Scope::new(key_of(tenant)?, key_of(operation)?);
-        let key = key_of(key)?.into_owned();
+        let (scope, key) = scoped(tenant, operation, key)?;
         let reservation = py
             .detach(|| db.reserve(&scope, &key, &request))
             .map_err(raise)?;
@@ -324,8 +333,7 @@ impl Db {
         request: Vec<u8>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let db = self.handle()?;
-        let scope = oncedb::Scope::new(key_of(tenant)?, key_of(operation)?);
-        let key = key_of(key)?.into_owned();
+        let (scope, key) = scoped(tenant, operation, key)?;
         awaitable(py, async move {
             let reserved = oncedb::Store::reserve(&*db, &scope, &key, &request).await;
             let reservation = reserved.map_err(|err| carried(&err))?;
@@ -343,8 +351,7 @@ impl Db {
         timeout: &Bound<'_, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let db = self.handle()?;
-        let scope = oncedb::Scope::new(key_of(tenant)?, key_of(operation)?);
-        let (key, timeout) = (key_of(key)?.into_owned(), duration_of(timeout)?);
+        let ((scope, key), timeout) = (scoped(tenant, operation, key)?, duration_of(timeout)?);
         awaitable(py, async move {
             let record = oncedb::Store::wait_finished(&*db, &scope, &key, timeout).await;
             let record = record.map_err(|err| carried(&err))?;
@@ -365,8 +372,7 @@ impl Db {
         timeout: &Bound<'_, PyAny>,
     ) -> PyResult<Option<Reservation>> {
         let db = self.handle()?;
-        let scope = oncedb::Scope::new(key_of(tenant)?, key_of(operation)?);
-        let (key, timeout) = (key_of(key)?.into_owned(), duration_of(timeout)?);
+        let ((scope, key), timeout) = (scoped(tenant, operation, key)?, duration_of(timeout)?);
         let record = py
             .detach(|| db.wait_finished(&scope, &key, timeout))
             .map_err(raise)?;
@@ -390,8 +396,7 @@ impl Db {
         key: &Bound<'_, PyAny>,
     ) -> PyResult<Option<Lease>> {
         let db = self.handle()?;
-        let scope = oncedb::Scope::new(key_of(tenant)?, key_of(operation)?);
-        let key = key_of(key)?.into_owned();
+        let (scope, key) = scoped(tenant, operation, key)?;
         let lease = py.detach(|| db.take_over(&scope, &key)).map_err(raise)?;
         let max = db.max_response_bytes();
         Ok(lease.map(|lease| Lease::new(lease, max)))
