@@ -98,29 +98,16 @@ impl Db {
         timeout: std::time::Duration,
     ) -> Result<Option<crate::base::Record>> {
         self.engine.check_key(key)?;
-        let now = tokio::time::Instant::now();
-        let deadline = now
-            .checked_add(timeout)
-            .unwrap_or_else(|| now + std::time::Duration::from_secs(86_400 * 365));
+        let deadline = crate::base::deadline_after(timeout);
         let mut scoped = Vec::new();
         scope.encode_key_into(key, &mut scoped)?;
         loop {
-            let watch = self.engine.watch_ending(&scoped);
-            let record = self.engine.get(&scoped);
-            let now = tokio::time::Instant::now();
-            let in_flight = matches!(
-                &record,
-                Ok(Some(r)) if r.status() == crate::base::RecordStatus::InFlight
-            );
-            if !in_flight || now >= deadline {
-                self.engine.forget_ending(&watch);
-                return record;
-            }
-            let wake = self
-                .engine
-                .lease_timeout()
-                .map_or(deadline, |timeout| deadline.min(now + timeout));
+            let (watch, wake) = match self.engine.look_for_ending(&scoped, deadline) {
+                Ok(record) => return record,
+                Err(waiting) => waiting,
+            };
             let fired = std::future::poll_fn(|cx| watch.1.poll_fired(cx));
+            let wake = tokio::time::Instant::from_std(wake);
             if tokio::time::timeout_at(wake, fired).await.is_err() {
                 self.engine.forget_ending(&watch);
             }

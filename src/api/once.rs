@@ -63,9 +63,7 @@ impl RunOnce {
 
     /// When to stop waiting, from now.
     pub(crate) fn deadline(&self) -> Instant {
-        Instant::now()
-            .checked_add(self.wait)
-            .unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400 * 365))
+        crate::base::deadline_after(self.wait)
     }
 }
 
@@ -103,9 +101,7 @@ impl Db {
         timeout: Duration,
     ) -> Result<Option<Record>> {
         self.engine.check_key(key)?;
-        let deadline = Instant::now()
-            .checked_add(timeout)
-            .unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400 * 365));
+        let deadline = crate::base::deadline_after(timeout);
         with_scoped_key(scope, key, |scoped| {
             self.engine.wait_finished(scoped, deadline)
         })

@@ -701,10 +701,7 @@ impl Store for RedisStore {
         key: &[u8],
         timeout: Duration,
     ) -> Result<Option<Record>> {
-        let started = tokio::time::Instant::now();
-        let deadline = started
-            .checked_add(timeout)
-            .unwrap_or(started + Duration::from_secs(86_400 * 365));
+        let deadline = tokio::time::Instant::from_std(crate::base::deadline_after(timeout));
         let mut interval = WAIT_POLL_FIRST;
         loop {
             let record = self.get(scope, key).await?;

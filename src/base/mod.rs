@@ -40,5 +40,5 @@ pub(crate) use record::{LogSpan, ResponseBytes};
 #[cfg(feature = "postgres")]
 pub(crate) use time::system_time_to_ms;
 pub use time::{Clock, ManualClock, SystemClock};
-pub(crate) use time::{duration_to_ms, ms_to_system_time};
+pub(crate) use time::{deadline_after, duration_to_ms, ms_to_system_time};
 pub(crate) use window::{Liveness, Window};

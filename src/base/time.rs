@@ -77,6 +77,14 @@ pub(crate) fn ms_to_system_time(ms: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(ms)
 }
 
+/// The instant `timeout` from now; a year from now for a timeout too long to add (a wait
+/// "for ever" stays a wait, never an overflow).
+pub(crate) fn deadline_after(timeout: std::time::Duration) -> std::time::Instant {
+    let now = std::time::Instant::now();
+    now.checked_add(timeout)
+        .unwrap_or_else(|| now + std::time::Duration::from_secs(86_400 * 365))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -68,6 +68,9 @@ pub(crate) struct Parts {
     pub(crate) shipper: Option<crate::replica::Shipper>,
 }
 
+/// A wait registered on the ending of a record: its fingerprint, and the signal.
+pub(crate) type Watch = (u128, Arc<endings::Ending>);
+
 /// A database: the index, the journal, and what orders calls between them.
 pub(crate) struct Engine {
     index: Index,
@@ -694,15 +697,14 @@ impl Engine {
         self.endings.ended(fingerprint.0);
     }
 
-    /// Registers a wait for the end of the record of `scoped_key`; look at the record
-    /// after this, then wait on the ending.
-    pub(crate) fn watch_ending(&self, scoped_key: &[u8]) -> (u128, Arc<endings::Ending>) {
+    /// Registers a wait for the end of the record of `scoped_key`.
+    fn watch_ending(&self, scoped_key: &[u8]) -> Watch {
         let key = self.hasher.record(scoped_key).0;
         (key, self.endings.register(key))
     }
 
     /// Takes back a wait registered by [`Engine::watch_ending`] that gave up.
-    pub(crate) fn forget_ending(&self, (key, ending): &(u128, Arc<endings::Ending>)) {
+    pub(crate) fn forget_ending(&self, (key, ending): &Watch) {
         self.endings.forget(*key, ending);
     }
 
@@ -712,28 +714,47 @@ impl Engine {
         self.lease_timeout_ms.map(std::time::Duration::from_millis)
     }
 
-    /// Blocks until the record of `scoped_key` is not in flight (finished, released,
-    /// expired) or `deadline` passes, and returns it as it then is. Woken by the ending
-    /// (see `endings`), and at most every lease timeout to look again.
+    /// One look of a wait for the end of the record of `scoped_key`: registered on its
+    /// ending first, then the record read, so that no ending between the two is missed.
+    /// The record if it is no longer in flight (finished, released, expired) or
+    /// `deadline` passed; otherwise the registration and when to look again (the
+    /// deadline, or a lease timeout from now: a holder that stopped renewing may be
+    /// taken over then). A caller that wakes without the ending forgets the
+    /// registration ([`Engine::forget_ending`]) and looks again.
+    pub(crate) fn look_for_ending(
+        &self,
+        scoped_key: &[u8],
+        deadline: std::time::Instant,
+    ) -> std::result::Result<Result<Option<Record>>, (Watch, std::time::Instant)> {
+        let watch = self.watch_ending(scoped_key);
+        let record = self.get(scoped_key);
+        let now = std::time::Instant::now();
+        let in_flight = matches!(&record, Ok(Some(r)) if r.status == RecordStatus::InFlight);
+        if !in_flight || now >= deadline {
+            self.forget_ending(&watch);
+            return Ok(record);
+        }
+        let wake = self
+            .lease_timeout()
+            .map_or(deadline, |timeout| deadline.min(now + timeout));
+        Err((watch, wake))
+    }
+
+    /// Blocks until the record of `scoped_key` is not in flight or `deadline` passes,
+    /// and returns it as it then is ([`Engine::look_for_ending`], woken by the ending).
     pub(crate) fn wait_finished(
         &self,
         scoped_key: &[u8],
         deadline: std::time::Instant,
     ) -> Result<Option<Record>> {
         loop {
-            let watch = self.watch_ending(scoped_key);
-            let record = self.get(scoped_key);
-            let now = std::time::Instant::now();
-            let in_flight = matches!(&record, Ok(Some(r)) if r.status == RecordStatus::InFlight);
-            if !in_flight || now >= deadline {
-                self.forget_ending(&watch);
-                return record;
-            }
-            let wake = self
-                .lease_timeout()
-                .map_or(deadline, |timeout| deadline.min(now + timeout));
-            if !watch.1.wait_until(wake) {
-                self.forget_ending(&watch);
+            match self.look_for_ending(scoped_key, deadline) {
+                Ok(record) => return record,
+                Err((watch, wake)) => {
+                    if !watch.1.wait_until(wake) {
+                        self.forget_ending(&watch);
+                    }
+                }
             }
         }
     }

@@ -633,10 +633,7 @@ impl Store for PostgresStore {
     ) -> Result<Option<Record>> {
         self.record_params(scope, key)?;
         let topic = listen::topic(scope, key)?;
-        let now = tokio::time::Instant::now();
-        let deadline = now
-            .checked_add(timeout)
-            .unwrap_or(now + Duration::from_secs(86_400 * 365));
+        let deadline = tokio::time::Instant::from_std(crate::base::deadline_after(timeout));
         loop {
             let signal = self.listener.watch(&topic).await;
             let ended = self
