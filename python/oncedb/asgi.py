@@ -152,24 +152,21 @@ def _canonical(value: Any) -> str:
     return json.dumps(value)
 
 
-def _parse(body: bytes) -> Any:
-    """The JSON value of ``body``; ``ValueError`` if it is not one, or cannot be read
-    (too deep, a lone surrogate)."""
+def _read(body: bytes) -> Optional[tuple[Any, bytes]]:
+    """The JSON value of ``body`` and its canonical form, read once; ``None`` if it is
+    not one JSON value or cannot be read (too deep, a lone surrogate)."""
     try:
         value = json.loads(body, parse_float=_Number, parse_int=_Number)
-        _canonical(value).encode()
-        return value
-    except (ValueError, RecursionError, UnicodeError) as err:
-        raise ValueError(f"not a readable JSON body: {err}") from err
+        return value, _canonical(value).encode()
+    except (ValueError, RecursionError, UnicodeError):
+        return None
 
 
 def canonical_json(body: bytes) -> Optional[bytes]:
     """The canonical form of a JSON body, or ``None`` if it is not one JSON value (or is
     too deep, or holds a lone surrogate)."""
-    try:
-        return _canonical(_parse(body)).encode()
-    except (ValueError, RecursionError, UnicodeError):
-        return None
+    read = _read(body)
+    return None if read is None else read[1]
 
 
 _MISSING = object()
@@ -212,23 +209,39 @@ def fingerprint(
     with ``pointers`` only the body fields they name (each ``pointer=value`` or
     ``pointer=-`` on a line), as the Rust layer's ``fields_request``. Never raises: a body
     that cannot be read as JSON counts by its bytes."""
+    read = _read(body) if media_is_json(content_type) or pointers is not None else None
+    return _fingerprint(method, path, query, body, pointers, read)
+
+
+def media_is_json(content_type: str) -> bool:
+    """Whether a content type is JSON (``application/json`` or ``*+json``)."""
+    media = content_type.split(";")[0].strip().lower()
+    return media == "application/json" or media.endswith("+json")
+
+
+def _fingerprint(
+    method: str,
+    path: str,
+    query: bytes,
+    body: bytes,
+    pointers: Optional[Iterable[str]],
+    read: Optional[tuple[Any, bytes]],
+) -> bytes:
+    """:func:`fingerprint` with the body already read (``read``: its JSON value and
+    canonical form, or ``None`` for a body compared by its bytes)."""
     target = path + ("?" + query.decode("latin-1") if query else "")
     head = f"{method} {target}\n".encode()
-    if pointers is not None:
-        try:
-            value = _parse(body)
-        except ValueError:
-            return head + body
-        lines = []
-        for pointer in pointers:
-            found = json_pointer(value, pointer)
-            text = "-" if found is _MISSING else _canonical(found)
-            lines.append(f"{pointer}={text}\n".encode())
-        return head + b"".join(lines)
-    media = content_type.split(";")[0].strip().lower()
-    if media == "application/json" or media.endswith("+json"):
-        body = canonical_json(body) or body
-    return head + body
+    if read is None:
+        return head + body
+    value, canonical = read
+    if pointers is None:
+        return head + canonical
+    lines = []
+    for pointer in pointers:
+        found = json_pointer(value, pointer)
+        text = "-" if found is _MISSING else _canonical(found)
+        lines.append(f"{pointer}={text}\n".encode())
+    return head + b"".join(lines)
 
 
 def encode_response(status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes) -> bytes:
@@ -427,28 +440,32 @@ class IdempotencyMiddleware:
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
             raise _Refused(413, "request_body_too_large")
         body = await self._read_body(receive)
-        key = header_key if header_key is not None else self._body_key(body)
+        # The body is read as JSON once, for the key and the fingerprint both.
+        json_body = media_is_json(headers.get(b"content-type", b"").decode("latin-1"))
+        fields = self.pointers is not None
+        read = _read(body) if json_body or fields or self.key_pointer is not None else None
+        key = header_key if header_key is not None else self._body_key(read)
         if key is None:
             if self.required:
                 raise _Refused(400, "idempotency_key_required")
             return body
-        print_ = fingerprint(
+        print_ = _fingerprint(
             scope["method"],
             scope["path"],
             scope.get("query_string", b""),
-            headers.get(b"content-type", b"").decode("latin-1"),
             body,
             self.pointers,
+            read if json_body or fields else None,
         )
         return tenant, operation, key, body, print_
 
-    def _body_key(self, body: bytes) -> Optional[bytes]:
-        """The key ``key_pointer`` names in the body; ``None`` if it names no string or
-        number; ``_Refused`` for one that is not a valid key."""
-        try:
-            found = json_pointer(_parse(body), self.key_pointer or "")
-        except ValueError:
+    def _body_key(self, read: Optional[tuple[Any, bytes]]) -> Optional[bytes]:
+        """The key ``key_pointer`` names in the body read as JSON; ``None`` if the body is
+        not JSON or the pointer names no string or number; ``_Refused`` for one that is
+        not a valid key."""
+        if read is None:
             return None
+        found = json_pointer(read[0], self.key_pointer or "")
         if found is _MISSING or isinstance(found, (dict, list, bool)) or found is None:
             return None
         key = _valid_key(str(found).encode("utf-8", "replace"))
