@@ -8,6 +8,11 @@ lifecycle, replayed responses, in-flight detection and fencing. Durable stores s
 Keys are ``bytes`` or ``str`` (``str`` is encoded as UTF-8, so ``"k"`` and ``b"k"`` are
 the same key). Requests, responses and notes are ``bytes``.
 
+Several worker processes share a :class:`PostgresStore` or a :class:`RedisStore`
+(both :class:`SharedStore`): the same reservation API on a server, each call awaited
+without a thread (``areserve``, ``await_finished``, ``lease.acomplete``, ...) or made
+blocking with the GIL released. A ``Db`` belongs to the process that opened it.
+
 Every call that may wait on an fsync releases the GIL: other threads run during a
 commit, and a ``Db`` can be shared across threads. From asyncio, offload calls to a
 thread so the event loop never waits on an fsync::
@@ -34,8 +39,13 @@ from ._oncedb import (
     LeaseLost,
     Locked,
     Poisoned,
+    PostgresStore,
+    RedisStore,
     Reservation,
+    SharedStore,
     StoreIoError,
+    TimedOut,
+    Unavailable,
     __version__,
 )
 from .once import Failed, InFlight, Mismatch, idempotent
@@ -52,8 +62,13 @@ __all__ = [
     "LeaseLost",
     "Locked",
     "Poisoned",
+    "PostgresStore",
+    "RedisStore",
     "Reservation",
+    "SharedStore",
     "StoreIoError",
+    "TimedOut",
+    "Unavailable",
     "Mismatch",
     "InFlight",
     "Failed",

@@ -17,8 +17,13 @@ __all__ = [
     "LeaseLost",
     "Locked",
     "Poisoned",
+    "PostgresStore",
+    "RedisStore",
     "Reservation",
+    "SharedStore",
     "StoreIoError",
+    "TimedOut",
+    "Unavailable",
     "__version__",
     "_settle",
 ]
@@ -37,6 +42,8 @@ class Locked(Error): ...
 class Corrupted(Error): ...
 class StoreIoError(Error): ...
 class Closed(Error): ...
+class Unavailable(Error): ...
+class TimedOut(Error): ...
 
 @final
 class Lease:
@@ -117,3 +124,57 @@ class Db:
     def close(self) -> None: ...
     def __enter__(self) -> "Db": ...
     def __exit__(self, _kind: object, _value: object, _traceback: object) -> bool: ...
+
+class SharedStore:
+    """A store several processes share (a server): ``Db``'s reservation API."""
+
+    def insert_if_absent(self, key: _Key) -> bool: ...
+    def insert_many(self, keys: Sequence[_Key]) -> list[bool]: ...
+    def ainsert_if_absent(self, key: _Key) -> Awaitable[bool]: ...
+    def reserve(self, tenant: _Key, operation: _Key, key: _Key, request: bytes) -> Reservation: ...
+    def areserve(
+        self, tenant: _Key, operation: _Key, key: _Key, request: bytes
+    ) -> Awaitable[Reservation]: ...
+    def wait_finished(
+        self, tenant: _Key, operation: _Key, key: _Key, timeout: _Seconds
+    ) -> Optional[Reservation]: ...
+    def await_finished(
+        self, tenant: _Key, operation: _Key, key: _Key, timeout: _Seconds
+    ) -> Awaitable[Optional[Reservation]]: ...
+    def take_over(self, tenant: _Key, operation: _Key, key: _Key) -> Optional[Lease]: ...
+    def in_flight(self, older_than: _Seconds) -> list[dict[str, object]]: ...
+    def advance(
+        self, tenant: _Key, operation: _Key, aggregate_id: _Key, version: int
+    ) -> tuple[str, Optional[int]]: ...
+    @property
+    def lease_timeout(self) -> Optional[float]: ...
+
+@final
+class PostgresStore(SharedStore):
+    """Records, keys and ordering marks in PostgreSQL; migrates the schema at connect."""
+
+    def __new__(
+        cls,
+        url: str,
+        *,
+        window: _Seconds,
+        lease_timeout: Optional[_Seconds] = None,
+        response_timeout: Optional[_Seconds] = None,
+        max_response_bytes: Optional[int] = None,
+        migrate: bool = True,
+    ) -> "PostgresStore": ...
+
+@final
+class RedisStore(SharedStore):
+    """Keys and records in Redis (``url``) or a Redis Cluster (a list of seed nodes)."""
+
+    def __new__(
+        cls,
+        url: Union[str, Sequence[str]],
+        *,
+        window: _Seconds,
+        prefix: str = "oncedb",
+        lease_timeout: Optional[_Seconds] = None,
+        response_timeout: Optional[_Seconds] = None,
+        max_response_bytes: Optional[int] = None,
+    ) -> "RedisStore": ...

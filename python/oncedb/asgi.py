@@ -1,4 +1,4 @@
-"""An ``Idempotency-Key`` middleware for ASGI apps (Starlette, FastAPI) over an oncedb ``Db``.
+"""An ``Idempotency-Key`` middleware for ASGI apps (Starlette, FastAPI) over an oncedb ``Db`` or a shared store (PostgreSQL, Redis).
 
     app.add_middleware(IdempotencyMiddleware, db=db, tenant=lambda scope: tenant_of(scope))
 
@@ -60,9 +60,9 @@ import asyncio
 import json
 import logging
 import struct
-from typing import Any, Awaitable, Callable, Iterable, Optional
+from typing import Any, Awaitable, Callable, Iterable, Optional, Union
 
-from . import Db, Error, Full, InvalidInput
+from . import Db, Error, Full, InvalidInput, SharedStore, TimedOut, Unavailable
 
 Scope = dict
 Message = dict
@@ -130,6 +130,8 @@ TITLES = {
     "request_outcome_unknown": "The first request with this key has an unknown outcome, awaiting reconciliation",
     "idempotency_response_expired": "The request with this key was processed; its response is no longer stored",
     "idempotency_store_full": "The idempotency store is full",
+    "idempotency_store_unavailable": "The idempotency store cannot be reached",
+    "idempotency_store_busy": "The idempotency store is busy with this key",
     "idempotency_store_error": "The idempotency store failed",
     "internal_server_error": "The request failed",
 }
@@ -317,7 +319,7 @@ class IdempotencyMiddleware:
     def __init__(
         self,
         app: Callable[[Scope, Receive, Send], Awaitable[None]],
-        db: Db,
+        db: Union[Db, SharedStore],
         tenant: Callable[[Scope], Optional[str]],
         methods: Iterable[str] = ("POST", "PATCH"),
         max_body_bytes: int = 1 << 20,
@@ -488,19 +490,27 @@ class IdempotencyMiddleware:
             except asyncio.CancelledError:
                 reserving.add_done_callback(self._release_orphan)
                 raise
-            except Full:
-                raise _Refused(503, "idempotency_store_full", self._retry())
-            except InvalidInput:
-                raise _Refused(400, "invalid_idempotency_key")
-            except Error:
-                raise _Refused(500, "idempotency_store_error")
+            except Error as err:
+                raise self._store_error(err)
             left = deadline - loop.time()
             if answer.status != "in_flight" or answer.note or left <= 0:
                 return answer
             try:
                 await self.db.await_finished(tenant, operation, key, left)
-            except Error:
-                raise _Refused(500, "idempotency_store_error")
+            except Error as err:
+                raise self._store_error(err)
+
+    def _store_error(self, err: Error) -> _Refused:
+        """The answer to a store's refusal, as the Rust layer gives it."""
+        if isinstance(err, Full):
+            return _Refused(503, "idempotency_store_full", self._retry())
+        if isinstance(err, Unavailable):
+            return _Refused(503, "idempotency_store_unavailable", self._retry())
+        if isinstance(err, TimedOut):
+            return _Refused(503, "idempotency_store_busy", self._retry())
+        if isinstance(err, InvalidInput):
+            return _Refused(400, "invalid_idempotency_key")
+        return _Refused(500, "idempotency_store_error")
 
     def _release_orphan(self, reserving: asyncio.Future) -> None:
         if reserving.cancelled() or reserving.exception() is not None:

@@ -10,7 +10,7 @@ import threading
 import time
 from typing import Any, Callable, Optional, Union
 
-from ._oncedb import Db, Error, Lease, Reservation
+from ._oncedb import Db, Error, Lease, Reservation, SharedStore
 
 
 class Mismatch(Error):
@@ -79,7 +79,7 @@ async def _renew(lease: Lease, timeout: Optional[float]) -> None:
 class _Once:
     """What :func:`idempotent` was given, and the calls of the functions it wraps."""
 
-    def __init__(self, db: Db, **given: Any) -> None:
+    def __init__(self, db: Union[Db, SharedStore], **given: Any) -> None:
         if given["on_error"] not in ("release", "fail"):
             raise ValueError(f"on_error {given['on_error']!r}: 'release' or 'fail'")
         self.db = db
@@ -173,7 +173,7 @@ class _Once:
 
 
 def idempotent(
-    db: Db,
+    db: Union[Db, SharedStore],
     *,
     tenant: Union[str, Callable[..., str]],
     operation: Union[str, Callable[..., str]],

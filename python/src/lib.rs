@@ -15,6 +15,10 @@ use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyString};
 
+mod shared;
+
+use shared::{AnyLease, waited, widened};
+
 create_exception!(_oncedb, Error, PyException, "Any error the store reports.");
 create_exception!(
     _oncedb,
@@ -65,6 +69,18 @@ create_exception!(
     "A file system call failed (the store is poisoned)."
 );
 create_exception!(_oncedb, Closed, Error, "The Db was closed.");
+create_exception!(
+    _oncedb,
+    Unavailable,
+    Error,
+    "A shared store's server did not answer in time, or refused the connection: retry later."
+);
+create_exception!(
+    _oncedb,
+    TimedOut,
+    Error,
+    "A shared store's server gave up on a statement that waited too long (another caller's lock)."
+);
 
 /// The Python exception for a store error, with its message.
 fn raise(err: oncedb::Error) -> PyErr {
@@ -86,6 +102,8 @@ enum Kind {
     Corrupted,
     Io,
     InvalidInput,
+    Unavailable,
+    TimedOut,
     Other,
 }
 
@@ -100,6 +118,8 @@ impl Kind {
             Kind::Corrupted => Corrupted::new_err(message),
             Kind::Io => StoreIoError::new_err(message),
             Kind::InvalidInput => InvalidInput::new_err(message),
+            Kind::Unavailable => Unavailable::new_err(message),
+            Kind::TimedOut => TimedOut::new_err(message),
             Kind::Other => Error::new_err(message),
         }
     }
@@ -122,6 +142,8 @@ fn classify(err: &oncedb::Error) -> Kind {
         | oncedb::Error::ResponseTooLarge { .. }
         | oncedb::Error::BatchTooLarge { .. }
         | oncedb::Error::NoteTooLong { .. } => Kind::InvalidInput,
+        oncedb::Error::Unavailable { .. } => Kind::Unavailable,
+        oncedb::Error::TimedOut { .. } => Kind::TimedOut,
         _ => Kind::Other,
     }
 }
@@ -305,6 +327,7 @@ impl Db {
         let reservation = py
             .detach(|| db.reserve(&scope, &key, &request))
             .map_err(raise)?;
+        let reservation = widened(reservation, AnyLease::Embedded);
         Ok(Reservation::from(reservation, db.max_response_bytes()))
     }
 
@@ -315,12 +338,7 @@ impl Db {
         py: Python<'py>,
         key: &Bound<'_, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let (db, key) = (self.handle()?, key_of(key)?.into_owned());
-        awaitable(py, async move {
-            oncedb::Store::insert_if_absent(&*db, &key)
-                .await
-                .map_err(|err| carried(&err))
-        })
+        ainsert_on(py, self.handle()?, key)
     }
 
     /// `reserve`, as an awaitable that holds no thread while it awaits the commit.
@@ -332,13 +350,8 @@ impl Db {
         key: &Bound<'_, PyAny>,
         request: Vec<u8>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let db = self.handle()?;
-        let (scope, key) = scoped(tenant, operation, key)?;
-        awaitable(py, async move {
-            let reserved = oncedb::Store::reserve(&*db, &scope, &key, &request).await;
-            let reservation = reserved.map_err(|err| carried(&err))?;
-            Ok(Reservation::from(reservation, db.max_response_bytes()))
-        })
+        let scoped = scoped(tenant, operation, key)?;
+        areserve_on(py, self.handle()?, AnyLease::Embedded, scoped, request)
     }
 
     /// `wait_finished`, as an awaitable woken by the ending, holding no thread.
@@ -350,13 +363,8 @@ impl Db {
         key: &Bound<'_, PyAny>,
         timeout: &Bound<'_, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let db = self.handle()?;
-        let ((scope, key), timeout) = (scoped(tenant, operation, key)?, duration_of(timeout)?);
-        awaitable(py, async move {
-            let record = oncedb::Store::wait_finished(&*db, &scope, &key, timeout).await;
-            let record = record.map_err(|err| carried(&err))?;
-            Ok(record.map(|record| Reservation::of_record(&record)))
-        })
+        let scoped = scoped(tenant, operation, key)?;
+        await_finished_on(py, self.handle()?, scoped, duration_of(timeout)?)
     }
 
     /// Waits until the record of `key` in (`tenant`, `operation`) is no longer in flight
@@ -399,7 +407,7 @@ impl Db {
         let (scope, key) = scoped(tenant, operation, key)?;
         let lease = py.detach(|| db.take_over(&scope, &key)).map_err(raise)?;
         let max = db.max_response_bytes();
-        Ok(lease.map(|lease| Lease::new(lease, max)))
+        Ok(lease.map(|lease| Lease::new(AnyLease::Embedded(lease), max)))
     }
 
     /// Records in flight for at least `older_than` seconds: dicts with tenant,
@@ -410,20 +418,7 @@ impl Db {
         older_than: &Bound<'py, PyAny>,
     ) -> PyResult<Vec<Bound<'py, PyDict>>> {
         let (db, age) = (self.handle()?, duration_of(older_than)?);
-        let records = py.detach(|| db.in_flight(age));
-        records
-            .into_iter()
-            .map(|record| {
-                let dict = PyDict::new(py);
-                dict.set_item("tenant", PyBytes::new(py, record.scope.tenant()))?;
-                dict.set_item("operation", PyBytes::new(py, record.scope.operation()))?;
-                dict.set_item("key", PyBytes::new(py, &record.key))?;
-                dict.set_item("since", unix_seconds(record.since))?;
-                dict.set_item("epoch", record.epoch)?;
-                dict.set_item("note", record.note.as_deref().map(|n| PyBytes::new(py, n)))?;
-                Ok(dict)
-            })
-            .collect()
+        in_flight_dicts(py, py.detach(|| db.in_flight(age)))
     }
 
     /// The ordering guard: `("applied" | "duplicate", None)`, `("stale", current)` or
@@ -437,17 +432,11 @@ impl Db {
         version: u64,
     ) -> PyResult<(&'static str, Option<u64>)> {
         let db = self.handle()?;
-        let scope = oncedb::Scope::new(key_of(tenant)?, key_of(operation)?);
-        let id = key_of(aggregate_id)?.into_owned();
+        let (scope, id) = scoped(tenant, operation, aggregate_id)?;
         let answer = py
             .detach(|| db.advance(&scope, &id, version))
             .map_err(raise)?;
-        Ok(match answer {
-            oncedb::Advance::Applied => ("applied", None),
-            oncedb::Advance::Duplicate => ("duplicate", None),
-            oncedb::Advance::Stale { current } => ("stale", Some(current)),
-            oncedb::Advance::Gap { expected } => ("gap", Some(expected)),
-        })
+        Ok(advanced(answer))
     }
 
     /// Makes everything acknowledged so far durable (an fsync).
@@ -562,7 +551,7 @@ impl Reservation {
         }
     }
 
-    fn from(reservation: oncedb::Reservation, max_response_bytes: usize) -> Reservation {
+    fn from(reservation: oncedb::Reservation<AnyLease>, max_response_bytes: usize) -> Reservation {
         let mut answer = Reservation {
             status: "mismatch",
             lease: None,
@@ -618,10 +607,11 @@ impl Reservation {
 /// The right to finish one record: complete, fail or release it once.
 #[pyclass(module = "oncedb._oncedb", frozen)]
 struct Lease {
-    /// Locked only with the GIL released (inside `py.detach`): a thread that holds the
-    /// GIL never waits on it, so a call waiting on the lock and a call waiting for the
-    /// GIL cannot wait on each other.
-    lease: Mutex<Option<oncedb::Lease>>,
+    /// One call at a time: a renewal in progress holds it, so an ending waits for the
+    /// renewal instead of finding the lease gone. Locked by a thread only with the GIL
+    /// released (inside `py.detach`), so a call waiting on the lock and a call waiting
+    /// for the GIL cannot wait on each other; the runtime thread awaits it.
+    lease: tokio::sync::Mutex<Option<AnyLease>>,
     pid: u32,
     /// The store's response limit: checked before an awaitable end takes the lease.
     max_response_bytes: usize,
@@ -631,120 +621,165 @@ struct Lease {
     epoch: u64,
 }
 
+/// How a lease ends.
+enum Ending {
+    Complete(Vec<u8>),
+    Fail(Vec<u8>),
+    Release,
+}
+
+impl Ending {
+    fn response_len(&self) -> usize {
+        match self {
+            Ending::Complete(response) | Ending::Fail(response) => response.len(),
+            Ending::Release => 0,
+        }
+    }
+
+    /// On the engine's own lease, whose refusal hands the lease back.
+    fn embedded(self, lease: oncedb::Lease) -> Result<(), oncedb::LeaseError> {
+        match self {
+            Ending::Complete(response) => lease.complete(&response),
+            Ending::Fail(response) => lease.fail(&response),
+            Ending::Release => lease.release(),
+        }
+    }
+
+    /// On any lease, awaited.
+    async fn on(self, lease: AnyLease) -> oncedb::Result<()> {
+        use oncedb::StoreLease;
+        match self {
+            Ending::Complete(response) => lease.complete(&response).await,
+            Ending::Fail(response) => lease.fail(&response).await,
+            Ending::Release => lease.release().await,
+        }
+    }
+}
+
+/// A call that keeps the lease.
+enum Kept {
+    Note(Vec<u8>),
+    KeepAlive,
+}
+
+impl Kept {
+    fn embedded(&self, lease: &oncedb::Lease) -> oncedb::Result<()> {
+        match self {
+            Kept::Note(note) => lease.note(note),
+            Kept::KeepAlive => lease.keep_alive(),
+        }
+    }
+
+    /// On any lease, awaited.
+    async fn on(&self, lease: &AnyLease) -> oncedb::Result<()> {
+        use oncedb::StoreLease;
+        match self {
+            Kept::Note(note) => lease.note(note).await,
+            Kept::KeepAlive => lease.keep_alive().await,
+        }
+    }
+}
+
 impl Lease {
-    fn new(lease: oncedb::Lease, max_response_bytes: usize) -> Lease {
+    fn new(lease: AnyLease, max_response_bytes: usize) -> Lease {
         Lease {
-            epoch: lease.epoch(),
-            lease: Mutex::new(Some(lease)),
+            epoch: oncedb::StoreLease::epoch(&lease),
+            lease: tokio::sync::Mutex::new(Some(lease)),
             pid: std::process::id(),
             max_response_bytes,
         }
     }
 
-    /// Takes the lease out, for a call that awaits (no lock is held across an await).
-    fn take(this: &Py<Lease>) -> Result<oncedb::Lease, (String, Kind)> {
-        let mut slot = this
-            .get()
-            .lease
-            .lock()
-            .map_err(|_| ("the lease's lock is poisoned".to_owned(), Kind::Other))?;
-        slot.take()
-            .ok_or_else(|| ("the lease already ended".to_owned(), Kind::LeaseLost))
-    }
-
-    /// Puts back a lease taken for a call that keeps it.
-    fn put_back(this: &Py<Lease>, lease: oncedb::Lease) {
-        if let Ok(mut slot) = this.get().lease.lock() {
-            *slot = Some(lease);
-        }
-    }
-
-    /// An awaitable end: `end` given the lease, once the response was checked against
-    /// the store's limit (a refused one changes nothing and keeps the lease).
-    fn aend<'py, F>(
-        slf: Bound<'py, Self>,
-        response_len: usize,
-        end: impl FnOnce(oncedb::Lease) -> F + Send + 'static,
-    ) -> PyResult<Bound<'py, PyAny>>
-    where
-        F: std::future::Future<Output = oncedb::Result<()>> + Send + 'static,
-    {
+    /// An awaitable end, once the response was checked against the store's limit (a
+    /// refused one changes nothing and keeps the lease).
+    fn aend(slf: Bound<'_, Self>, ending: Ending) -> PyResult<Bound<'_, PyAny>> {
         let py = slf.py();
         let lease = slf.get();
         same_process(lease.pid)?;
-        if response_len > lease.max_response_bytes {
+        let len = ending.response_len();
+        if len > lease.max_response_bytes {
             return Err(InvalidInput::new_err(format!(
-                "response of {response_len} bytes exceeds the limit of {} bytes",
+                "response of {len} bytes exceeds the limit of {} bytes",
                 lease.max_response_bytes
             )));
         }
         let this = slf.unbind();
         awaitable(py, async move {
-            let lease = Lease::take(&this)?;
-            end(lease).await.map_err(|err| carried(&err))
+            let lease = this.get().lease.lock().await.take().ok_or_else(gone)?;
+            ending.on(lease).await.map_err(|err| carried(&err))
         })
     }
 
     /// An awaitable call that keeps the lease (a note, a renewal).
-    fn akeep<'py, F>(
-        slf: Bound<'py, Self>,
-        call: impl FnOnce(oncedb::Lease) -> F + Send + 'static,
-    ) -> PyResult<Bound<'py, PyAny>>
-    where
-        F: std::future::Future<Output = (oncedb::Lease, oncedb::Result<()>)> + Send + 'static,
-    {
+    fn akeep(slf: Bound<'_, Self>, kept: Kept) -> PyResult<Bound<'_, PyAny>> {
         let py = slf.py();
         same_process(slf.get().pid)?;
         let this = slf.unbind();
         awaitable(py, async move {
-            let lease = Lease::take(&this)?;
-            let (lease, result) = call(lease).await;
-            Lease::put_back(&this, lease);
-            result.map_err(|err| carried(&err))
+            let slot = this.get().lease.lock().await;
+            let lease = slot.as_ref().ok_or_else(gone)?;
+            kept.on(lease).await.map_err(|err| carried(&err))
         })
     }
 
-    /// Ends the lease with `end`, the GIL released (the lock taken only then). A failed
-    /// end gives the lease back, so that a retry (after an I/O error) can end it.
-    fn end(
-        &self,
-        py: Python<'_>,
-        end: impl FnOnce(oncedb::Lease) -> Result<(), oncedb::LeaseError> + Send,
-    ) -> PyResult<()> {
+    /// Ends the lease, the GIL released (the lock taken only then). A refused end of the
+    /// engine's lease gives it back, so that a retry (after an I/O error) can end it; a
+    /// shared store's lease is ended on the runtime thread, the lock released.
+    fn end(&self, py: Python<'_>, ending: Ending) -> PyResult<()> {
         same_process(self.pid)?;
         let ended = py.detach(|| {
-            let mut slot = self.lease.lock().map_err(|_| Ended::Poisoned)?;
-            let lease = slot.take().ok_or(Ended::Gone)?;
-            end(lease).map_err(|err| {
-                let error = err.error().to_string();
-                let kind = Ended::Refused(error, classify(err.error()));
-                *slot = Some(err.into_lease());
-                kind
-            })
+            let mut slot = self.lease.blocking_lock();
+            match slot.take().ok_or(Ended::Gone)? {
+                AnyLease::Embedded(lease) => ending.embedded(lease).map_err(|err| {
+                    let refused = Ended::Refused(err.error().to_string(), classify(err.error()));
+                    *slot = Some(AnyLease::Embedded(err.into_lease()));
+                    refused
+                }),
+                shared => {
+                    drop(slot);
+                    let runtime =
+                        runtime_handle().map_err(|err| Ended::Refused(err, Kind::Other))?;
+                    let outcome = waited(runtime, async move { ending.on(shared).await });
+                    outcome.map_err(|(message, kind)| Ended::Refused(message, kind))
+                }
+            }
         });
         ended.map_err(Ended::into_py)
     }
 
-    /// Runs `call` on the lease, the GIL released (the lock taken only then).
-    fn with(
-        &self,
-        py: Python<'_>,
-        call: impl FnOnce(&oncedb::Lease) -> oncedb::Result<()> + Send,
-    ) -> PyResult<()> {
+    /// Runs `kept` on the lease, the GIL released (the lock taken only then, and held
+    /// while the runtime thread runs a shared store's call).
+    fn with(&self, py: Python<'_>, kept: Kept) -> PyResult<()> {
         same_process(self.pid)?;
         let done = py.detach(|| {
-            let slot = self.lease.lock().map_err(|_| Ended::Poisoned)?;
-            let lease = slot.as_ref().ok_or(Ended::Gone)?;
-            call(lease).map_err(|err| Ended::Refused(err.to_string(), classify(&err)))
+            let mut slot = self.lease.blocking_lock();
+            let lease = slot.take().ok_or(Ended::Gone)?;
+            if let AnyLease::Embedded(embedded) = &lease {
+                let outcome = kept.embedded(embedded);
+                *slot = Some(lease);
+                return outcome.map_err(|err| Ended::Refused(err.to_string(), classify(&err)));
+            }
+            let runtime = runtime_handle().map_err(|err| Ended::Refused(err, Kind::Other))?;
+            let (lease, outcome) = waited(runtime, async move {
+                let outcome = kept.on(&lease).await;
+                Ok((lease, outcome))
+            })
+            .map_err(|(message, kind)| Ended::Refused(message, kind))?;
+            *slot = Some(lease);
+            outcome.map_err(|err| Ended::Refused(err.to_string(), classify(&err)))
         });
         done.map_err(Ended::into_py)
     }
 }
 
+/// The error of a lease that already ended.
+fn gone() -> (String, Kind) {
+    ("the lease already ended".to_owned(), Kind::LeaseLost)
+}
+
 /// Why a lease call failed, carried out of a section without the GIL (where no Python
 /// object may be made).
 enum Ended {
-    Poisoned,
     Gone,
     Refused(String, Kind),
 }
@@ -752,7 +787,6 @@ enum Ended {
 impl Ended {
     fn into_py(self) -> PyErr {
         match self {
-            Ended::Poisoned => Error::new_err("the lease's lock is poisoned"),
             Ended::Gone => LeaseLost::new_err("the lease already ended"),
             Ended::Refused(message, kind) => kind.error(message),
         }
@@ -763,65 +797,53 @@ impl Ended {
 impl Lease {
     /// Stores `response` for replay to every retry.
     fn complete(&self, py: Python<'_>, response: Vec<u8>) -> PyResult<()> {
-        self.end(py, move |lease| lease.complete(&response))
+        self.end(py, Ending::Complete(response))
     }
 
     /// Stores a deterministic failure for replay.
     fn fail(&self, py: Python<'_>, response: Vec<u8>) -> PyResult<()> {
-        self.end(py, move |lease| lease.fail(&response))
+        self.end(py, Ending::Fail(response))
     }
 
     /// Deletes the record so that a retry may run.
     fn release(&self, py: Python<'_>) -> PyResult<()> {
-        self.end(py, oncedb::Lease::release)
+        self.end(py, Ending::Release)
     }
 
     /// `complete`, as an awaitable that holds no thread while it awaits the commit.
     fn acomplete(slf: Bound<'_, Self>, response: Vec<u8>) -> PyResult<Bound<'_, PyAny>> {
-        Lease::aend(slf, response.len(), move |lease| async move {
-            oncedb::StoreLease::complete(lease, &response).await
-        })
+        Lease::aend(slf, Ending::Complete(response))
     }
 
     /// `fail`, as an awaitable.
     fn afail(slf: Bound<'_, Self>, response: Vec<u8>) -> PyResult<Bound<'_, PyAny>> {
-        Lease::aend(slf, response.len(), move |lease| async move {
-            oncedb::StoreLease::fail(lease, &response).await
-        })
+        Lease::aend(slf, Ending::Fail(response))
     }
 
     /// `release`, as an awaitable.
     fn arelease(slf: Bound<'_, Self>) -> PyResult<Bound<'_, PyAny>> {
-        Lease::aend(slf, 0, |lease| async move {
-            oncedb::StoreLease::release(lease).await
-        })
+        Lease::aend(slf, Ending::Release)
     }
 
     /// `note`, as an awaitable.
     fn anote(slf: Bound<'_, Self>, note: Vec<u8>) -> PyResult<Bound<'_, PyAny>> {
-        Lease::akeep(slf, move |lease| async move {
-            let result = oncedb::StoreLease::note(&lease, &note).await;
-            (lease, result)
-        })
+        Lease::akeep(slf, Kept::Note(note))
     }
 
     /// `keep_alive`, as an awaitable.
     fn akeep_alive(slf: Bound<'_, Self>) -> PyResult<Bound<'_, PyAny>> {
-        Lease::akeep(slf, |lease| async move {
-            let result = oncedb::StoreLease::keep_alive(&lease).await;
-            (lease, result)
-        })
+        Lease::akeep(slf, Kept::KeepAlive)
     }
 
     /// Attaches a short note to the record while in flight (what a reconciler sees).
     fn note(&self, py: Python<'_>, note: Vec<u8>) -> PyResult<()> {
-        self.with(py, move |lease| lease.note(&note))
+        self.with(py, Kept::Note(note))
     }
 
     /// Renews the lease: the store's lease timeout counts from now, durably. Call it
     /// more often than the timeout while the work runs.
     fn keep_alive(&self, py: Python<'_>) -> PyResult<()> {
-        self.with(py, oncedb::Lease::keep_alive)
+        self.with(py, Kept::KeepAlive)
     }
 }
 
@@ -834,6 +856,9 @@ fn _oncedb(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_settle, m)?)?;
     m.add_class::<Reservation>()?;
     m.add_class::<Lease>()?;
+    m.add_class::<shared::SharedStore>()?;
+    m.add_class::<shared::PostgresStore>()?;
+    m.add_class::<shared::RedisStore>()?;
     for (name, class) in [
         ("Error", py.get_type::<Error>()),
         ("InvalidInput", py.get_type::<InvalidInput>()),
@@ -845,20 +870,28 @@ fn _oncedb(m: &Bound<'_, PyModule>) -> PyResult<()> {
         ("Corrupted", py.get_type::<Corrupted>()),
         ("StoreIoError", py.get_type::<StoreIoError>()),
         ("Closed", py.get_type::<Closed>()),
+        ("Unavailable", py.get_type::<Unavailable>()),
+        ("TimedOut", py.get_type::<TimedOut>()),
     ] {
         m.add(name, class)?;
     }
     Ok(())
 }
 
-/// The runtime the awaitables run on: one thread of its own, whatever the number of calls
-/// waiting (a write awaits its group commit through a waker, holding no thread). Made
-/// again in a forked child, where the parent's thread does not exist.
+/// The runtime the awaitables and the shared stores run on: one thread of its own,
+/// whatever the number of calls waiting (a write awaits its group commit or its server
+/// through a waker, holding no thread). Made again in a forked child, where the parent's
+/// thread does not exist.
 fn runtime() -> PyResult<tokio::runtime::Handle> {
+    runtime_handle().map_err(Error::new_err)
+}
+
+/// `runtime`, for a caller without the GIL.
+fn runtime_handle() -> Result<tokio::runtime::Handle, String> {
     static RUNTIME: Mutex<Option<(u32, tokio::runtime::Handle)>> = Mutex::new(None);
     let mut slot = RUNTIME
         .lock()
-        .map_err(|_| Error::new_err("the runtime's lock is poisoned"))?;
+        .map_err(|_| "the runtime's lock is poisoned".to_owned())?;
     let pid = std::process::id();
     if let Some((owner, handle)) = slot.as_ref()
         && *owner == pid
@@ -866,14 +899,14 @@ fn runtime() -> PyResult<tokio::runtime::Handle> {
         return Ok(handle.clone());
     }
     let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
+        .enable_all()
         .build()
-        .map_err(|err| Error::new_err(format!("starting oncedb's runtime: {err}")))?;
+        .map_err(|err| format!("starting oncedb's runtime: {err}"))?;
     let handle = runtime.handle().clone();
     std::thread::Builder::new()
         .name("oncedb-async".into())
         .spawn(move || runtime.block_on(std::future::pending::<()>()))
-        .map_err(|err| Error::new_err(format!("starting oncedb's runtime: {err}")))?;
+        .map_err(|err| format!("starting oncedb's runtime: {err}"))?;
     *slot = Some((pid, handle.clone()));
     Ok(handle)
 }
@@ -931,4 +964,78 @@ fn _settle(future: &Bound<'_, PyAny>, ok: bool, value: &Bound<'_, PyAny>) -> PyR
 /// A store error carried out of the runtime thread (no Python object is made there).
 fn carried(err: &oncedb::Error) -> (String, Kind) {
     (err.to_string(), classify(err))
+}
+
+/// `insert_if_absent` on any store, as an awaitable.
+fn ainsert_on<'py, S: oncedb::Store>(
+    py: Python<'py>,
+    store: std::sync::Arc<S>,
+    key: &Bound<'_, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let key = key_of(key)?.into_owned();
+    awaitable(py, async move {
+        let admitted = store.insert_if_absent(&key).await;
+        admitted.map_err(|err| carried(&err))
+    })
+}
+
+/// `reserve` on any store, as an awaitable; `wrap` makes its lease one of the module's.
+fn areserve_on<'py, S: oncedb::Store>(
+    py: Python<'py>,
+    store: std::sync::Arc<S>,
+    wrap: fn(S::Lease) -> AnyLease,
+    (scope, key): (oncedb::Scope, Vec<u8>),
+    request: Vec<u8>,
+) -> PyResult<Bound<'py, PyAny>> {
+    awaitable(py, async move {
+        let reserved = store.reserve(&scope, &key, &request).await;
+        let reservation = reserved.map_err(|err| carried(&err))?;
+        let max = store.max_response_bytes();
+        Ok(Reservation::from(widened(reservation, wrap), max))
+    })
+}
+
+/// `wait_finished` on any store, as an awaitable.
+fn await_finished_on<'py, S: oncedb::Store>(
+    py: Python<'py>,
+    store: std::sync::Arc<S>,
+    (scope, key): (oncedb::Scope, Vec<u8>),
+    timeout: Duration,
+) -> PyResult<Bound<'py, PyAny>> {
+    awaitable(py, async move {
+        let record = store.wait_finished(&scope, &key, timeout).await;
+        let record = record.map_err(|err| carried(&err))?;
+        Ok(record.map(|record| Reservation::of_record(&record)))
+    })
+}
+
+/// Records in flight as dicts with tenant, operation, key, since (unix seconds), epoch
+/// and note.
+fn in_flight_dicts(
+    py: Python<'_>,
+    records: Vec<oncedb::InFlight>,
+) -> PyResult<Vec<Bound<'_, PyDict>>> {
+    records
+        .into_iter()
+        .map(|record| {
+            let dict = PyDict::new(py);
+            dict.set_item("tenant", PyBytes::new(py, record.scope.tenant()))?;
+            dict.set_item("operation", PyBytes::new(py, record.scope.operation()))?;
+            dict.set_item("key", PyBytes::new(py, &record.key))?;
+            dict.set_item("since", unix_seconds(record.since))?;
+            dict.set_item("epoch", record.epoch)?;
+            dict.set_item("note", record.note.as_deref().map(|n| PyBytes::new(py, n)))?;
+            Ok(dict)
+        })
+        .collect()
+}
+
+/// The ordering guard's answer as Python sees it.
+fn advanced(answer: oncedb::Advance) -> (&'static str, Option<u64>) {
+    match answer {
+        oncedb::Advance::Applied => ("applied", None),
+        oncedb::Advance::Duplicate => ("duplicate", None),
+        oncedb::Advance::Stale { current } => ("stale", Some(current)),
+        oncedb::Advance::Gap { expected } => ("gap", Some(expected)),
+    }
 }

@@ -483,6 +483,7 @@ fn title(code: &str) -> &'static str {
         }
         "idempotency_store_unavailable" => "The idempotency store cannot be reached",
         "idempotency_store_full" => "The idempotency store is full",
+        "idempotency_store_busy" => "The idempotency store is busy with this key",
         "stored_response_unreadable" => "The stored response cannot be read",
         "response_unreadable" => "The response could not be read whole",
         "handler_failed" => "The handler failed",
