@@ -7,7 +7,7 @@ use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::sealing::Sealer;
+use super::sealing::{Reached, Sealer};
 use super::{Config, Engine, Parts};
 use crate::base::{
     Error, Fingerprint, LogSpan, RecordStatus, RecoveryMode, Result, Window, random_secret,
@@ -97,8 +97,12 @@ pub(crate) fn open(config: &Config) -> Result<Engine> {
                 &config.storage,
                 &dir,
                 archive,
-                (manifest.database_id(), budget),
-                (window, provisional),
+                (manifest.database_id(), budget, manifest.run_floor),
+                Reached {
+                    window,
+                    bucket: provisional,
+                    newest_segment: segments.last().copied(),
+                },
             )?;
             (Some(sealer), covers)
         }
@@ -302,6 +306,7 @@ fn load_or_create_manifest(
         window_ms,
         bucket_width_ms: width_ms,
         lease_floor: 0,
+        run_floor: 0,
     };
     manifest.store(storage, dir)?;
     Ok(manifest)

@@ -50,6 +50,14 @@ const CHECK_EVERY_KEYS: u64 = 4096;
 /// keys, so the runs a key is probed against grow with the logarithm of the sealed keys.
 const MERGE_FANOUT: usize = 4;
 
+/// Run ids a seal task may take (its run, and the merges it makes due: at most one per
+/// level) before the run floor must rise again.
+const RUN_ID_SLACK: u64 = 64;
+
+/// How far a raise of the run floor reaches past the next id: one manifest rewrite per
+/// this many runs.
+const RUN_FLOOR_STEP: u64 = 1024;
+
 /// The sealed runs of a store with a memory budget, and what writing them needs: shared
 /// by the store's writers and the thread that seals.
 pub(crate) struct SealedRuns {
@@ -63,6 +71,9 @@ pub(crate) struct SealedRuns {
     /// `runs.len()`, read on every lookup without the lock.
     live_runs: std::sync::atomic::AtomicUsize,
     next_run_id: AtomicU64,
+    /// The manifest's run floor: no id at or above it was handed out. Raised on the
+    /// writer that starts a seal, before the task may reach it.
+    run_floor: AtomicU64,
     /// Runs written, removed and merged since open.
     sealed: AtomicU64,
     expired: AtomicU64,
@@ -107,6 +118,32 @@ impl Progress {
         while *phase == seen {
             self.moved.wait(&mut phase);
         }
+    }
+}
+
+/// How far the store had come when it opened: the bounds of what its runs may claim.
+pub(crate) struct Reached {
+    pub(crate) window: Window,
+    /// The newer of the clock's bucket and the newest segment's.
+    pub(crate) bucket: u64,
+    /// The newest segment on disk, as (bucket, seq).
+    pub(crate) newest_segment: Option<(u64, u32)>,
+}
+
+impl Reached {
+    /// Whether a run's footer stays within what the store reached. Its newest bucket
+    /// leads the clock and the log by less than a window (keys a shard admitted in a new
+    /// bucket and had not logged when it froze); the log position it covers names a
+    /// segment no newer than the newest on disk (the segment a seal reads its position
+    /// from is on disk before it is appended to; an older one may have expired). A run
+    /// claiming more is damaged or forged: refused, rather than let it raise the store's
+    /// time (retiring every segment) or skip keys the log holds. (An offset forged
+    /// within the covered segment cannot be told from a crash that lost that segment's
+    /// unwritten tail, whose keys the run holds.)
+    fn admits(&self, run: &RunSummary) -> bool {
+        let bucket_ok = run.newest_bucket <= self.bucket.saturating_add(self.window.span);
+        let covers = (run.covers.bucket, run.covers.seq);
+        bucket_ok && self.newest_segment.is_none_or(|newest| covers <= newest)
     }
 }
 
@@ -218,15 +255,18 @@ impl Sealer {
 
     /// The sealer of the store in `dir`: its live runs opened (fences and filters only),
     /// expired ones retired, half-written ones removed. Also returns the log position
-    /// before which every keys entry is in a run.
+    /// before which every keys entry is in a run. Run ids start at the manifest's
+    /// `run_floor` (or past the newest run), so no name is ever given twice, even once
+    /// every run has expired.
     pub(crate) fn open(
         storage: &Arc<dyn Storage>,
         dir: &Path,
         archive: Option<&Path>,
-        (database_id, budget_bytes): (u64, u64),
-        (window, bucket): (Window, u64),
+        (database_id, budget_bytes, run_floor): (u64, u64, u64),
+        reached: Reached,
     ) -> Result<(Sealer, LogPosition)> {
-        let (mut opened, mut next_run_id) = (Vec::new(), 1);
+        let (window, bucket) = (reached.window, reached.bucket);
+        let (mut opened, mut next_run_id) = (Vec::new(), run_floor.max(1));
         for path in storage.list(dir)? {
             if is_temp_run_name(&path) {
                 storage.remove(&path)?;
@@ -236,6 +276,14 @@ impl Sealer {
             }
         }
         opened.sort_by_key(|run| run.summary().run_id);
+        if let Some(run) = opened.iter().find(|run| !reached.admits(run.summary())) {
+            return Err(Error::Corrupted {
+                path: run.path().to_path_buf(),
+                offset: 0,
+                reason: "the run holds a bucket or covers a log position the store never reached"
+                    .to_owned(),
+            });
+        }
         let (runs, expired): (Vec<_>, Vec<_>) = remove_merged(&**storage, dir, opened)?
             .into_iter()
             .partition(|run| window.is_live(run.summary().newest_bucket, bucket));
@@ -255,6 +303,7 @@ impl Sealer {
             live_runs: std::sync::atomic::AtomicUsize::new(runs.len()),
             runs: RwLock::new(runs),
             next_run_id: AtomicU64::new(next_run_id),
+            run_floor: AtomicU64::new(run_floor),
             sealed: AtomicU64::new(0),
             expired: AtomicU64::new(expired.len() as u64),
             merged: AtomicU64::new(0),
@@ -648,6 +697,15 @@ impl Engine {
         let Some(journal) = &self.journal else {
             return Ok(None);
         };
+        // Every id the task may take is below the run floor, durably, before it starts.
+        let next = sealer.runs.next_run_id.load(Ordering::Relaxed);
+        if next + RUN_ID_SLACK >= sealer.runs.run_floor.load(Ordering::Acquire) {
+            journal.raise_run_floor(next + RUN_FLOOR_STEP)?;
+            sealer
+                .runs
+                .run_floor
+                .store(next + RUN_FLOOR_STEP, Ordering::Release);
+        }
         let covers = journal.position();
         let frozen = self.index.freeze_all();
         let span = self.window.span;

@@ -602,6 +602,10 @@ pub(crate) fn open(storage: &dyn Storage, path: &Path, database_id: u64) -> Resu
     if summary.oldest_bucket > summary.newest_bucket {
         return Err(bad(footer_at, "the run's bucket range is inverted"));
     }
+    // An entry's bucket is `oldest_bucket` plus a 32-bit offset: it must not overflow.
+    if summary.oldest_bucket > u64::MAX - u64::from(u32::MAX) {
+        return Err(bad(footer_at, "the run's buckets are out of range"));
+    }
     if summary.covers.bucket > summary.newest_bucket {
         return Err(bad(
             footer_at,

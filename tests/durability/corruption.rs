@@ -432,37 +432,37 @@ const TABLE: [(bool, RecoveryMode, Damage, [u64; 6]); 6] = [
         false,
         RecoveryMode::Strict,
         Damage::Flip,
-        [422, 374, 48, 0, 0, 0],
+        [430, 382, 48, 0, 0, 0],
     ),
     (
         false,
         RecoveryMode::Salvage,
         Damage::Flip,
-        [422, 56, 172, 0, 194, 0],
+        [430, 64, 172, 0, 194, 0],
     ),
     (
         false,
         RecoveryMode::Strict,
         Damage::Cut,
-        [422, 374, 48, 0, 0, 0],
+        [430, 382, 48, 0, 0, 0],
     ),
     (
         true,
         RecoveryMode::Strict,
         Damage::Flip,
-        [376, 372, 0, 4, 0, 0],
+        [384, 380, 0, 4, 0, 0],
     ),
     (
         true,
         RecoveryMode::Salvage,
         Damage::Flip,
-        [376, 56, 122, 4, 194, 0],
+        [384, 64, 122, 4, 194, 0],
     ),
     (
         true,
         RecoveryMode::Strict,
         Damage::Cut,
-        [376, 312, 0, 58, 0, 6],
+        [384, 320, 0, 58, 0, 6],
     ),
 ];
 

@@ -532,3 +532,122 @@ fn a_merge_keeps_the_newest_admission_of_a_key() {
     }
     assert_eq!(admit(&db, 0..3_000).unwrap(), 0);
 }
+
+/// The runs in the archive, with their bytes.
+fn archived_runs(disk: &MemStorage) -> Vec<(std::path::PathBuf, Vec<u8>)> {
+    let mut runs: Vec<_> = disk
+        .list(Path::new("/archive"))
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "keys"))
+        .map(|p| {
+            let bytes = disk.contents(&p).unwrap();
+            (p, bytes)
+        })
+        .collect();
+    runs.sort();
+    runs
+}
+
+/// Run ids never repeat, even once every run has expired and the store reopened: the
+/// runs sealed afterwards take new names, so an archived run is never written over.
+#[test]
+fn run_ids_never_repeat_so_the_archive_is_never_rewritten() {
+    let disk = MemStorage::new();
+    let clock = manual_clock();
+    let opts = || options(Arc::new(disk.clone()), &clock).archive_dir("/archive");
+    let mut archived: Vec<(std::path::PathBuf, Vec<u8>)> = Vec::new();
+    for round in 0..2u32 {
+        {
+            let db = Db::open(opts()).unwrap();
+            admit(&db, round * 100_000..round * 100_000 + 20_000).unwrap();
+            assert!(db.stats().runs_sealed >= 1);
+        }
+        // The window passes: the next open moves every run into the archive.
+        clock.forward(WINDOW + BUCKET);
+        let db = Db::open(opts()).unwrap();
+        assert_eq!(db.stats().sealed_runs, 0);
+        drop(db);
+        let now = archived_runs(&disk);
+        for (path, bytes) in &archived {
+            let kept = now.iter().find(|(p, _)| p == path);
+            assert_eq!(
+                kept.map(|(_, b)| b),
+                Some(bytes),
+                "{} was rewritten",
+                path.display()
+            );
+        }
+        assert!(
+            now.len() > archived.len(),
+            "round {round} archived no new run"
+        );
+        archived = now;
+    }
+}
+
+/// Sets the footer field at `offset` of the run file `bytes` to `value` and recomputes
+/// the footer's checksum (`docs/format.md`, "Sealed key runs").
+fn forge_footer(bytes: &mut [u8], offset: usize, value: u64) {
+    const FOOTER_LEN: usize = 112;
+    let footer = bytes.len() - FOOTER_LEN;
+    bytes[footer + offset..footer + offset + 8].copy_from_slice(&value.to_le_bytes());
+    let checksum = xxhash_rust::xxh3::xxh3_64(&bytes[footer..footer + FOOTER_LEN - 8]);
+    bytes[footer + FOOTER_LEN - 8..].copy_from_slice(&checksum.to_le_bytes());
+}
+
+/// A run whose footer claims buckets or a log position the store never reached
+/// (checksum recomputed) is `Corrupted`: it neither raises the store's time, which would
+/// retire every segment, nor skips keys the log holds, nor overflows when its entries'
+/// buckets are read.
+#[test]
+fn a_run_claiming_buckets_the_store_never_reached_is_corrupted() {
+    const OLDEST: usize = 40;
+    const NEWEST: usize = 48;
+    let disk = MemStorage::new();
+    let clock = manual_clock();
+    {
+        let db = Db::open(options(Arc::new(disk.clone()), &clock)).unwrap();
+        admit(&db, 0..20_000).unwrap();
+        assert!(db.stats().runs_sealed >= 1);
+    }
+    let run = runs_on(&disk).into_iter().next().unwrap();
+    let pristine = disk.contents(&run).unwrap();
+    let files = disk.list(Path::new("/db")).unwrap().len();
+    let far = 1u64 << 40;
+    // The covered log position's segment number (low half) and offset (high half).
+    const COVERS_SEQ: usize = 64;
+    let cases = [
+        (NEWEST, far),
+        (NEWEST, u64::MAX),
+        (OLDEST, u64::MAX - 3),
+        (COVERS_SEQ, 1_000_000),
+    ];
+    for (field, value) in cases {
+        let mut forged = pristine.clone();
+        forge_footer(&mut forged, field, value);
+        if field == OLDEST {
+            forge_footer(&mut forged, NEWEST, u64::MAX);
+        }
+        disk.set_contents(&run, forged);
+        match Db::open(options(Arc::new(disk.clone()), &clock)) {
+            Err(Error::Corrupted { path, .. }) => assert_eq!(path, run),
+            Err(err) => panic!("field {field} = {value}: {err}"),
+            Ok(_) => panic!("field {field} = {value}: a forged run opened"),
+        }
+        assert_eq!(
+            disk.list(Path::new("/db")).unwrap().len(),
+            files,
+            "files were retired"
+        );
+        // `verify` reads every entry's bucket: reported as damage, never an overflow.
+        let report = oncedb::verify_with(&disk, "/db").unwrap();
+        if field == OLDEST {
+            let (path, _, _) = report.first_damage().expect("the forged run is damage");
+            assert_eq!(path, run);
+        }
+    }
+    disk.set_contents(&run, pristine);
+    let db = Db::open(options(Arc::new(disk.clone()), &clock)).unwrap();
+    assert!(db.contains(&key(7)).unwrap());
+}

@@ -468,14 +468,32 @@ impl Journal {
     /// manifest is rewritten atomically before this returns. A failure poisons the store,
     /// like any failed write.
     pub(crate) fn raise_lease_floor(&self, floor: u64) -> Result<()> {
+        self.raise_manifest(|manifest| {
+            (floor > manifest.lease_floor).then_some(Manifest {
+                lease_floor: floor,
+                ..*manifest
+            })
+        })
+    }
+
+    /// Raises the manifest's run floor to `floor` (never lowers it), durably, as
+    /// [`Journal::raise_lease_floor`] does the lease floor.
+    pub(crate) fn raise_run_floor(&self, floor: u64) -> Result<()> {
+        self.raise_manifest(|manifest| {
+            (floor > manifest.run_floor).then_some(Manifest {
+                run_floor: floor,
+                ..*manifest
+            })
+        })
+    }
+
+    /// Rewrites the manifest as `raise` changes it, if it does (under the manifest's
+    /// lock, so two raises never write over each other's field).
+    fn raise_manifest(&self, raise: impl FnOnce(&Manifest) -> Option<Manifest>) -> Result<()> {
         self.shared.check_writable()?;
         let mut manifest = self.shared.manifest.lock();
-        if floor <= manifest.lease_floor {
+        let Some(raised) = raise(&manifest) else {
             return Ok(());
-        }
-        let raised = Manifest {
-            lease_floor: floor,
-            ..*manifest
         };
         raised
             .store(&*self.shared.storage, &self.shared.dir)
@@ -486,6 +504,7 @@ impl Journal {
         *manifest = raised;
         Ok(())
     }
+
     /// Whether a write may start: the store is not poisoned and still owns its replica,
     /// and an async replica does not lag by more than it may (checked before a write
     /// changes anything, so a refused write changes nothing).
