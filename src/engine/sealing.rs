@@ -740,7 +740,9 @@ impl Engine {
                     runs.progress.set(Phase::Published);
                 }
                 let result = sealed.and_then(|()| runs.merge_tail(span));
-                let result = result.map_err(|err| poisoner.fail(err));
+                // Any failure poisons, an I/O error or not: a seal left half-done (its
+                // tables still frozen, or a merge's inputs unread) is never built on.
+                let result = result.map_err(|err| poisoner.fail_seal(err));
                 TaskEnd { published, result }
             })
             .map_err(|err| {

@@ -651,3 +651,37 @@ fn a_run_claiming_buckets_the_store_never_reached_is_corrupted() {
     let db = Db::open(options(Arc::new(disk.clone()), &clock)).unwrap();
     assert!(db.contains(&key(7)).unwrap());
 }
+
+/// A seal task that fails for any reason, not only an I/O error, poisons the store: a
+/// merge that meets a damaged page (`Corrupted`) leaves no half-done seal for the next one
+/// to build on, and every later write is refused until a reopen.
+#[test]
+fn a_seal_task_that_fails_poisons_the_store() {
+    let disk = MemStorage::new();
+    let clock = manual_clock();
+    let db = Db::open(budgeted(Arc::new(disk.clone()), &clock, SMALL_BUDGET)).unwrap();
+    let mut next = 0;
+    while runs_on(&disk).is_empty() {
+        assert!(next < 100_000, "no run was sealed");
+        admit(&db, next..next + 1_000).unwrap();
+        next += 1_000;
+    }
+    let run = runs_on(&disk).into_iter().next().unwrap();
+    let mut damaged = disk.contents(&run).unwrap();
+    damaged[100] ^= 0x10; // the first page of its first section: a merge reads it
+    disk.set_contents(&run, damaged);
+    // A lookup that meets the damage answers `Corrupted` for its call alone; the merge
+    // that meets it fails the seal task, which poisons the store.
+    loop {
+        assert!(next < 400_000, "no failed seal poisoned the store");
+        match admit_unflushed(&db, next..next + 2_000) {
+            Ok(_) | Err(Error::Corrupted { .. }) => next += 2_000,
+            Err(Error::Poisoned) => break,
+            Err(err) => panic!("{err}"),
+        }
+    }
+    match db.insert_if_absent(b"after the failed seal") {
+        Err(Error::Poisoned) => {}
+        other => panic!("the store took a write after a failed seal: {other:?}"),
+    }
+}

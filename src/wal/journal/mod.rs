@@ -345,9 +345,11 @@ struct Shared {
 pub(crate) struct Poisoner(Arc<Shared>);
 
 impl Poisoner {
-    /// `err`, after poisoning the store if it is an I/O error.
-    pub(crate) fn fail(&self, err: Error) -> Error {
-        self.0.fail(err)
+    /// `err`, after poisoning the store whatever its kind: a seal task that failed may
+    /// have left frozen tables the next seal would drop, so the store takes no more
+    /// writes until a reopen rebuilds memory from the log and the runs.
+    pub(crate) fn fail_seal(&self, err: Error) -> Error {
+        self.0.poison_any(err)
     }
 }
 
@@ -882,6 +884,11 @@ impl Shared {
     }
 
     fn poison(&self, err: std::io::Error) -> Error {
+        self.poison_any(Error::Io(err))
+    }
+
+    /// `err`, after poisoning the store whatever its kind.
+    fn poison_any(&self, err: Error) -> Error {
         self.poisoned.store(true, Ordering::Release);
         self.changed.notify_all();
         #[cfg(feature = "async")]
@@ -889,7 +896,7 @@ impl Shared {
         for slot in &self.group_done {
             slot.notify_all();
         }
-        Error::Io(err)
+        err
     }
 
     /// Waits until the log is written (and synced, if `sync`) up to `target`. The first
