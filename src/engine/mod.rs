@@ -472,18 +472,34 @@ impl Engine {
                 }
             }
         };
-        if self.index.bounded() {
+        if self.index.bounded() || self.sealer.is_some() {
             // Hold every shard of the batch (in ascending order, so batches cannot
-            // deadlock) until all have room: a full store admits none of the batch.
-            // (This path allocates its list of held locks.)
+            // deadlock) until all have room and every run lookup the batch needs has
+            // been read: a full store, or a damaged run page, refuses the whole batch
+            // with nothing admitted. (This path allocates its lists.)
             let mut shards = Vec::with_capacity(groups.len());
             for group in groups.iter() {
                 let mut shard = lock_group(group);
                 shard.reserve_room(group.iter().map(|&i| fingerprints[i as usize]))?;
                 shards.push(shard);
             }
-            for (group, mut shard) in groups.iter().zip(shards) {
-                insert(&mut shard, group);
+            let absent = absent_from_older_levels(&mut shards, groups, fingerprints, sealed)
+                .map_err(|err| self.fail(err))?;
+            for ((group, mut shard), absent) in groups.iter().zip(shards).zip(absent) {
+                admit_group(
+                    &mut shard,
+                    absent.as_deref().unwrap_or(group),
+                    fingerprints,
+                    admitted,
+                );
+                shard.after_writes(group.len());
+                self.index
+                    .publish_table(fingerprints[group[0] as usize], &shard);
+                if durable {
+                    for &index in group {
+                        stamps[index as usize] = shard.current();
+                    }
+                }
             }
         } else if groups.len() > 0 {
             // Start at a shard that depends on the batch, so that concurrent batches do
@@ -1170,6 +1186,47 @@ impl Scratch {
         SCRATCH.set(scratch);
         answer
     }
+}
+
+/// The first pass of a batch over held shards: for each group whose shard has older
+/// levels (a frozen table, sealed runs), its members that none holds, read before anything
+/// is admitted; `None` for a shard with none (memory alone answers). Nothing of the batch
+/// is admitted if a run page fails to read. The answers stay true until the locks drop:
+/// no shard held can freeze, and a run published meanwhile holds only keys its shards'
+/// frozen tables still hold (they are released under the shard locks).
+fn absent_from_older_levels(
+    shards: &mut [parking_lot::MutexGuard<'_, Shard>],
+    groups: &ShardGroups,
+    fingerprints: &[Fingerprint],
+    sealed: Option<&dyn SealedKeys>,
+) -> Result<Vec<Option<Vec<u32>>>> {
+    let mut absent = Vec::with_capacity(shards.len());
+    let mut pending = Vec::new();
+    for (shard, group) in shards.iter_mut().zip(groups.iter()) {
+        if !shard.has_older_levels(sealed) {
+            absent.push(None);
+            continue;
+        }
+        shard.absent_from_older_levels((group, fingerprints), sealed, &mut pending)?;
+        absent.push(Some(pending.clone()));
+    }
+    Ok(absent)
+}
+
+/// Admits `members` of a batch (none of them in an older level) into the held shard's
+/// live table.
+fn admit_group(
+    shard: &mut Shard,
+    members: &[u32],
+    fingerprints: &[Fingerprint],
+    admitted: &mut [bool],
+) {
+    for_each_prefetched(shard, members, fingerprints, |shard, index| {
+        if let (Some(slot), Some(&fingerprint)) = (admitted.get_mut(index), fingerprints.get(index))
+        {
+            *slot = shard.insert_key_in_memory(fingerprint);
+        }
+    });
 }
 
 /// Admits the keys of one shard's group, in order, after loading their home slots.
