@@ -379,7 +379,6 @@ impl Engine {
         let (admitted, stamp) = self
             .index
             .admit_one(fingerprint, bucket, self.sealed_keys())?;
-        self.after_inserts(u64::from(admitted))?;
         if admitted {
             let ticket = self.enqueue(&[LogEntry::Keys {
                 bucket: stamp,
@@ -387,6 +386,7 @@ impl Engine {
             }])?;
             self.settle(ticket, settle)?;
         }
+        self.budget_after_logging(u64::from(admitted));
         Ok(admitted)
     }
 
@@ -522,7 +522,23 @@ impl Engine {
         if durable {
             self.log_admitted(fingerprints, stamps, admitted, logged, settle)?;
         }
-        self.after_inserts(admitted.iter().filter(|&&new| new).count() as u64)
+        self.budget_after_logging(admitted.iter().filter(|&&new| new).count() as u64);
+        Ok(())
+    }
+
+    /// The memory budget's work after a write's keys are logged ([`Engine::after_inserts`]:
+    /// a seal to start or settle, runs to retire, a wait at the bound). A failure there
+    /// poisons the store, whatever its kind, for the calls after; it never fails the call
+    /// that met it, whose keys memory admitted and the log holds (a caller told "failed"
+    /// would retry and find them duplicates).
+    fn budget_after_logging(&self, admitted: u64) {
+        if let Err(err) = self.after_inserts(admitted) {
+            let err = match &self.journal {
+                Some(journal) => journal.poisoner().poison_with(err),
+                None => err,
+            };
+            log::error!("oncedb: the memory budget's work failed, the store is poisoned: {err}");
+        }
     }
 
     /// Logs the admitted keys of a batch, one entry per bucket stamp (almost always one).

@@ -742,7 +742,7 @@ impl Engine {
                 let result = sealed.and_then(|()| runs.merge_tail(span));
                 // Any failure poisons, an I/O error or not: a seal left half-done (its
                 // tables still frozen, or a merge's inputs unread) is never built on.
-                let result = result.map_err(|err| poisoner.fail_seal(err));
+                let result = result.map_err(|err| poisoner.poison_with(err));
                 TaskEnd { published, result }
             })
             .map_err(|err| {

@@ -304,7 +304,7 @@ impl StoredRecord {
 
     /// Lets go of the response: it aged out. A held one leaves memory (the buffer is
     /// cut back to the key).
-    fn drop_response(&mut self) {
+    pub(crate) fn drop_response(&mut self) {
         match &mut self.body {
             Body::InFlight { .. } => {}
             Body::Finished {

@@ -701,10 +701,18 @@ impl Shard {
         ending: Option<(RecordStatus, Ending<'_>)>,
         now_ms: u64,
     ) -> Result<()> {
+        let (retention, current) = (self.retention, self.current);
         let record = self.owned_record(fingerprint, lease_id)?;
         match ending {
             Some((status, response)) => {
                 record.finish(status, response, now_ms);
+                // Its aging entry may have passed while it was in flight: a response
+                // past the retention is never kept (it answers `Expired` already).
+                if let Some(retention) = retention
+                    && !retention.is_live(record.bucket, current)
+                {
+                    record.drop_response();
+                }
                 if status == RecordStatus::Failed {
                     self.counters.failed += 1;
                 } else {

@@ -271,3 +271,39 @@ fn a_retention_outside_the_window_or_off_the_buckets_is_refused() {
         );
     }
 }
+
+/// A record still in flight when its bucket leaves the response retention keeps no
+/// response once it finishes: it answers `Expired`, and memory lets its bytes go at once
+/// rather than at the end of the window.
+#[test]
+fn a_response_finished_after_its_retention_leaves_memory_at_once() {
+    let retention = 10 * BUCKET;
+    let clock = manual_clock();
+    let options = oncedb::Options::in_memory()
+        .window(WINDOW)
+        .bucket_width(BUCKET)
+        .clock(clock.clone())
+        .shards(1)
+        .response_retention(retention);
+    let db = oncedb::Db::open(options).unwrap();
+    let scope = Scope::new("org", "pay");
+    let late = acquire(&db, &scope, b"late", b"req");
+    clock.forward(retention + 2 * BUCKET);
+    // Writes after the retention passed let the shard age what it queued.
+    for n in 0..64u32 {
+        acquire(&db, &scope, &n.to_le_bytes(), b"req")
+            .release()
+            .unwrap();
+    }
+    let before = db.stats().index_bytes;
+    late.complete(&vec![7; 256 * 1024]).unwrap();
+    let after = db.stats().index_bytes;
+    assert!(
+        after < before + 64 * 1024,
+        "{before} -> {after}: the response stayed in memory"
+    );
+    let Reservation::Expired(record) = db.reserve(&scope, b"late", b"req").unwrap() else {
+        panic!("a response finished past its retention is Expired");
+    };
+    assert_eq!(record.status(), RecordStatus::Completed);
+}

@@ -345,10 +345,11 @@ struct Shared {
 pub(crate) struct Poisoner(Arc<Shared>);
 
 impl Poisoner {
-    /// `err`, after poisoning the store whatever its kind: a seal task that failed may
-    /// have left frozen tables the next seal would drop, so the store takes no more
-    /// writes until a reopen rebuilds memory from the log and the runs.
-    pub(crate) fn fail_seal(&self, err: Error) -> Error {
+    /// `err`, after poisoning the store whatever its kind: the memory budget's work
+    /// (a seal task, a merge, retiring runs) that failed may have left frozen tables the
+    /// next seal would drop, so the store takes no more writes until a reopen rebuilds
+    /// memory from the log and the runs.
+    pub(crate) fn poison_with(&self, err: Error) -> Error {
         self.0.poison_any(err)
     }
 }
