@@ -2,6 +2,8 @@ from datetime import timedelta
 from os import PathLike
 from typing import Awaitable, Literal, Optional, Sequence, Union, final
 
+from typing_extensions import disjoint_base
+
 _Key = Union[bytes, str]
 _Seconds = Union[int, float, timedelta]
 
@@ -125,6 +127,7 @@ class Db:
     def __enter__(self) -> "Db": ...
     def __exit__(self, _kind: object, _value: object, _traceback: object) -> bool: ...
 
+@disjoint_base
 class SharedStore:
     """A store several processes share (a server): ``Db``'s reservation API."""
 
