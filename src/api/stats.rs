@@ -132,6 +132,11 @@ pub struct Stats {
     /// Writers waiting now for the seal or merge under way, the dedup tables at the
     /// budget's bound.
     pub budget_waiters: u64,
+    /// Working memory of the seal or merge under way, estimated: about 41 bytes per key
+    /// of the one section it writes at a time (`docs/design.md`, "Working memory of a
+    /// seal and a merge"). Not in `index_bytes`; a merge is made only while this stays
+    /// within a quarter of the budget.
+    pub seal_work_bytes: u64,
 }
 
 /// The upper bound, in µs, of the histogram bucket holding the quantile `per_mille` /
@@ -205,6 +210,7 @@ impl Stats {
             frozen_table_bytes: index.frozen_bytes,
             budget_waits: engine.sealing.budget_waits,
             budget_waiters: engine.sealing.budget_waiters,
+            seal_work_bytes: engine.sealing.work_bytes,
             bytes_on_disk: engine.bytes_on_disk,
             clock_readings_held_back: engine.clock_held_back,
             ..Stats::default()

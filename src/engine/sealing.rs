@@ -58,6 +58,15 @@ const RUN_ID_SLACK: u64 = 64;
 /// this many runs.
 const RUN_FLOOR_STEP: u64 = 1024;
 
+/// The working memory a seal or a merge holds per key of the one section it writes at a
+/// time: its entries as (tag, bucket), 16 bytes, then the filter's construction, about
+/// 25 more (a merge holds its inputs' entries and the merged ones, 32 bytes, before it
+/// drops the inputs and builds the filter).
+const WORK_BYTES_PER_KEY: u64 = 41;
+
+/// The working memory a merge may take whatever the budget (small budgets merge too).
+const MIN_MERGE_WORK_BYTES: u64 = 1 << 20;
+
 /// The sealed runs of a store with a memory budget, and what writing them needs: shared
 /// by the store's writers and the thread that seals.
 pub(crate) struct SealedRuns {
@@ -74,6 +83,8 @@ pub(crate) struct SealedRuns {
     /// The manifest's run floor: no id at or above it was handed out. Raised on the
     /// writer that starts a seal, before the task may reach it.
     run_floor: AtomicU64,
+    /// The working memory of the seal or merge under way ([`WORK_BYTES_PER_KEY`]).
+    work_bytes: AtomicU64,
     /// Runs written, removed and merged since open.
     sealed: AtomicU64,
     expired: AtomicU64,
@@ -244,6 +255,7 @@ pub(crate) struct SealStats {
     pub(crate) runs_merged: u64,
     pub(crate) budget_waits: u64,
     pub(crate) budget_waiters: u64,
+    pub(crate) work_bytes: u64,
 }
 
 impl Sealer {
@@ -304,6 +316,7 @@ impl Sealer {
             runs: RwLock::new(runs),
             next_run_id: AtomicU64::new(next_run_id),
             run_floor: AtomicU64::new(run_floor),
+            work_bytes: AtomicU64::new(0),
             sealed: AtomicU64::new(0),
             expired: AtomicU64::new(expired.len() as u64),
             merged: AtomicU64::new(0),
@@ -368,6 +381,7 @@ impl SealedRuns {
             runs_written: self.sealed.load(Ordering::Relaxed),
             runs_expired: self.expired.load(Ordering::Relaxed),
             runs_merged: self.merged.load(Ordering::Relaxed),
+            work_bytes: self.work_bytes.load(Ordering::Relaxed),
             ..SealStats::default()
         }
     }
@@ -441,8 +455,15 @@ impl SealedRuns {
         let overhang = last.newest_bucket.saturating_sub(first.newest_bucket);
         // While a merge runs, its inputs' filters and the merged run's are both held.
         let filters: u64 = tail.iter().map(|run| run.heap_bytes() as u64).sum();
-        (alike && overhang <= span / 4 && filters <= (self.budget_bytes / 4).max(MIN_SEAL_BYTES))
-            .then(|| tail.to_vec())
+        // Its working memory is bounded too: a merge too large for a quarter of the
+        // budget is not made (its runs stay, each probed by lookups).
+        let work = merge_work_bytes(tail);
+        let quarter = self.budget_bytes / 4;
+        (alike
+            && overhang <= span / 4
+            && filters <= quarter.max(MIN_SEAL_BYTES)
+            && work <= quarter.max(MIN_MERGE_WORK_BYTES))
+        .then(|| tail.to_vec())
     }
 
     /// Merges the newest runs while [`SealedRuns::tail_to_merge`] finds some (on the seal
@@ -450,7 +471,10 @@ impl SealedRuns {
     fn merge_tail(&self, span: u64) -> Result<()> {
         while let Some(inputs) = self.tail_to_merge(span) {
             self.progress.set(Phase::Merging);
+            self.work_bytes
+                .store(merge_work_bytes(&inputs), Ordering::Relaxed);
             let merged = self.merge(&inputs);
+            self.work_bytes.store(0, Ordering::Relaxed);
             self.progress.set(Phase::Published);
             merged?;
         }
@@ -513,6 +537,21 @@ impl SealedRuns {
         self.merged.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
+}
+
+/// The working memory of merging `inputs`: per key of the largest merged section.
+fn merge_work_bytes(inputs: &[Arc<Run>]) -> u64 {
+    let sections = inputs.first().map_or(0, |run| run.section_count());
+    let largest = (0..sections)
+        .map(|index| {
+            inputs
+                .iter()
+                .map(|run| run.section_entries(index))
+                .sum::<u64>()
+        })
+        .max()
+        .unwrap_or(0);
+    largest.saturating_mul(WORK_BYTES_PER_KEY)
 }
 
 /// The union of sections' entries, each sorted by tag with each tag once: sorted, each
@@ -772,6 +811,19 @@ impl SealedRuns {
     /// Writes the frozen tables as the run `summary` describes (each tag once, with its
     /// newest bucket), fsyncs and renames it, then publishes it to lookups.
     fn write_sealed(&self, summary: RunSummary, frozen: &Frozen) -> Result<()> {
+        let largest = frozen.iter().flatten().map(|(table, _, _)| table.used());
+        let largest = largest.max().unwrap_or(0) as u64;
+        self.work_bytes.store(
+            largest.saturating_mul(WORK_BYTES_PER_KEY),
+            Ordering::Relaxed,
+        );
+        let written = self.write_frozen(summary, frozen);
+        self.work_bytes.store(0, Ordering::Relaxed);
+        written
+    }
+
+    /// [`SealedRuns::write_sealed`]'s writing and publishing.
+    fn write_frozen(&self, summary: RunSummary, frozen: &Frozen) -> Result<()> {
         let mut writer = RunWriter::create(&*self.storage, &self.dir, summary)?;
         let mut entries = Vec::new();
         for shard in frozen {

@@ -175,6 +175,13 @@ impl Run {
         self.sections.len()
     }
 
+    /// The entries of section `index` (0 past the last one).
+    pub(crate) fn section_entries(&self, index: usize) -> u64 {
+        self.sections
+            .get(index)
+            .map_or(0, |section| section.entries)
+    }
+
     /// Section `index`'s entries as (tag, absolute bucket), read with one read and each
     /// page checked against its fence (checksum, first tag, tags strictly increasing).
     pub(crate) fn read_section(

@@ -835,3 +835,45 @@ fn budget_work_fails_no_call_whose_key_is_admitted() {
         }
     }
 }
+
+/// A merge's working memory (about 41 bytes per key of the section it writes) stays
+/// within a quarter of the budget: over one shard, the runs of a few seals make sections
+/// too large to merge, and they stay as they are; over 64 shards, the same keys merge.
+/// While a seal runs, `Stats::seal_work_bytes` counts its working memory.
+#[test]
+fn a_merge_too_large_for_a_quarter_of_the_budget_is_not_made() {
+    const BUDGET: u64 = 4 << 20;
+    for (shards, merges) in [(1, false), (64, true)] {
+        let disk = MemStorage::new();
+        let clock = manual_clock();
+        let gate = SyncGate::thread("oncedb-sealer");
+        let options = budgeted(Arc::new(gate.storage(disk.clone())), &clock, BUDGET).shards(shards);
+        let db = Db::open(options).unwrap();
+        let _release = gate.release_on_drop();
+        gate.hold(1);
+        let work_seen = std::thread::scope(|scope| {
+            // Reads the working memory while the first seal is held inside its fsync.
+            let watcher = scope.spawn(|| {
+                let held = gate.await_held_within(1, std::time::Duration::from_secs(60));
+                let work = db.stats().seal_work_bytes;
+                gate.release_all();
+                held.then_some(work)
+            });
+            let mut next = 0;
+            while db.stats().runs_sealed < 6 {
+                assert!(next < 4_000_000, "{shards} shards: too few seals");
+                admit(&db, next..next + 8_192).unwrap();
+                next += 8_192;
+            }
+            watcher.join().unwrap()
+        });
+        let stats = db.stats();
+        assert_eq!(stats.runs_merged > 0, merges, "{shards} shards: {stats:?}");
+        assert_eq!(stats.seal_work_bytes, 0, "{stats:?}");
+        let work_seen = work_seen.expect("the first seal reached its fsync");
+        assert!(
+            work_seen > 0,
+            "{shards} shards: the seal showed no working memory"
+        );
+    }
+}
