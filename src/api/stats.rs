@@ -137,6 +137,9 @@ pub struct Stats {
     /// seal and a merge"). Not in `index_bytes`; a merge is made only while this stays
     /// within a quarter of the budget.
     pub seal_work_bytes: u64,
+    /// Merges of merged runs abandoned since open because writers waited at the
+    /// budget's bound (`docs/design.md`, "Sealed key runs"): each is made again later.
+    pub merges_yielded: u64,
 }
 
 /// The upper bound, in µs, of the histogram bucket holding the quantile `per_mille` /
@@ -211,6 +214,7 @@ impl Stats {
             budget_waits: engine.sealing.budget_waits,
             budget_waiters: engine.sealing.budget_waiters,
             seal_work_bytes: engine.sealing.work_bytes,
+            merges_yielded: engine.sealing.merges_yielded,
             bytes_on_disk: engine.bytes_on_disk,
             clock_readings_held_back: engine.clock_held_back,
             ..Stats::default()

@@ -85,6 +85,11 @@ pub(crate) struct SealedRuns {
     run_floor: AtomicU64,
     /// The working memory of the seal or merge under way ([`WORK_BYTES_PER_KEY`]).
     work_bytes: AtomicU64,
+    /// Writers waiting now at the bound for the task under way: a merge of merged runs
+    /// gives way to them.
+    waiting: AtomicU64,
+    /// Merges abandoned since open because writers waited.
+    yielded: AtomicU64,
     /// Runs written, removed and merged since open.
     sealed: AtomicU64,
     expired: AtomicU64,
@@ -167,9 +172,8 @@ pub(crate) struct Sealer {
     /// most one. Held while one is started or joined, and while runs expire (so that
     /// no merge reads a run being removed).
     task: Mutex<Option<SealTask>>,
-    /// Times a writer waited at the bound, and writers waiting now.
+    /// Times a writer waited at the bound.
     waits: AtomicU64,
-    waiting: AtomicU64,
 }
 
 /// A seal (and the merges it made due) running on the `oncedb-sealer` thread.
@@ -256,6 +260,7 @@ pub(crate) struct SealStats {
     pub(crate) budget_waits: u64,
     pub(crate) budget_waiters: u64,
     pub(crate) work_bytes: u64,
+    pub(crate) merges_yielded: u64,
 }
 
 impl Sealer {
@@ -317,6 +322,8 @@ impl Sealer {
             next_run_id: AtomicU64::new(next_run_id),
             run_floor: AtomicU64::new(run_floor),
             work_bytes: AtomicU64::new(0),
+            waiting: AtomicU64::new(0),
+            yielded: AtomicU64::new(0),
             sealed: AtomicU64::new(0),
             expired: AtomicU64::new(expired.len() as u64),
             merged: AtomicU64::new(0),
@@ -330,7 +337,6 @@ impl Sealer {
             since_check: AtomicU64::new(0),
             task: Mutex::new(None),
             waits: AtomicU64::new(0),
-            waiting: AtomicU64::new(0),
         };
         Ok((sealer, covers))
     }
@@ -348,7 +354,7 @@ impl Sealer {
     pub(crate) fn stats(&self) -> SealStats {
         SealStats {
             budget_waits: self.waits.load(Ordering::Relaxed),
-            budget_waiters: self.waiting.load(Ordering::Relaxed),
+            budget_waiters: self.runs.waiting.load(Ordering::Relaxed),
             ..self.runs.stats()
         }
     }
@@ -382,6 +388,7 @@ impl SealedRuns {
             runs_expired: self.expired.load(Ordering::Relaxed),
             runs_merged: self.merged.load(Ordering::Relaxed),
             work_bytes: self.work_bytes.load(Ordering::Relaxed),
+            merges_yielded: self.yielded.load(Ordering::Relaxed),
             ..SealStats::default()
         }
     }
@@ -476,7 +483,10 @@ impl SealedRuns {
             let merged = self.merge(&inputs);
             self.work_bytes.store(0, Ordering::Relaxed);
             self.progress.set(Phase::Published);
-            merged?;
+            if !merged? {
+                // It gave way to writers: the next seal (and its merges) comes first.
+                break;
+            }
         }
         Ok(())
     }
@@ -485,13 +495,16 @@ impl SealedRuns {
     /// shard by shard (each tag once, with its newest bucket), in the order a seal uses:
     /// write, fsync, rename, fsync the directory; then publish it in their place; then
     /// remove them. A crash before the removal leaves runs the merged one replaces,
-    /// which the next open removes.
-    fn merge(&self, inputs: &[Arc<Run>]) -> Result<()> {
+    /// which the next open removes. A merge of merged runs (level 1 and up: 16 seals'
+    /// keys and more, long enough to hold writers for seconds) gives way to writers that
+    /// wait at the bound: it abandons its file between shards and returns `false`, and
+    /// is made again at a later seal (its runs stay meanwhile, each probed by lookups).
+    fn merge(&self, inputs: &[Arc<Run>]) -> Result<bool> {
         let summaries = || inputs.iter().map(|run| run.summary());
         let (Some(first), Some(newest)) =
             (inputs.first(), summaries().map(|s| s.newest_bucket).max())
         else {
-            return Ok(());
+            return Ok(true);
         };
         let sections = first.section_count();
         let first = first.summary();
@@ -506,8 +519,18 @@ impl SealedRuns {
             level: first.level + 1,
             replaces_from: first.replaces_from,
         };
+        let yields = summary.level > 1;
         let mut writer = RunWriter::create(&*self.storage, &self.dir, summary)?;
         for index in 0..sections {
+            if yields && self.waiting.load(Ordering::Acquire) > 0 {
+                writer.abandon()?;
+                self.yielded.fetch_add(1, Ordering::Relaxed);
+                log::info!(
+                    "oncedb: a merge of {} runs gave way to waiting writers",
+                    inputs.len()
+                );
+                return Ok(false);
+            }
             let parts = inputs
                 .iter()
                 .map(|run| run.read_section(&*self.storage, index))
@@ -535,7 +558,7 @@ impl SealedRuns {
         }
         self.storage.sync_dir(&self.dir)?;
         self.merged.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+        Ok(true)
     }
 }
 
@@ -672,12 +695,12 @@ impl Engine {
             if !waited {
                 waited = true;
                 sealer.waits.fetch_add(1, Ordering::Relaxed);
-                sealer.waiting.fetch_add(1, Ordering::Relaxed);
+                sealer.runs.waiting.fetch_add(1, Ordering::AcqRel);
             }
             sealer.runs.progress.wait_past(seen);
         };
         if waited {
-            sealer.waiting.fetch_sub(1, Ordering::Relaxed);
+            sealer.runs.waiting.fetch_sub(1, Ordering::AcqRel);
         }
         settled
     }
@@ -858,5 +881,95 @@ impl SealedRuns {
         self.live_runs.store(runs.len(), Ordering::Release);
         self.sealed.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::MemStorage;
+
+    const DATABASE_ID: u64 = 7;
+
+    /// Writes four runs of `level` into `dir` (ids 4, 8, 12, 16; a merged run replacing the
+    /// three ids below its own), two sections of a few keys each, and opens a sealer on them.
+    fn sealer_over_four_runs(level: u32) -> (Arc<dyn Storage>, Sealer) {
+        let storage: Arc<dyn Storage> = Arc::new(MemStorage::new());
+        let dir = Path::new("/db");
+        storage.create_dir_all(dir).unwrap();
+        for n in 0..4u64 {
+            let run_id = 4 * (n + 1);
+            let summary = RunSummary {
+                database_id: DATABASE_ID,
+                run_id,
+                shard_bits: 1,
+                keys: 0,
+                oldest_bucket: 0,
+                newest_bucket: 5,
+                covers: LogPosition::default(),
+                level,
+                replaces_from: if level == 0 { run_id } else { run_id - 3 },
+            };
+            let mut writer = RunWriter::create(&*storage, dir, summary).unwrap();
+            for section in 0..2u64 {
+                let entries: Vec<(u64, u64)> = (0..50)
+                    .map(|k| ((section << 32) | (k * 4 + n), 5))
+                    .collect();
+                writer.add_section(&entries).unwrap();
+            }
+            writer.finish().unwrap();
+        }
+        let reached = Reached {
+            window: Window::new(100, 1),
+            bucket: 10,
+            newest_segment: None,
+        };
+        let (sealer, _) =
+            Sealer::open(&storage, dir, None, (DATABASE_ID, 1 << 20, 0), reached).unwrap();
+        (storage, sealer)
+    }
+
+    fn temp_runs(storage: &Arc<dyn Storage>) -> usize {
+        let listed = storage.list(Path::new("/db")).unwrap();
+        listed.iter().filter(|path| is_temp_run_name(path)).count()
+    }
+
+    #[test]
+    fn a_merge_of_merged_runs_gives_way_to_waiting_writers() {
+        let (storage, sealer) = sealer_over_four_runs(1);
+        let runs = sealer.runs();
+        let tail = runs
+            .tail_to_merge(100)
+            .expect("four runs of one level merge");
+        runs.waiting.store(1, Ordering::Release);
+        assert!(
+            !runs.merge(&tail).unwrap(),
+            "a writer waits: the merge gives way"
+        );
+        let stats = runs.stats();
+        assert_eq!(
+            (stats.runs, stats.runs_merged, stats.merges_yielded),
+            (4, 0, 1)
+        );
+        assert_eq!(temp_runs(&storage), 0, "the abandoned file is removed");
+        runs.waiting.store(0, Ordering::Release);
+        assert!(runs.merge(&tail).unwrap());
+        let stats = runs.stats();
+        assert_eq!(
+            (stats.runs, stats.runs_merged, stats.sealed_keys),
+            (1, 1, 400)
+        );
+    }
+
+    #[test]
+    fn a_merge_of_sealed_runs_is_made_even_with_writers_waiting() {
+        let (_storage, sealer) = sealer_over_four_runs(0);
+        let runs = sealer.runs();
+        let tail = runs
+            .tail_to_merge(100)
+            .expect("four runs of one level merge");
+        runs.waiting.store(1, Ordering::Release);
+        assert!(runs.merge(&tail).unwrap());
+        assert_eq!(runs.stats().merges_yielded, 0);
     }
 }

@@ -455,6 +455,15 @@ impl<'a> RunWriter<'a> {
         Ok(())
     }
 
+    /// Gives the run up: its temporary file is removed (a crash before leaves it to the
+    /// next open, which removes every temporary run).
+    pub(crate) fn abandon(self) -> Result<()> {
+        drop(self.file);
+        self.storage
+            .remove(&temp_path(&self.dir, self.summary.run_id))?;
+        Ok(())
+    }
+
     /// Writes the metas, the section table and the footer, fsyncs, renames the run into
     /// place and fsyncs the directory: only then may memory let go of its keys.
     pub(crate) fn finish(mut self) -> Result<Run> {
