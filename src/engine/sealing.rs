@@ -65,7 +65,7 @@ const RUN_FLOOR_STEP: u64 = 1024;
 const WORK_BYTES_PER_KEY: u64 = 41;
 
 /// The working memory a merge may take whatever the budget (small budgets merge too).
-const MIN_MERGE_WORK_BYTES: u64 = 1 << 20;
+const MIN_MERGE_WORK_BYTES: u64 = 4 << 20;
 
 /// The sealed runs of a store with a memory budget, and what writing them needs: shared
 /// by the store's writers and the thread that seals.
