@@ -1,5 +1,6 @@
 //! A [`MemStorage`] that tells a hook about every sync, for tests that check who syncs
-//! (which thread) and when (a background flusher's own fsync), instead of timing it.
+//! (which thread) and when (a background flusher's own fsync), instead of timing it; and
+//! that refuses to open the files a test names, for an I/O error at one chosen step.
 
 use std::any::Any;
 use std::path::{Path, PathBuf};
@@ -10,12 +11,16 @@ use oncedb::io::{MemStorage, Storage, StorageFile};
 /// What runs after each successful file or directory sync, on the syncing thread.
 pub type SyncHook = Arc<dyn Fn() + Send + Sync>;
 
+/// Whether opening the file at a path for appending fails (with an injected I/O error).
+pub type OpenRefusal = Arc<dyn Fn(&Path) -> bool + Send + Sync>;
+
 /// Storage over a [`MemStorage`] (shared with the test, for power cuts and reads) that
 /// calls its hook after every successful sync of a file or a directory.
 #[derive(Clone)]
 pub struct WatchedStorage {
     disk: MemStorage,
     on_sync: SyncHook,
+    refuse_open: Option<OpenRefusal>,
 }
 
 impl WatchedStorage {
@@ -24,6 +29,19 @@ impl WatchedStorage {
         WatchedStorage {
             disk,
             on_sync: Arc::new(on_sync),
+            refuse_open: None,
+        }
+    }
+
+    /// Storage on `disk` whose opens for appending fail where `refuse` says so, at the
+    /// time of the call.
+    pub fn refusing_opens(
+        disk: MemStorage,
+        refuse: impl Fn(&Path) -> bool + Send + Sync + 'static,
+    ) -> WatchedStorage {
+        WatchedStorage {
+            refuse_open: Some(Arc::new(refuse)),
+            ..WatchedStorage::new(disk, || {})
         }
     }
 }
@@ -58,6 +76,12 @@ impl Storage for WatchedStorage {
         self.disk.list(dir)
     }
     fn open_append(&self, path: &Path, create: bool) -> std::io::Result<Box<dyn StorageFile>> {
+        if self.refuse_open.as_ref().is_some_and(|refuse| refuse(path)) {
+            return Err(std::io::Error::other(format!(
+                "injected: {} cannot be opened",
+                path.display()
+            )));
+        }
         Ok(Box::new(WatchedFile {
             inner: self.disk.open_append(path, create)?,
             on_sync: Arc::clone(&self.on_sync),

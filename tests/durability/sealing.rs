@@ -10,6 +10,7 @@ use crate::support::{BUCKET, WINDOW, manual_clock};
 use oncedb::io::{FaultyStorage, MemStorage, Storage};
 use oncedb::{Db, Durability, Error, ManualClock, Options};
 use oncedb_testkit::gate::SyncGate;
+use oncedb_testkit::watched::WatchedStorage;
 
 /// A small budget over few shards: the tables seal every few thousand keys.
 const BUDGET: u64 = 1 << 18;
@@ -744,57 +745,6 @@ fn a_batch_that_meets_a_damaged_run_admits_nothing() {
     }
 }
 
-/// Storage over a [`MemStorage`] whose manifest rewrites fail once armed (an I/O error
-/// in the budget's own work: the run floor raised before a seal starts).
-#[derive(Clone)]
-struct ManifestFails {
-    disk: MemStorage,
-    armed: Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl Storage for ManifestFails {
-    fn create_dir_all(&self, dir: &Path) -> std::io::Result<()> {
-        self.disk.create_dir_all(dir)
-    }
-    fn list(&self, dir: &Path) -> std::io::Result<Vec<std::path::PathBuf>> {
-        self.disk.list(dir)
-    }
-    fn open_append(
-        &self,
-        path: &Path,
-        create: bool,
-    ) -> std::io::Result<Box<dyn oncedb::io::StorageFile>> {
-        let manifest = path.file_name().is_some_and(|name| name == "MANIFEST.tmp");
-        if manifest && self.armed.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(std::io::Error::other(
-                "injected: the manifest cannot be written",
-            ));
-        }
-        self.disk.open_append(path, create)
-    }
-    fn read(&self, path: &Path, max_bytes: u64) -> std::io::Result<Vec<u8>> {
-        self.disk.read(path, max_bytes)
-    }
-    fn file_len(&self, path: &Path) -> std::io::Result<u64> {
-        self.disk.file_len(path)
-    }
-    fn read_at(&self, path: &Path, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
-        self.disk.read_at(path, offset, buf)
-    }
-    fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
-        self.disk.rename(from, to)
-    }
-    fn remove(&self, path: &Path) -> std::io::Result<()> {
-        self.disk.remove(path)
-    }
-    fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
-        self.disk.sync_dir(dir)
-    }
-    fn lock(&self, path: &Path) -> std::io::Result<Box<dyn std::any::Any + Send + Sync>> {
-        self.disk.lock(path)
-    }
-}
-
 /// The budget's own work (freezing, starting a seal, retiring runs) runs after a write's
 /// keys are logged, single or batched: a failure there poisons the store for the calls
 /// after, and never fails a call whose key memory admitted and the log lacks.
@@ -804,10 +754,13 @@ fn budget_work_fails_no_call_whose_key_is_admitted() {
         let disk = MemStorage::new();
         let clock = manual_clock();
         let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let storage = ManifestFails {
-            disk: disk.clone(),
-            armed: Arc::clone(&armed),
-        };
+        // Once armed, the manifest cannot be rewritten (the run floor's raise, before the
+        // first seal starts).
+        let refuse = Arc::clone(&armed);
+        let storage = WatchedStorage::refusing_opens(disk.clone(), move |path| {
+            let manifest = path.file_name().is_some_and(|name| name == "MANIFEST.tmp");
+            manifest && refuse.load(std::sync::atomic::Ordering::SeqCst)
+        });
         let db = Db::open(budgeted(Arc::new(storage), &clock, SMALL_BUDGET)).unwrap();
         armed.store(true, std::sync::atomic::Ordering::SeqCst);
         let mut acknowledged = Vec::new();
