@@ -64,6 +64,14 @@ const RUN_FLOOR_STEP: u64 = 1024;
 /// drops the inputs and builds the filter).
 const WORK_BYTES_PER_KEY: u64 = 41;
 
+/// How long a merge of merged runs may still keep a waiting writer before it gives way,
+/// in nanoseconds: half a second.
+const MERGE_WAIT_LIMIT_NS: u64 = 500_000_000;
+
+/// A merge's pace before it has measured its own: about 60 ns a key (four runs of
+/// 100 M keys took 24 s).
+const MERGE_NS_PER_KEY: u64 = 60;
+
 /// The working memory a merge may take whatever the budget (small budgets merge too).
 const MIN_MERGE_WORK_BYTES: u64 = 4 << 20;
 
@@ -90,6 +98,8 @@ pub(crate) struct SealedRuns {
     waiting: AtomicU64,
     /// Merges abandoned since open because writers waited.
     yielded: AtomicU64,
+    /// [`MERGE_WAIT_LIMIT_NS`] (a test sets 0).
+    merge_wait_limit_ns: AtomicU64,
     /// Runs written, removed and merged since open.
     sealed: AtomicU64,
     expired: AtomicU64,
@@ -324,6 +334,7 @@ impl Sealer {
             work_bytes: AtomicU64::new(0),
             waiting: AtomicU64::new(0),
             yielded: AtomicU64::new(0),
+            merge_wait_limit_ns: AtomicU64::new(MERGE_WAIT_LIMIT_NS),
             sealed: AtomicU64::new(0),
             expired: AtomicU64::new(expired.len() as u64),
             merged: AtomicU64::new(0),
@@ -521,23 +532,14 @@ impl SealedRuns {
         };
         let yields = summary.level > 1;
         let mut writer = RunWriter::create(&*self.storage, &self.dir, summary)?;
-        for index in 0..sections {
-            if yields && self.waiting.load(Ordering::Acquire) > 0 {
-                writer.abandon()?;
-                self.yielded.fetch_add(1, Ordering::Relaxed);
-                log::info!(
-                    "oncedb: a merge of {} runs gave way to waiting writers",
-                    inputs.len()
-                );
-                return Ok(false);
-            }
-            let parts = inputs
-                .iter()
-                .map(|run| run.read_section(&*self.storage, index))
-                .collect::<Result<Vec<_>>>()?;
-            let entries = merge_sections(&parts);
-            drop(parts);
-            writer.add_section(&entries)?;
+        if !self.write_merged(inputs, sections, &mut writer, yields)? {
+            writer.abandon()?;
+            self.yielded.fetch_add(1, Ordering::Relaxed);
+            log::info!(
+                "oncedb: a merge of {} runs gave way to waiting writers",
+                inputs.len()
+            );
+            return Ok(false);
         }
         let merged = Arc::new(writer.finish()?);
         log::info!(
@@ -558,6 +560,46 @@ impl SealedRuns {
         }
         self.storage.sync_dir(&self.dir)?;
         self.merged.fetch_add(1, Ordering::Relaxed);
+        Ok(true)
+    }
+}
+
+impl SealedRuns {
+    /// Writes the merged sections of `inputs` into `writer`, one shard at a time, each tag
+    /// once with its newest bucket. `false` if the merge gives way (`yields`): a writer
+    /// waits at the bound, and the rest of the merge would keep it waiting longer than
+    /// [`MERGE_WAIT_LIMIT_NS`], at the pace of the shards so far (or [`MERGE_NS_PER_KEY`]
+    /// before the first).
+    fn write_merged(
+        &self,
+        inputs: &[Arc<Run>],
+        sections: usize,
+        writer: &mut RunWriter<'_>,
+        yields: bool,
+    ) -> Result<bool> {
+        let total: u64 = inputs.iter().map(|run| run.summary().keys).sum();
+        let (started, mut done) = (std::time::Instant::now(), 0u64);
+        for index in 0..sections {
+            if yields && self.waiting.load(Ordering::Acquire) > 0 {
+                let elapsed_ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                let per_key_ns = match done {
+                    0 => MERGE_NS_PER_KEY,
+                    done => elapsed_ns / done,
+                };
+                let left_ns = total.saturating_sub(done).saturating_mul(per_key_ns);
+                if left_ns > self.merge_wait_limit_ns.load(Ordering::Relaxed) {
+                    return Ok(false);
+                }
+            }
+            let parts = inputs
+                .iter()
+                .map(|run| run.read_section(&*self.storage, index))
+                .collect::<Result<Vec<_>>>()?;
+            done += parts.iter().map(|part| part.len() as u64).sum::<u64>();
+            let entries = merge_sections(&parts);
+            drop(parts);
+            writer.add_section(&entries)?;
+        }
         Ok(true)
     }
 }
@@ -935,13 +977,15 @@ mod tests {
     }
 
     #[test]
-    fn a_merge_of_merged_runs_gives_way_to_waiting_writers() {
+    fn a_long_merge_of_merged_runs_gives_way_to_waiting_writers() {
         let (storage, sealer) = sealer_over_four_runs(1);
         let runs = sealer.runs();
         let tail = runs
             .tail_to_merge(100)
             .expect("four runs of one level merge");
         runs.waiting.store(1, Ordering::Release);
+        // Any work left is more than the limit: the merge gives way.
+        runs.merge_wait_limit_ns.store(0, Ordering::Relaxed);
         assert!(
             !runs.merge(&tail).unwrap(),
             "a writer waits: the merge gives way"
@@ -962,6 +1006,19 @@ mod tests {
     }
 
     #[test]
+    fn a_merge_about_to_end_keeps_a_waiting_writer_waiting() {
+        let (_storage, sealer) = sealer_over_four_runs(1);
+        let runs = sealer.runs();
+        let tail = runs
+            .tail_to_merge(100)
+            .expect("four runs of one level merge");
+        runs.waiting.store(1, Ordering::Release);
+        // 400 keys at the assumed pace: far below the limit.
+        assert!(runs.merge(&tail).unwrap());
+        assert_eq!(runs.stats().merges_yielded, 0);
+    }
+
+    #[test]
     fn a_merge_of_sealed_runs_is_made_even_with_writers_waiting() {
         let (_storage, sealer) = sealer_over_four_runs(0);
         let runs = sealer.runs();
@@ -969,6 +1026,7 @@ mod tests {
             .tail_to_merge(100)
             .expect("four runs of one level merge");
         runs.waiting.store(1, Ordering::Release);
+        runs.merge_wait_limit_ns.store(0, Ordering::Relaxed);
         assert!(runs.merge(&tail).unwrap());
         assert_eq!(runs.stats().merges_yielded, 0);
     }
