@@ -58,6 +58,11 @@ pub struct BenchArgs {
     /// Bytes of each stored response in the records workload.
     #[arg(long, default_value_t = 256)]
     response_bytes: usize,
+    /// Fraction of the records workload's operations that repeat an earlier key with
+    /// another request (each must answer `Mismatch`); the other repeats are retries, each
+    /// replay checked byte for byte.
+    #[arg(long, default_value_t = 0.01)]
+    mismatch_rate: f64,
     /// Bound the dedup keys' memory (`Options::memory_budget`): `512MiB`, `1GiB`, or a
     /// plain number of bytes. Durable runs only.
     #[arg(long, value_parser = parse_bytes)]
@@ -485,6 +490,7 @@ fn run_scenario(args: &BenchArgs, scenario: Scenario) -> Result<Outcome, String>
             .as_ref()
             .map(|clock| (clock, args.advance_every, args.bucket)),
         response: response_body_of(args.response_bytes, 7),
+        mismatch_every: mismatch_every(args.dup_rate, args.mismatch_rate),
     };
     let standby = start_standby(args, &scenario, dir.as_ref())?;
     let latencies = run_threads(&db, &driver)?;
@@ -492,6 +498,9 @@ fn run_scenario(args: &BenchArgs, scenario: Scenario) -> Result<Outcome, String>
     // is closed).
     let standby_lag = standby.as_ref().map(|(standby, _)| standby.lag());
     check_admitted(args, &scenario, &latencies, started.elapsed())?;
+    if scenario.workload == Workload::Records {
+        check_retries(&latencies)?;
+    }
     if !latencies.after_advance.is_empty() {
         for (label, histogram) in [
             ("first calls after an advance", &latencies.after_advance),
@@ -626,6 +635,50 @@ struct Driver<'a> {
     sample_every: usize,
     /// What a records run stores per completed key.
     response: Vec<u8>,
+    /// Every how many repeats of a records run one is sent with another request (0:
+    /// none).
+    mismatch_every: u64,
+}
+
+/// Every how many repeats one is a mismatch, for `mismatch_rate` of the operations when
+/// `dup_rate` of them are repeats.
+fn mismatch_every(dup_rate: f64, mismatch_rate: f64) -> u64 {
+    if mismatch_rate <= 0.0 || dup_rate <= 0.0 {
+        return 0;
+    }
+    (dup_rate / mismatch_rate).round().max(1.0) as u64
+}
+
+/// The records run's retries were all answered as they must be: each replay byte for
+/// byte, each mismatch refused (every repeat one or the other, unless keys expired).
+fn check_retries(latencies: &Latencies) -> Result<(), String> {
+    let Retries {
+        repeats,
+        replayed,
+        mismatched,
+        readmitted,
+    } = latencies.retries;
+    if readmitted == 0 && replayed + mismatched != repeats {
+        return Err(format!(
+            "{repeats} repeats answered {replayed} replays and {mismatched} mismatches"
+        ));
+    }
+    noteln!(
+        "   retries: {replayed} replayed byte for byte, {mismatched} mismatches refused, {readmitted} expired and admitted again: exact"
+    );
+    Ok(())
+}
+
+/// How the repeats of a records run were answered.
+#[derive(Debug, Clone, Copy, Default)]
+struct Retries {
+    repeats: u64,
+    /// Retries answered with the stored response, byte for byte.
+    replayed: u64,
+    /// Repeats with another request, answered `Mismatch`.
+    mismatched: u64,
+    /// Repeats whose key had expired (the clock moved by a window): a new record.
+    readmitted: u64,
 }
 
 /// Latencies of all timed calls, of the first call after each clock advance (the one that
@@ -638,6 +691,7 @@ struct Latencies {
     admitted: u64,
     /// Distinct keys of the stream.
     distinct: u64,
+    retries: Retries,
 }
 
 fn run_threads(db: &Db, driver: &Driver<'_>) -> Result<Latencies, String> {
@@ -661,6 +715,7 @@ fn run_threads(db: &Db, driver: &Driver<'_>) -> Result<Latencies, String> {
         others: new_histogram(),
         admitted: 0,
         distinct: 0,
+        retries: Retries::default(),
     };
     for result in results {
         let latencies = result?;
@@ -674,6 +729,11 @@ fn run_threads(db: &Db, driver: &Driver<'_>) -> Result<Latencies, String> {
             .add(latencies.others)
             .map_err(|e| e.to_string())?;
         merged.admitted += latencies.admitted;
+        let (total, lane) = (&mut merged.retries, latencies.retries);
+        total.repeats += lane.repeats;
+        total.replayed += lane.replayed;
+        total.mismatched += lane.mismatched;
+        total.readmitted += lane.readmitted;
         merged.distinct += latencies.distinct;
     }
     Ok(merged)
@@ -682,7 +742,8 @@ fn run_threads(db: &Db, driver: &Driver<'_>) -> Result<Latencies, String> {
 /// One batch of a lane's stream: generated outside the timed call.
 enum Batch {
     Ids(Vec<[u8; 16]>),
-    Keys(Vec<String>),
+    /// Idempotency keys, and whether each repeats an earlier one.
+    Keys(Vec<String>, Vec<bool>),
 }
 
 /// One writer thread: `ops` operations of key stream `lane`, generated batch by batch.
@@ -695,11 +756,12 @@ fn run_lane(db: &Db, lane: u64, ops: usize, driver: &Driver<'_>) -> Result<Laten
     let mut others = new_histogram();
     let mut latency = new_histogram();
     let mut answers = Vec::with_capacity(scenario.batch);
+    let mut retries = Retries::default();
     let scope = Scope::new("bench", "create_payment");
     let step = scenario.batch.max(1);
     let mut batch = match scenario.workload {
         Workload::Ids => Batch::Ids(Vec::with_capacity(step)),
-        Workload::Records => Batch::Keys(Vec::with_capacity(step)),
+        Workload::Records => Batch::Keys(Vec::with_capacity(step), Vec::with_capacity(step)),
     };
     let (mut since_report, mut admitted, mut done) = (0, 0u64, 0);
     for call in 0.. {
@@ -709,12 +771,14 @@ fn run_lane(db: &Db, lane: u64, ops: usize, driver: &Driver<'_>) -> Result<Laten
         }
         match &mut batch {
             Batch::Ids(ids) => stream.fill_ids(len, ids),
-            Batch::Keys(keys) => stream.fill_idempotency_keys(len, keys),
+            Batch::Keys(keys, repeats) => stream.fill_idempotency_keys_marked(len, keys, repeats),
         }
         let timed = step > 1 || just_advanced || call % driver.sample_every == 0;
         let started = timed.then(Instant::now);
         admitted += match &batch {
-            Batch::Keys(keys) => reserve_all(db, &scope, keys, &driver.response)?,
+            Batch::Keys(keys, repeats) => {
+                reserve_checked(db, (&scope, keys, repeats), driver, &mut retries)?
+            }
             Batch::Ids(ids) if step == 1 => {
                 u64::from(db.insert_if_absent(&ids[0]).map_err(|e| e.to_string())?)
             }
@@ -756,19 +820,57 @@ fn run_lane(db: &Db, lane: u64, ops: usize, driver: &Driver<'_>) -> Result<Laten
         others,
         admitted,
         distinct: stream.distinct(),
+        retries,
     })
 }
 
-/// Reserve + complete for each key; returns how many were acquired.
-fn reserve_all(db: &Db, scope: &Scope, keys: &[String], response: &[u8]) -> Result<u64, String> {
+/// Reserve + complete for each new key; each repeat must replay the stored response
+/// byte for byte, or, for every `mismatch_every`-th repeat (sent with another request),
+/// answer `Mismatch`. Returns how many keys were acquired.
+fn reserve_checked(
+    db: &Db,
+    (scope, keys, repeats): (&Scope, &[String], &[bool]),
+    driver: &Driver<'_>,
+    retries: &mut Retries,
+) -> Result<u64, String> {
     let mut acquired = 0;
-    for key in keys {
-        if let Reservation::Acquired(lease) = db
-            .reserve(scope, key.as_bytes(), key.as_bytes())
-            .map_err(|e| e.to_string())?
-        {
-            lease.complete(response).map_err(|e| e.to_string())?;
-            acquired += 1;
+    for (key, &repeat) in keys.iter().zip(repeats) {
+        retries.repeats += u64::from(repeat);
+        let mismatch = repeat
+            && driver.mismatch_every > 0
+            && retries.repeats.is_multiple_of(driver.mismatch_every);
+        let request = if mismatch {
+            b"another request"
+        } else {
+            key.as_bytes()
+        };
+        let answer = db
+            .reserve(scope, key.as_bytes(), request)
+            .map_err(|e| e.to_string())?;
+        match answer {
+            Reservation::Acquired(lease) if mismatch => {
+                // An expired key: no record is left bound to the other request.
+                lease.release().map_err(|e| e.to_string())?;
+                retries.readmitted += 1;
+            }
+            Reservation::Acquired(lease) => {
+                lease
+                    .complete(&driver.response)
+                    .map_err(|e| e.to_string())?;
+                acquired += 1;
+                retries.readmitted += u64::from(repeat);
+            }
+            Reservation::Mismatch if mismatch => retries.mismatched += 1,
+            Reservation::Completed(record)
+                if repeat && !mismatch && record.response() == Some(&driver.response[..]) =>
+            {
+                retries.replayed += 1;
+            }
+            other => {
+                return Err(format!(
+                    "{key} (repeat {repeat}, mismatch {mismatch}) answered {other:?}"
+                ));
+            }
         }
     }
     Ok(acquired)

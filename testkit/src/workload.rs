@@ -122,13 +122,19 @@ impl KeyStream {
 
     /// The next operation's key.
     pub fn next_id(&mut self) -> [u8; 16] {
-        let n = if self.issued > 0 && self.rng.next_u64() < self.threshold {
+        self.next_marked().0
+    }
+
+    /// The next operation's key, and whether it repeats an earlier one.
+    pub fn next_marked(&mut self) -> ([u8; 16], bool) {
+        let repeat = self.issued > 0 && self.rng.next_u64() < self.threshold;
+        let n = if repeat {
             self.rng.below(self.issued)
         } else {
             self.issued += 1;
             self.issued - 1
         };
-        nth_id(self.seed, self.base + n)
+        (nth_id(self.seed, self.base + n), repeat)
     }
 
     /// The next `n` operations' ids, in `out` (cleared first).
@@ -142,6 +148,23 @@ impl KeyStream {
         out.resize_with(n, String::new);
         for key in out.iter_mut() {
             write_idempotency_key(&self.next_id(), key);
+        }
+    }
+
+    /// [`KeyStream::fill_idempotency_keys`], and in `repeats` whether each key repeats
+    /// an earlier one.
+    pub fn fill_idempotency_keys_marked(
+        &mut self,
+        n: usize,
+        out: &mut Vec<String>,
+        repeats: &mut Vec<bool>,
+    ) {
+        out.resize_with(n, String::new);
+        repeats.clear();
+        for key in out.iter_mut() {
+            let (id, repeat) = self.next_marked();
+            write_idempotency_key(&id, key);
+            repeats.push(repeat);
         }
     }
 

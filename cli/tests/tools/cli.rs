@@ -346,6 +346,20 @@ fn bench_checks_that_it_admitted_exactly_the_distinct_keys() {
         let distinct: u64 = distinct.parse().unwrap();
         assert!((15_000..17_000).contains(&distinct), "20% repeats: {line}");
         assert!(String::from_utf8_lossy(&out.stdout).contains("peak MiB"));
+        if workload == "records" {
+            // Every repeat was answered: a replay checked byte for byte, or (1% of the
+            // operations, sent with another request) a mismatch.
+            let retries = stderr
+                .lines()
+                .find(|line| line.contains("retries:"))
+                .unwrap_or_else(|| panic!("no retries line in {stderr}"));
+            assert!(retries.ends_with(": exact"), "{retries}");
+            let words: Vec<&str> = retries.split_whitespace().collect();
+            let (replayed, mismatched): (u64, u64) =
+                (words[1].parse().unwrap(), words[6].parse().unwrap());
+            assert_eq!(replayed + mismatched, 20_000 - distinct, "{retries}");
+            assert!((100..300).contains(&mismatched), "1% mismatches: {retries}");
+        }
     }
     let bad = oncedb(&["bench", "--keys", "10", "--window", "5x"], b"");
     assert!(!bad.status.success());
