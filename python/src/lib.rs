@@ -331,42 +331,6 @@ impl Db {
         Ok(Reservation::from(reservation, db.max_response_bytes()))
     }
 
-    /// `insert_if_absent`, as an awaitable: the task waits for the group commit that
-    /// covers the key without holding a thread.
-    fn ainsert_if_absent<'py>(
-        &self,
-        py: Python<'py>,
-        key: &Bound<'_, PyAny>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        ainsert_on(py, self.handle()?, key)
-    }
-
-    /// `reserve`, as an awaitable that holds no thread while it awaits the commit.
-    fn areserve<'py>(
-        &self,
-        py: Python<'py>,
-        tenant: &Bound<'_, PyAny>,
-        operation: &Bound<'_, PyAny>,
-        key: &Bound<'_, PyAny>,
-        request: Vec<u8>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        let scoped = scoped(tenant, operation, key)?;
-        areserve_on(py, self.handle()?, AnyLease::Embedded, scoped, request)
-    }
-
-    /// `wait_finished`, as an awaitable woken by the ending, holding no thread.
-    fn await_finished<'py>(
-        &self,
-        py: Python<'py>,
-        tenant: &Bound<'_, PyAny>,
-        operation: &Bound<'_, PyAny>,
-        key: &Bound<'_, PyAny>,
-        timeout: &Bound<'_, PyAny>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        let scoped = scoped(tenant, operation, key)?;
-        await_finished_on(py, self.handle()?, scoped, duration_of(timeout)?)
-    }
-
     /// Waits until the record of `key` in (`tenant`, `operation`) is no longer in flight
     /// or `timeout` passes (the GIL released, woken by the ending itself): the record
     /// as it then is, as a `Reservation` whose status is "completed", "failed" or
@@ -960,6 +924,54 @@ fn _settle(future: &Bound<'_, PyAny>, ok: bool, value: &Bound<'_, PyAny>) -> PyR
     }
     Ok(())
 }
+
+/// The awaitables of a store class (`Db`, `SharedStore`): the same calls through one
+/// generic helper each, each holding no thread while it waits (for a group commit, a
+/// server, an ending); `$wrap` makes the store's lease one of the module's.
+macro_rules! awaitables {
+    ($class:ty, $wrap:expr) => {
+        #[pymethods]
+        impl $class {
+            /// `insert_if_absent`, as an awaitable.
+            fn ainsert_if_absent<'py>(
+                &self,
+                py: Python<'py>,
+                key: &Bound<'_, PyAny>,
+            ) -> PyResult<Bound<'py, PyAny>> {
+                ainsert_on(py, self.handle()?, key)
+            }
+
+            /// `reserve`, as an awaitable.
+            fn areserve<'py>(
+                &self,
+                py: Python<'py>,
+                tenant: &Bound<'_, PyAny>,
+                operation: &Bound<'_, PyAny>,
+                key: &Bound<'_, PyAny>,
+                request: Vec<u8>,
+            ) -> PyResult<Bound<'py, PyAny>> {
+                let scoped = scoped(tenant, operation, key)?;
+                areserve_on(py, self.handle()?, $wrap, scoped, request)
+            }
+
+            /// `wait_finished`, as an awaitable woken by the ending.
+            fn await_finished<'py>(
+                &self,
+                py: Python<'py>,
+                tenant: &Bound<'_, PyAny>,
+                operation: &Bound<'_, PyAny>,
+                key: &Bound<'_, PyAny>,
+                timeout: &Bound<'_, PyAny>,
+            ) -> PyResult<Bound<'py, PyAny>> {
+                let scoped = scoped(tenant, operation, key)?;
+                await_finished_on(py, self.handle()?, scoped, duration_of(timeout)?)
+            }
+        }
+    };
+}
+
+awaitables!(Db, AnyLease::Embedded);
+awaitables!(shared::SharedStore, std::convert::identity);
 
 /// A store error carried out of the runtime thread (no Python object is made there).
 fn carried(err: &oncedb::Error) -> (String, Kind) {

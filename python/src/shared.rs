@@ -10,8 +10,7 @@ use oncedb::{Advance, InFlight, Record, Reservation, Result, Scope, Store, Store
 use pyo3::prelude::*;
 
 use crate::{
-    Kind, advanced, ainsert_on, areserve_on, await_finished_on, carried, duration_of,
-    in_flight_dicts, key_of, runtime, same_process, scoped,
+    Kind, advanced, carried, duration_of, in_flight_dicts, key_of, runtime, same_process, scoped,
 };
 
 /// A server-backed store, as the Python classes hold it.
@@ -310,15 +309,6 @@ impl SharedStore {
         blocking(py, async move { store.insert_many(keys).await })
     }
 
-    /// `insert_if_absent`, as an awaitable.
-    fn ainsert_if_absent<'py>(
-        &self,
-        py: Python<'py>,
-        key: &Bound<'_, PyAny>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        ainsert_on(py, self.handle()?, key)
-    }
-
     /// Looks up or creates the record of `key` in (`tenant`, `operation`), bound to
     /// `request`.
     fn reserve(
@@ -339,19 +329,6 @@ impl SharedStore {
         Ok(crate::Reservation::from(answer, max))
     }
 
-    /// `reserve`, as an awaitable.
-    fn areserve<'py>(
-        &self,
-        py: Python<'py>,
-        tenant: &Bound<'_, PyAny>,
-        operation: &Bound<'_, PyAny>,
-        key: &Bound<'_, PyAny>,
-        request: Vec<u8>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        let scoped = scoped(tenant, operation, key)?;
-        areserve_on(py, self.handle()?, std::convert::identity, scoped, request)
-    }
-
     /// Waits until the record of `key` is no longer in flight or `timeout` passes (woken
     /// by PostgreSQL's notification of the ending; Redis is polled): the record as it
     /// then is, or `None`.
@@ -369,19 +346,6 @@ impl SharedStore {
             store.wait_finished(&scope, &key, timeout).await
         })?;
         Ok(record.map(|record| crate::Reservation::of_record(&record)))
-    }
-
-    /// `wait_finished`, as an awaitable.
-    fn await_finished<'py>(
-        &self,
-        py: Python<'py>,
-        tenant: &Bound<'_, PyAny>,
-        operation: &Bound<'_, PyAny>,
-        key: &Bound<'_, PyAny>,
-        timeout: &Bound<'_, PyAny>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        let scoped = scoped(tenant, operation, key)?;
-        await_finished_on(py, self.handle()?, scoped, duration_of(timeout)?)
     }
 
     /// Takes over the record of `key` if it is in flight: a new lease, the old one
