@@ -459,10 +459,21 @@ impl Engine {
         let lock_group = |group: &[u32]| self.index.lock(fingerprints[group[0] as usize], bucket);
         let sealed = self.sealed_keys();
         let mut failed = None;
-        let mut insert = |shard: &mut Shard, group: &[u32]| {
-            if let Err(err) = insert_group(shard, group, (fingerprints, pending), admitted, sealed)
-            {
-                failed.get_or_insert(err);
+        // `absent`: the members no older level holds, read already (the held path); `None`
+        // to look past memory here.
+        let mut insert = |shard: &mut Shard, group: &[u32], absent: Option<&[u32]>| {
+            match absent {
+                Some(members) => {
+                    admit_group(shard, members, fingerprints, admitted);
+                    shard.after_writes(group.len());
+                }
+                None => {
+                    let inserted =
+                        insert_group(shard, group, (fingerprints, pending), admitted, sealed);
+                    if let Err(err) = inserted {
+                        failed.get_or_insert(err);
+                    }
+                }
             }
             self.index
                 .publish_table(fingerprints[group[0] as usize], shard);
@@ -483,23 +494,13 @@ impl Engine {
                 shard.reserve_room(group.iter().map(|&i| fingerprints[i as usize]))?;
                 shards.push(shard);
             }
-            let absent = absent_from_older_levels(&mut shards, groups, fingerprints, sealed)
-                .map_err(|err| self.fail(err))?;
+            let mut found = Vec::new();
+            let absent =
+                absent_from_older_levels(&mut shards, groups, fingerprints, sealed, &mut found)
+                    .map_err(|err| self.fail(err))?;
             for ((group, mut shard), absent) in groups.iter().zip(shards).zip(absent) {
-                admit_group(
-                    &mut shard,
-                    absent.as_deref().unwrap_or(group),
-                    fingerprints,
-                    admitted,
-                );
-                shard.after_writes(group.len());
-                self.index
-                    .publish_table(fingerprints[group[0] as usize], &shard);
-                if durable {
-                    for &index in group {
-                        stamps[index as usize] = shard.current();
-                    }
-                }
+                let members = absent.map_or(group, |range| &found[range]);
+                insert(&mut shard, group, Some(members));
             }
         } else if groups.len() > 0 {
             // Start at a shard that depends on the batch, so that concurrent batches do
@@ -513,7 +514,7 @@ impl Engine {
                     self.index.prefetch_group(groups.get(next), fingerprints);
                 }
                 let group = groups.get(n);
-                insert(&mut lock_group(group), group);
+                insert(&mut lock_group(group), group, None);
             }
         }
         if let Some(err) = failed {
@@ -534,7 +535,7 @@ impl Engine {
     fn budget_after_logging(&self, admitted: u64) {
         if let Err(err) = self.after_inserts(admitted) {
             let err = match &self.journal {
-                Some(journal) => journal.poisoner().poison_with(err),
+                Some(journal) => journal.poison_with(err),
                 None => err,
             };
             log::error!("oncedb: the memory budget's work failed, the store is poisoned: {err}");
@@ -1205,17 +1206,19 @@ impl Scratch {
 }
 
 /// The first pass of a batch over held shards: for each group whose shard has older
-/// levels (a frozen table, sealed runs), its members that none holds, read before anything
-/// is admitted; `None` for a shard with none (memory alone answers). Nothing of the batch
-/// is admitted if a run page fails to read. The answers stay true until the locks drop:
-/// no shard held can freeze, and a run published meanwhile holds only keys its shards'
-/// frozen tables still hold (they are released under the shard locks).
+/// levels (a frozen table, sealed runs), its members that none holds, appended to `found`
+/// (the range of them is returned), read before anything is admitted; `None` for a shard
+/// with none (memory alone answers). Nothing of the batch is admitted if a run page fails
+/// to read. The answers stay true until the locks drop: no shard held can freeze, and a
+/// run published meanwhile holds only keys its shards' frozen tables still hold (they are
+/// released under the shard locks).
 fn absent_from_older_levels(
     shards: &mut [parking_lot::MutexGuard<'_, Shard>],
     groups: &ShardGroups,
     fingerprints: &[Fingerprint],
     sealed: Option<&dyn SealedKeys>,
-) -> Result<Vec<Option<Vec<u32>>>> {
+    found: &mut Vec<u32>,
+) -> Result<Vec<Option<std::ops::Range<usize>>>> {
     let mut absent = Vec::with_capacity(shards.len());
     let mut pending = Vec::new();
     for (shard, group) in shards.iter_mut().zip(groups.iter()) {
@@ -1224,7 +1227,9 @@ fn absent_from_older_levels(
             continue;
         }
         shard.absent_from_older_levels((group, fingerprints), sealed, &mut pending)?;
-        absent.push(Some(pending.clone()));
+        let start = found.len();
+        found.extend_from_slice(&pending);
+        absent.push(Some(start..found.len()));
     }
     Ok(absent)
 }

@@ -976,16 +976,30 @@ mod tests {
         listed.iter().filter(|path| is_temp_run_name(path)).count()
     }
 
-    #[test]
-    fn a_long_merge_of_merged_runs_gives_way_to_waiting_writers() {
-        let (storage, sealer) = sealer_over_four_runs(1);
-        let runs = sealer.runs();
-        let tail = runs
+    /// The four runs of `level` at the tail, ready to merge, and a writer waiting at the
+    /// bound; `limit_ns` is how long the merge may still keep it.
+    fn tail_with_a_waiting_writer(
+        level: u32,
+        limit_ns: u64,
+    ) -> (Arc<dyn Storage>, Sealer, Vec<Arc<Run>>) {
+        let (storage, sealer) = sealer_over_four_runs(level);
+        let tail = sealer
+            .runs()
             .tail_to_merge(100)
             .expect("four runs of one level merge");
-        runs.waiting.store(1, Ordering::Release);
+        sealer.runs().waiting.store(1, Ordering::Release);
+        sealer
+            .runs()
+            .merge_wait_limit_ns
+            .store(limit_ns, Ordering::Relaxed);
+        (storage, sealer, tail)
+    }
+
+    #[test]
+    fn a_long_merge_of_merged_runs_gives_way_to_waiting_writers() {
         // Any work left is more than the limit: the merge gives way.
-        runs.merge_wait_limit_ns.store(0, Ordering::Relaxed);
+        let (storage, sealer, tail) = tail_with_a_waiting_writer(1, 0);
+        let runs = sealer.runs();
         assert!(
             !runs.merge(&tail).unwrap(),
             "a writer waits: the merge gives way"
@@ -1007,27 +1021,16 @@ mod tests {
 
     #[test]
     fn a_merge_about_to_end_keeps_a_waiting_writer_waiting() {
-        let (_storage, sealer) = sealer_over_four_runs(1);
-        let runs = sealer.runs();
-        let tail = runs
-            .tail_to_merge(100)
-            .expect("four runs of one level merge");
-        runs.waiting.store(1, Ordering::Release);
         // 400 keys at the assumed pace: far below the limit.
-        assert!(runs.merge(&tail).unwrap());
-        assert_eq!(runs.stats().merges_yielded, 0);
+        let (_storage, sealer, tail) = tail_with_a_waiting_writer(1, MERGE_WAIT_LIMIT_NS);
+        assert!(sealer.runs().merge(&tail).unwrap());
+        assert_eq!(sealer.runs().stats().merges_yielded, 0);
     }
 
     #[test]
     fn a_merge_of_sealed_runs_is_made_even_with_writers_waiting() {
-        let (_storage, sealer) = sealer_over_four_runs(0);
-        let runs = sealer.runs();
-        let tail = runs
-            .tail_to_merge(100)
-            .expect("four runs of one level merge");
-        runs.waiting.store(1, Ordering::Release);
-        runs.merge_wait_limit_ns.store(0, Ordering::Relaxed);
-        assert!(runs.merge(&tail).unwrap());
-        assert_eq!(runs.stats().merges_yielded, 0);
+        let (_storage, sealer, tail) = tail_with_a_waiting_writer(0, 0);
+        assert!(sealer.runs().merge(&tail).unwrap());
+        assert_eq!(sealer.runs().stats().merges_yielded, 0);
     }
 }

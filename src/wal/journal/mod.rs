@@ -619,6 +619,11 @@ impl Journal {
         self.shared.fail(err)
     }
 
+    /// `err`, after poisoning the store whatever its kind ([`Poisoner::poison_with`]).
+    pub(crate) fn poison_with(&self, err: Error) -> Error {
+        self.shared.poison_any(err)
+    }
+
     /// A handle that fails the store from another thread (the one sealing runs).
     pub(crate) fn poisoner(&self) -> Poisoner {
         Poisoner(Arc::clone(&self.shared))
