@@ -4,6 +4,7 @@
 //! nothing of the log, the API or the configuration builder.
 
 mod counters;
+mod dense;
 mod marks;
 mod records;
 mod shard;

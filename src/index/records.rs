@@ -4,6 +4,7 @@ use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
+use super::dense::{DenseRecords, Settled};
 use crate::base::{Error, LogSpan, Record, RecordStatus, ResponseBytes, Result, Window};
 
 /// How a lease ends a record: with response bytes that memory keeps (a call), or with a
@@ -164,6 +165,30 @@ impl StoredRecord {
             }
         }
         record
+    }
+
+    /// The record as a settled one: finished, its response and key both in the log, and
+    /// no take-over to remember (`None` for any other form).
+    fn settled(&self) -> Option<Settled> {
+        match &self.body {
+            Body::Logged {
+                status,
+                at_ms,
+                response,
+                key,
+                ..
+            } if self.extra.is_none() => Some(Settled {
+                request_hash: self.request_hash,
+                bucket: self.bucket,
+                created_ms: self.created_ms,
+                lease_id: self.lease_id,
+                status: *status,
+                finished_ms: *at_ms,
+                response: *response,
+                key: *key,
+            }),
+            _ => None,
+        }
     }
 
     /// The frame that holds the scoped key, once memory holds only spans.
@@ -387,6 +412,28 @@ impl StoredRecord {
     }
 }
 
+impl From<Settled> for StoredRecord {
+    /// A settled record in its map form. Its response counts as kept: a settled record's
+    /// bucket tells whether it aged out (`snapshot` checks it), since an aged-out record
+    /// is one whose bucket left the retention.
+    fn from(record: Settled) -> StoredRecord {
+        StoredRecord {
+            request_hash: record.request_hash,
+            bucket: record.bucket,
+            created_ms: record.created_ms,
+            lease_id: record.lease_id,
+            extra: None,
+            body: Body::Logged {
+                status: record.status,
+                gone: false,
+                at_ms: record.finished_ms,
+                response: record.response,
+                key: record.key,
+            },
+        }
+    }
+}
+
 /// Above this many bytes, a record's key and response are joined through a vector of
 /// their own: one allocation more, next to a copy that costs far more.
 const JOIN_SCRATCH_BYTES: usize = 64 * 1024;
@@ -507,8 +554,15 @@ pub(crate) fn expire_queue<V>(
     }
 }
 
-/// Records plus an expiry queue in admission order (buckets never decrease within a
-/// shard), drained a few entries per operation.
+/// Records in two tiers: the settled ones (finished, response and key in the log, no
+/// take-over to remember: nearly every record of a durable store) packed in
+/// `DenseRecords`, and every other form in a map with an expiry queue in admission order
+/// (buckets never decrease within a shard), drained a few entries per operation.
+///
+/// A record is in one tier at a time. It enters the map, in flight, and moves to the
+/// dense tier when it settles (`settle`), never back: a settled record does not change.
+/// Its queue entries stay behind, as no-ops, until the queues are compacted (when they
+/// hold more than twice the map's records).
 #[derive(Debug, Default)]
 pub(crate) struct RecordMap {
     map: FingerprintMap<StoredRecord>,
@@ -516,13 +570,25 @@ pub(crate) struct RecordMap {
     /// With a response retention: the records in admission order again, drained as
     /// their responses age out (so their bytes leave memory before the record does).
     aging: Option<VecDeque<(u64, u128)>>,
+    dense: DenseRecords,
+    /// The last settled record a lookup found, in map form: `live_mut` lends it out.
+    thawed: Option<StoredRecord>,
 }
+
+/// The queues are compacted when they hold this many entries more than twice the map's
+/// records (so compaction costs a constant amortized over the records that settled).
+const QUEUE_SLACK: usize = 64;
 
 impl RecordMap {
     /// The live record of `fingerprint`, checking that it belongs to `scoped_key` if
     /// memory holds the record's key (a record kept in compact form has its key in the
     /// log: `Record::key_logged` names it, and the engine compares it).
     /// An expired record is removed and reported absent.
+    ///
+    /// A settled record is lent out as a copy in map form. That is sound because no
+    /// mutator changes a settled record: `finish`, `set_note`, `locate_key`, `hand_over`
+    /// and `renew` act on a record in flight, `log_response` on one holding its
+    /// response, and `drop_response` only marks what the record's bucket already says.
     pub(crate) fn live_mut(
         &mut self,
         fingerprint: u128,
@@ -530,14 +596,48 @@ impl RecordMap {
         window: Window,
         current: u64,
     ) -> Result<Option<&mut StoredRecord>> {
-        live_entry(
-            &mut self.map,
-            fingerprint,
-            scoped_key,
-            window,
-            current,
-            |r| (r.bucket, r.scoped_key()),
-        )
+        if self.map.contains_key(&fingerprint) {
+            return live_entry(
+                &mut self.map,
+                fingerprint,
+                scoped_key,
+                window,
+                current,
+                |r| (r.bucket, r.scoped_key()),
+            );
+        }
+        Ok(self
+            .dense
+            .get(fingerprint, window, current)
+            .map(|settled| &mut *self.thawed.insert(StoredRecord::from(settled))))
+    }
+
+    /// Moves the record of `fingerprint` to the dense tier if it has settled.
+    pub(crate) fn settle(&mut self, fingerprint: u128) {
+        let Some(settled) = self.map.get(&fingerprint).and_then(StoredRecord::settled) else {
+            return;
+        };
+        if self.dense.add(fingerprint, settled).is_err() {
+            return;
+        }
+        self.map.remove(&fingerprint);
+        if self.expiry.len() > 2 * self.map.len() + QUEUE_SLACK {
+            self.compact_queues();
+        }
+    }
+
+    /// Drops the queue entries of records that left the map (or were stored again).
+    fn compact_queues(&mut self) {
+        let map = &self.map;
+        let needed = |&mut (bucket, fingerprint): &mut (u64, u128)| {
+            map.get(&fingerprint).is_some_and(|r| r.bucket == bucket)
+        };
+        self.expiry.retain_mut(needed);
+        self.expiry.shrink_to(2 * self.expiry.len() + QUEUE_SLACK);
+        if let Some(aging) = &mut self.aging {
+            aging.retain_mut(needed);
+            aging.shrink_to(2 * aging.len() + QUEUE_SLACK);
+        }
     }
 
     /// A map whose responses age out (`retains`), or are kept for the whole window.
@@ -558,11 +658,15 @@ impl RecordMap {
         if let Some(aging) = &mut self.aging {
             aging.push_back((record.bucket, fingerprint));
         }
-        self.map.insert(fingerprint, record)
+        self.map
+            .insert(fingerprint, record)
+            .or_else(|| self.dense.remove(fingerprint).map(StoredRecord::from))
     }
 
     pub(crate) fn remove(&mut self, fingerprint: u128) -> Option<StoredRecord> {
-        self.map.remove(&fingerprint)
+        self.map
+            .remove(&fingerprint)
+            .or_else(|| self.dense.remove(fingerprint).map(StoredRecord::from))
     }
 
     /// Live records in flight that were reserved at or before `before_ms`.
@@ -589,6 +693,7 @@ impl RecordMap {
             current,
             |r| r.bucket,
         );
+        self.dense.expire(budget, window, current);
     }
 
     /// Drops the responses of up to `budget` records whose bucket has left `retention`
@@ -616,7 +721,7 @@ impl RecordMap {
     /// Records held in memory, live or expired but not yet removed.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.map.len()
+        self.map.len() + self.dense.len()
     }
 
     /// Approximate heap bytes held.
@@ -624,7 +729,10 @@ impl RecordMap {
         let per_entry = size_of::<(u128, StoredRecord)>() + 1;
         let payload: usize = self.map.values().map(StoredRecord::heap_bytes).sum();
         let queues = self.expiry.capacity() + self.aging.as_ref().map_or(0, VecDeque::capacity);
-        self.map.capacity() * per_entry + queues * size_of::<(u64, u128)>() + payload
+        self.map.capacity() * per_entry
+            + queues * size_of::<(u64, u128)>()
+            + payload
+            + self.dense.heap_bytes()
     }
 }
 
@@ -688,6 +796,54 @@ mod tests {
         assert_eq!(record.logged, Some((span(200), 1)));
         done.drop_response();
         assert_eq!(done.snapshot(None, 0).logged, None, "aged out");
+    }
+
+    /// Settled records (finished, response and key in the log) take the dense tier's
+    /// 88-byte slots and a 4-byte index position each, not a 128-byte map slot and a
+    /// queue entry: at most 96 bytes a record with the containers' spare capacity.
+    #[test]
+    fn settled_records_take_at_most_96_bytes_each() {
+        const RECORDS: u32 = 100_000;
+        let window = Window::new(4, 1);
+        let span = |bucket, start| LogSpan {
+            bucket,
+            seq: 0,
+            start,
+            len: 300,
+        };
+        let mut map = RecordMap::new(false);
+        for i in 0..RECORDS {
+            let fingerprint = u128::from(i).wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835);
+            let (bucket, at_ms) = (u64::from(i * 4 / RECORDS), u64::from(i));
+            let key_at = Some(span(bucket, 64 + i));
+            map.insert(
+                fingerprint,
+                StoredRecord::in_flight(&[b'k'; 60], key_at, (7, at_ms), (bucket, at_ms)),
+            );
+            let record = map
+                .live_mut(fingerprint, None, window, bucket)
+                .unwrap()
+                .unwrap();
+            record.finish(
+                RecordStatus::Completed,
+                Ending::Logged(span(bucket, 9_000)),
+                at_ms + 5,
+            );
+            map.settle(fingerprint);
+        }
+        let per_record = map.heap_bytes() / RECORDS as usize;
+        assert!(per_record <= 96, "{per_record} bytes a record");
+        assert_eq!(map.len(), RECORDS as usize);
+        let fingerprint = 77u128.wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835);
+        let record = map
+            .live_mut(fingerprint, Some(b"other"), window, 3)
+            .unwrap()
+            .unwrap();
+        let snapshot = record.snapshot(None, 3);
+        assert_eq!(snapshot.status, RecordStatus::Completed);
+        assert_eq!(snapshot.logged, Some((span(0, 9_000), 77)));
+        assert_eq!(snapshot.key_logged, Some(span(0, 64 + 77)));
+        assert_eq!(snapshot.finished_ms, Some(82));
     }
 
     #[test]

@@ -718,6 +718,7 @@ impl Shard {
                 } else {
                     self.counters.completed += 1;
                 }
+                self.records.settle(fingerprint.0);
             }
             None => {
                 if let Some(removed) = self.records.remove(fingerprint.0) {
@@ -736,6 +737,7 @@ impl Shard {
         let (window, current) = (self.view(), self.current);
         if let Ok(Some(record)) = self.records.live_mut(fingerprint.0, None, window, current) {
             record.log_response(lease_id, span);
+            self.records.settle(fingerprint.0);
         }
     }
 
