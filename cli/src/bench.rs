@@ -546,6 +546,13 @@ fn run_scenario(args: &BenchArgs, scenario: Scenario) -> Result<Outcome, String>
             stats.commit_waits
         );
     }
+    if scenario.workload == Workload::Records {
+        noteln!(
+            "   index: {:.1} MiB counted by the store, {:.1} bytes a live record",
+            stats.index_bytes as f64 / f64::from(1 << 20),
+            stats.index_bytes as f64 / stats.live_records.max(1) as f64
+        );
+    }
     let rss_growth = rss_bytes().saturating_sub(rss_before);
     let peak_rss = peak_rss_bytes();
     if args.restore && args.replicate.is_some() {

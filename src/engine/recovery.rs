@@ -223,8 +223,9 @@ fn start_shipper(config: &Config, journal: &Journal) -> Result<Option<crate::rep
     crate::replica::Shipper::start(replication.clone(), journal.feed(), dir).map(Some)
 }
 
-/// Keys and records the live segments admit, counted from their valid frames, so the
-/// tables can be sized once instead of growing during replay. Damage is left to replay
+/// Dedup keys the live segments admit (not records or ordering marks, which the dedup
+/// tables do not hold), counted from their valid frames, so the tables can be sized once
+/// instead of growing during replay. Damage is left to replay
 /// to report; a file that cannot be read counts as empty here.
 fn count_logged_keys(
     storage: &dyn Storage,
@@ -243,8 +244,11 @@ fn count_logged_keys(
             keys += match entry {
                 DecodedEntry::Keys { .. } if sealed => 0,
                 DecodedEntry::Keys { fingerprints, .. } => fingerprints.len() as u64,
-                DecodedEntry::Reserve { .. } | DecodedEntry::Advance { .. } => 1,
-                DecodedEntry::Finish { .. }
+                // Records and ordering marks have maps of their own: the dedup table
+                // sized for them would hold nothing in their slots.
+                DecodedEntry::Reserve { .. }
+                | DecodedEntry::Advance { .. }
+                | DecodedEntry::Finish { .. }
                 | DecodedEntry::Mark { .. }
                 | DecodedEntry::Note { .. }
                 | DecodedEntry::TakeOver { .. } => 0,

@@ -52,14 +52,15 @@ const COMPLETED: u64 = 1 << STATUS_SHIFT;
 const FAILED: u64 = 2 << STATUS_SHIFT;
 const LEASE_MASK: u64 = COMPLETED - 1;
 
-/// A finished record, packed to an alignment of 4 (its fields sum to 84 bytes, which 8-byte
-/// alignment would pad to 88, and a `u128` field to 96). Fields are read by copy.
+/// A finished record, packed to an alignment of 4 (its fields sum to 76 bytes, which 8-byte
+/// alignment would pad to 80, and a `u128` field to 96). Fields are read by copy.
 #[derive(Debug, Clone, Copy)]
 #[repr(C, packed(4))]
 struct Packed {
     fingerprint: [u64; 2],
     request_hash: [u64; 2],
-    bucket: u64,
+    /// When it was reserved; its bucket is the one this falls in (a record stamped with
+    /// another bucket is not packed).
     created_ms: u64,
     /// The lease that ended the record (below 2^62), with the ending in the top bits;
     /// zero there marks a slot whose record was removed or replaced.
@@ -103,7 +104,10 @@ fn hash_of(fingerprint: [u64; 2]) -> u64 {
 }
 
 impl Packed {
-    fn pack(fingerprint: u128, record: &Settled) -> Option<Packed> {
+    fn pack(fingerprint: u128, record: &Settled, window: Window) -> Option<Packed> {
+        if window.bucket_of(record.created_ms) != record.bucket {
+            return None;
+        }
         let ending = match record.status {
             RecordStatus::Completed => COMPLETED,
             RecordStatus::Failed => FAILED,
@@ -115,7 +119,6 @@ impl Packed {
         Some(Packed {
             fingerprint: split(fingerprint),
             request_hash: split(record.request_hash),
-            bucket: record.bucket,
             created_ms: record.created_ms,
             lease: record.lease_id | ending,
             finished_after_ms: u32::try_from(record.finished_ms.checked_sub(record.created_ms)?)
@@ -125,10 +128,15 @@ impl Packed {
         })
     }
 
-    fn unpack(&self) -> Settled {
+    fn bucket(&self, window: Window) -> u64 {
+        window.bucket_of(self.created_ms)
+    }
+
+    fn unpack(&self, window: Window) -> Settled {
+        let bucket = self.bucket(window);
         Settled {
             request_hash: join(self.request_hash),
-            bucket: self.bucket,
+            bucket,
             created_ms: self.created_ms,
             lease_id: self.lease & LEASE_MASK,
             status: if self.lease & !LEASE_MASK == FAILED {
@@ -137,8 +145,8 @@ impl Packed {
                 RecordStatus::Completed
             },
             finished_ms: self.created_ms + u64::from(self.finished_after_ms),
-            response: self.response.unpack(self.bucket),
-            key: self.key.unpack(self.bucket),
+            response: self.response.unpack(bucket),
+            key: self.key.unpack(bucket),
         }
     }
 
@@ -257,11 +265,13 @@ impl DenseRecords {
     /// The record of `fingerprint`, if it is here and its bucket is live.
     pub(super) fn get(&self, fingerprint: u128, window: Window, current: u64) -> Option<Settled> {
         let slot = self.ring.slot(self.find(split(fingerprint))?)?;
-        window.is_live(slot.bucket, current).then(|| slot.unpack())
+        window
+            .is_live(slot.bucket(window), current)
+            .then(|| slot.unpack(window))
     }
 
     /// Takes the record of `fingerprint` out (live or expired), if it is here.
-    pub(super) fn remove(&mut self, fingerprint: u128) -> Option<Settled> {
+    pub(super) fn remove(&mut self, fingerprint: u128, window: Window) -> Option<Settled> {
         let fingerprint = split(fingerprint);
         let position = self.find(fingerprint)?;
         if let Ok(entry) = self
@@ -271,15 +281,22 @@ impl DenseRecords {
             entry.remove();
         }
         let slot = self.ring.slot_mut(position)?;
-        let record = slot.unpack();
+        let record = slot.unpack(window);
         slot.lease = 0;
         Some(record)
     }
 
     /// Adds `record` of `fingerprint` (whose earlier record, if any, the caller removed);
-    /// gives it back if it does not pack (see `Packed::pack`) or the ring is full.
-    pub(super) fn add(&mut self, fingerprint: u128, record: Settled) -> Result<(), Settled> {
-        let Some(packed) = Packed::pack(fingerprint, &record) else {
+    /// gives it back if it does not pack (see `Packed::pack`: a record stamped with
+    /// another bucket than its time falls in, as a clock reading older than another
+    /// thread's may be) or the ring is full.
+    pub(super) fn add(
+        &mut self,
+        fingerprint: u128,
+        record: Settled,
+        window: Window,
+    ) -> Result<(), Settled> {
+        let Some(packed) = Packed::pack(fingerprint, &record, window) else {
             return Err(record);
         };
         if self.ring.is_full() {
@@ -306,7 +323,7 @@ impl DenseRecords {
                 return;
             };
             if !front.is_vacant() {
-                if window.is_live(front.bucket, current) {
+                if window.is_live(front.bucket(window), current) {
                     return;
                 }
                 if let Ok(entry) = self
@@ -346,7 +363,7 @@ mod tests {
         Settled {
             request_hash: u128::MAX - 5,
             bucket,
-            created_ms: 1_000 * bucket,
+            created_ms: 1_000 * bucket + 10,
             lease_id,
             status: RecordStatus::Failed,
             finished_ms: 1_000 * bucket + 70,
@@ -356,19 +373,19 @@ mod tests {
     }
 
     #[test]
-    fn a_packed_record_is_84_bytes_and_unpacks_to_what_went_in() {
-        assert_eq!(size_of::<Packed>(), 84);
+    fn a_packed_record_is_76_bytes_and_unpacks_to_what_went_in() {
+        assert_eq!(size_of::<Packed>(), 76);
         let mut dense = DenseRecords::default();
-        let window = Window::new(4, 1);
+        let window = Window::new(4_000, 1_000);
         let record = settled(2, LEASE_MASK);
-        dense.add(u128::MAX, record).unwrap();
+        dense.add(u128::MAX, record, window).unwrap();
         assert_eq!(dense.get(u128::MAX, window, 2), Some(record));
         assert_eq!(dense.get(u128::MAX - 1, window, 2), None);
         let completed = Settled {
             status: RecordStatus::Completed,
             ..settled(3, 7)
         };
-        dense.add(5, completed).unwrap();
+        dense.add(5, completed, window).unwrap();
         assert_eq!(dense.get(5, window, 3), Some(completed));
     }
 
@@ -389,24 +406,29 @@ mod tests {
                 ..settled(2, 1)
             },
             settled(2, LEASE_MASK + 1),
+            Settled {
+                bucket: 3,
+                ..settled(2, 1)
+            },
         ];
+        let window = Window::new(4_000, 1_000);
         for record in refused {
-            assert_eq!(dense.add(9, record), Err(record));
+            assert_eq!(dense.add(9, record, window), Err(record));
         }
         assert_eq!(dense.len(), 0);
     }
 
     #[test]
     fn removed_and_expired_records_are_absent_and_their_slots_drained() {
-        let window = Window::new(1, 1);
+        let window = Window::new(1_000, 1_000);
         let mut dense = DenseRecords::default();
         for bucket in 0..2u64 {
             for fingerprint in 5 * u128::from(bucket)..5 * u128::from(bucket) + 5 {
-                dense.add(fingerprint, settled(bucket, 1)).unwrap();
+                dense.add(fingerprint, settled(bucket, 1), window).unwrap();
             }
         }
-        assert_eq!(dense.remove(7).map(|r| r.bucket), Some(1));
-        assert_eq!(dense.remove(7), None);
+        assert_eq!(dense.remove(7, window).map(|r| r.bucket), Some(1));
+        assert_eq!(dense.remove(7, window), None);
         assert_eq!(dense.get(7, window, 1), None);
         assert!(dense.get(2, window, 1).is_some());
         assert!(
@@ -416,7 +438,7 @@ mod tests {
         dense.expire(100, window, 2);
         assert_eq!(dense.len(), 4, "bucket 0 dropped, bucket 1 less one");
         assert!(dense.get(6, window, 2).is_some());
-        dense.add(2, settled(2, 1)).unwrap();
+        dense.add(2, settled(2, 1), window).unwrap();
         assert!(dense.get(2, window, 2).is_some(), "a new record of the key");
         dense.expire(100, window, 3);
         assert_eq!(dense.len(), 1);
@@ -425,12 +447,12 @@ mod tests {
 
     #[test]
     fn positions_wrap_around() {
-        let window = Window::new(1, 1);
+        let window = Window::new(1_000, 1_000);
         let mut dense = DenseRecords::default();
         (dense.ring.first, dense.ring.head, dense.ring.tail) =
             (u32::MAX - 2, u32::MAX - 2, u32::MAX - 2);
         for fingerprint in 0..8 {
-            dense.add(fingerprint, settled(0, 1)).unwrap();
+            dense.add(fingerprint, settled(0, 1), window).unwrap();
         }
         for fingerprint in 0..8 {
             assert!(dense.get(fingerprint, window, 0).is_some(), "{fingerprint}");

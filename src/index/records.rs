@@ -613,11 +613,11 @@ impl RecordMap {
     }
 
     /// Moves the record of `fingerprint` to the dense tier if it has settled.
-    pub(crate) fn settle(&mut self, fingerprint: u128) {
+    pub(crate) fn settle(&mut self, fingerprint: u128, window: Window) {
         let Some(settled) = self.map.get(&fingerprint).and_then(StoredRecord::settled) else {
             return;
         };
-        if self.dense.add(fingerprint, settled).is_err() {
+        if self.dense.add(fingerprint, settled, window).is_err() {
             return;
         }
         self.map.remove(&fingerprint);
@@ -653,20 +653,25 @@ impl RecordMap {
         &mut self,
         fingerprint: u128,
         record: StoredRecord,
+        window: Window,
     ) -> Option<StoredRecord> {
         self.expiry.push_back((record.bucket, fingerprint));
         if let Some(aging) = &mut self.aging {
             aging.push_back((record.bucket, fingerprint));
         }
-        self.map
-            .insert(fingerprint, record)
-            .or_else(|| self.dense.remove(fingerprint).map(StoredRecord::from))
+        self.map.insert(fingerprint, record).or_else(|| {
+            self.dense
+                .remove(fingerprint, window)
+                .map(StoredRecord::from)
+        })
     }
 
-    pub(crate) fn remove(&mut self, fingerprint: u128) -> Option<StoredRecord> {
-        self.map
-            .remove(&fingerprint)
-            .or_else(|| self.dense.remove(fingerprint).map(StoredRecord::from))
+    pub(crate) fn remove(&mut self, fingerprint: u128, window: Window) -> Option<StoredRecord> {
+        self.map.remove(&fingerprint).or_else(|| {
+            self.dense
+                .remove(fingerprint, window)
+                .map(StoredRecord::from)
+        })
     }
 
     /// Live records in flight that were reserved at or before `before_ms`.
@@ -804,7 +809,7 @@ mod tests {
     #[test]
     fn settled_records_take_at_most_96_bytes_each() {
         const RECORDS: u32 = 100_000;
-        let window = Window::new(4, 1);
+        let window = Window::new(4_000, 1_000);
         let span = |bucket, start| LogSpan {
             bucket,
             seq: 0,
@@ -814,11 +819,13 @@ mod tests {
         let mut map = RecordMap::new(false);
         for i in 0..RECORDS {
             let fingerprint = u128::from(i).wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835);
-            let (bucket, at_ms) = (u64::from(i * 4 / RECORDS), u64::from(i));
+            let bucket = u64::from(i * 4 / RECORDS);
+            let at_ms = bucket * 1_000 + u64::from(i % 1_000);
             let key_at = Some(span(bucket, 64 + i));
             map.insert(
                 fingerprint,
                 StoredRecord::in_flight(&[b'k'; 60], key_at, (7, at_ms), (bucket, at_ms)),
+                window,
             );
             let record = map
                 .live_mut(fingerprint, None, window, bucket)
@@ -829,7 +836,7 @@ mod tests {
                 Ending::Logged(span(bucket, 9_000)),
                 at_ms + 5,
             );
-            map.settle(fingerprint);
+            map.settle(fingerprint, window);
         }
         let per_record = map.heap_bytes() / RECORDS as usize;
         assert!(per_record <= 96, "{per_record} bytes a record");
@@ -852,8 +859,8 @@ mod tests {
         let mut map = RecordMap::new(true);
         let mut done = record(0, b"a");
         done.finish(RecordStatus::Completed, Ending::Held(&[7; 4096]), 0);
-        map.insert(1, done);
-        map.insert(2, record(1, b"b"));
+        map.insert(1, done, window);
+        map.insert(2, record(1, b"b"), window);
         let before = map.heap_bytes();
         map.age(10, retention, 2);
         assert_eq!(map.heap_bytes(), before, "inside the retention: kept");
@@ -871,8 +878,8 @@ mod tests {
     fn expired_records_are_absent_and_drained() {
         let window = Window::new(2, 1);
         let mut map = RecordMap::default();
-        map.insert(1, record(0, b"a"));
-        map.insert(2, record(1, b"b"));
+        map.insert(1, record(0, b"a"), window);
+        map.insert(2, record(1, b"b"), window);
         assert!(map.live_mut(1, Some(b"a"), window, 2).unwrap().is_some());
         map.expire(10, window, 3);
         assert_eq!(map.len(), 1);
@@ -886,9 +893,9 @@ mod tests {
     fn reinserted_key_survives_old_expiry_entry() {
         let window = Window::new(2, 1);
         let mut map = RecordMap::default();
-        map.insert(1, record(0, b"a"));
-        map.remove(1);
-        map.insert(1, record(5, b"a"));
+        map.insert(1, record(0, b"a"), window);
+        map.remove(1, window);
+        map.insert(1, record(5, b"a"), window);
         map.expire(10, window, 5);
         assert!(map.live_mut(1, Some(b"a"), window, 5).unwrap().is_some());
     }
@@ -897,7 +904,7 @@ mod tests {
     fn different_key_same_fingerprint_is_refused() {
         let window = Window::new(2, 1);
         let mut map = RecordMap::default();
-        map.insert(1, record(0, b"a"));
+        map.insert(1, record(0, b"a"), window);
         assert!(matches!(
             map.live_mut(1, Some(b"z"), window, 0),
             Err(Error::FingerprintCollision)

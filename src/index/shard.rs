@@ -635,7 +635,7 @@ impl Shard {
             (new.request_hash, new.lease_id),
             (stamp, new.created_ms),
         );
-        if let Some(old) = self.records.insert(new.fingerprint.0, record) {
+        if let Some(old) = self.records.insert(new.fingerprint.0, record, self.view()) {
             self.uncount_record(old.bucket);
         }
         let index = self.ring_index(stamp);
@@ -718,10 +718,10 @@ impl Shard {
                 } else {
                     self.counters.completed += 1;
                 }
-                self.records.settle(fingerprint.0);
+                self.records.settle(fingerprint.0, self.view());
             }
             None => {
-                if let Some(removed) = self.records.remove(fingerprint.0) {
+                if let Some(removed) = self.records.remove(fingerprint.0, self.view()) {
                     self.uncount_record(removed.bucket);
                 }
                 self.counters.released += 1;
@@ -737,7 +737,7 @@ impl Shard {
         let (window, current) = (self.view(), self.current);
         if let Ok(Some(record)) = self.records.live_mut(fingerprint.0, None, window, current) {
             record.log_response(lease_id, span);
-            self.records.settle(fingerprint.0);
+            self.records.settle(fingerprint.0, window);
         }
     }
 
