@@ -596,20 +596,25 @@ impl RecordMap {
         window: Window,
         current: u64,
     ) -> Result<Option<&mut StoredRecord>> {
-        if self.map.contains_key(&fingerprint) {
-            return live_entry(
-                &mut self.map,
-                fingerprint,
-                scoped_key,
-                window,
-                current,
-                |r| (r.bucket, r.scoped_key()),
-            );
+        // A record is in one tier at a time: one in the map, expired or not, means the
+        // dense tier holds none of this key that is live.
+        let Some(held) = self.map.get(&fingerprint) else {
+            return Ok(self
+                .dense
+                .get(fingerprint, window, current)
+                .map(|settled| &mut *self.thawed.insert(StoredRecord::from(settled))));
+        };
+        if !window.is_live(held.bucket, current) {
+            self.map.remove(&fingerprint);
+            return Ok(None);
         }
-        Ok(self
-            .dense
-            .get(fingerprint, window, current)
-            .map(|settled| &mut *self.thawed.insert(StoredRecord::from(settled))))
+        if scoped_key
+            .zip(held.scoped_key())
+            .is_some_and(|(key, held)| held != key)
+        {
+            return Err(Error::FingerprintCollision);
+        }
+        Ok(self.map.get_mut(&fingerprint))
     }
 
     /// Moves the record of `fingerprint` to the dense tier if it has settled.
