@@ -809,7 +809,7 @@ mod tests {
     }
 
     /// Settled records (finished, response and key in the log) take the dense tier's
-    /// 88-byte slots and a 4-byte index position each, not a 128-byte map slot and a
+    /// 76-byte slots and a 4-byte index position each, not a 128-byte map slot and a
     /// queue entry: at most 96 bytes a record with the containers' spare capacity.
     #[test]
     fn settled_records_take_at_most_96_bytes_each() {

@@ -718,7 +718,11 @@ impl Shard {
                 } else {
                     self.counters.completed += 1;
                 }
-                self.records.settle(fingerprint.0, self.view());
+                // A recovery's ending is in the log already; a call's response waits
+                // in memory for the log to be written past it (`log_response`).
+                if matches!(response, Ending::Logged(_)) {
+                    self.records.settle(fingerprint.0, self.view());
+                }
             }
             None => {
                 if let Some(removed) = self.records.remove(fingerprint.0, self.view()) {
