@@ -188,21 +188,27 @@ impl Engine {
         }
     }
 
-    /// The current bucket, never lower than one already seen.
+    /// The current bucket, never lower than one already seen. Calls that need no
+    /// timestamp ask the clock for its bucket alone, which the system clock answers
+    /// from its coarse reading away from a bucket's edges (`Clock::now_bucket`).
     fn current_bucket(&self) -> u64 {
-        self.bucket_at(self.clock.now_ms())
+        self.raise_to(self.clock.now_bucket(self.window.width_ms))
     }
 
     /// The bucket for the clock reading `now_ms`, raising the high-water mark. Record calls
     /// take one reading for both the record's timestamp and its bucket.
+    fn bucket_at(&self, now_ms: u64) -> u64 {
+        self.raise_to(self.window.bucket_of(now_ms))
+    }
+
+    /// The bucket for a clock reading in bucket `now`, raising the high-water mark.
     ///
     /// A reading more than `max_step_buckets` ahead of the high-water mark (a bad clock
     /// step) is held back: the mark stays, so nothing expires early and no entry is
     /// stamped with a far-future bucket, and the reading is counted
     /// (`Stats::clock_readings_held_back`) and logged. Readings move the mark again once
     /// the clock is back within the step; a restart adopts the clock as it stands.
-    fn bucket_at(&self, now_ms: u64) -> u64 {
-        let now = self.window.bucket_of(now_ms);
+    fn raise_to(&self, now: u64) -> u64 {
         let seen = self.high_water.load(Ordering::Acquire);
         if now <= seen {
             return seen;
@@ -211,7 +217,7 @@ impl Engine {
             let held = self.clock_held_back.fetch_add(1, Ordering::Relaxed) + 1;
             if held.is_power_of_two() {
                 log::warn!(
-                    "oncedb: clock reading {now_ms} ms is {} buckets ahead of the store's time; held back ({held} readings so far)",
+                    "oncedb: a clock reading in bucket {now} is {} buckets ahead of the store's time; held back ({held} readings so far)",
                     now - seen
                 );
             }
