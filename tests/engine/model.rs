@@ -2,7 +2,10 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use oncedb::{Db, Lease, ManualClock, Options, Reservation, Scope};
+use std::sync::Arc;
+
+use oncedb::io::MemStorage;
+use oncedb::{Db, Durability, Lease, ManualClock, Options, Reservation, Scope};
 use oncedb_testkit::model::{Ending, LeaseAnswer, Model, Reserve, State};
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
@@ -59,11 +62,20 @@ fn scope(which: bool) -> Scope {
 }
 
 impl Harness {
-    fn new() -> Self {
+    /// In memory, or `durable`: `Sync` on a storage in memory, where a record settles
+    /// (response and key in the log) before its completion returns.
+    fn new(durable: bool) -> Self {
         let start_ms = 1_700_000_000_000;
         let clock = ManualClock::new(UNIX_EPOCH + Duration::from_millis(start_ms));
-        let db = Db::open(
+        let options = if durable {
+            Options::new("/db")
+                .storage(Arc::new(MemStorage::new()))
+                .durability(Durability::Sync)
+        } else {
             Options::in_memory()
+        };
+        let db = Db::open(
+            options
                 .window(Duration::from_millis(BUCKET_MS * SPAN_BUCKETS))
                 .bucket_width(Duration::from_millis(BUCKET_MS))
                 .shards(4)
@@ -201,7 +213,17 @@ proptest! {
 
     #[test]
     fn engine_matches_the_model(ops in prop::collection::vec(op(), 1..200)) {
-        let mut harness = Harness::new();
+        let mut harness = Harness::new(false);
+        for op in ops {
+            harness.run(op);
+            harness.check_stats();
+        }
+    }
+
+    /// The same on disk, where finished records leave the map for the dense tier.
+    #[test]
+    fn a_durable_engine_matches_the_model(ops in prop::collection::vec(op(), 1..200)) {
+        let mut harness = Harness::new(true);
         for op in ops {
             harness.run(op);
             harness.check_stats();
