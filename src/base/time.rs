@@ -159,7 +159,10 @@ mod tests {
         let before = system_time_to_ms(SystemTime::now());
         let now = SystemClock.now_ms();
         let after = system_time_to_ms(SystemTime::now());
-        assert!((before..=after).contains(&now), "{before} <= {now} <= {after}");
+        assert!(
+            (before..=after).contains(&now),
+            "{before} <= {now} <= {after}"
+        );
     }
 
     /// The system clock's bucket is always the bucket of a precise reading taken during

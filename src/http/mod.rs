@@ -47,6 +47,7 @@
 //! and the method plus the matched route. The handler finds the key and tenant in the
 //! request's [`IdempotencyContext`] extension, for operation ids sent downstream.
 
+mod detach;
 mod fingerprint;
 mod stored;
 
@@ -326,9 +327,10 @@ impl<S: Store + Clone> IdempotencyLayer<S> {
     }
 
     /// Whether a request that acquired its key runs to the end even if the client goes
-    /// away (default `true`): the handler and the storing of its answer are spawned on the
-    /// runtime, so a retry finds the outcome instead of a record left in flight. With
-    /// `false`, a dropped request drops the lease and the record stays in flight.
+    /// away (default `true`): the handler and the storing of its answer run on the
+    /// request's task and, if the client goes away before they end, on a task of their
+    /// own from there, so a retry finds the outcome instead of a record left in flight.
+    /// With `false`, a dropped request drops the lease and the record stays in flight.
     pub fn detached(mut self, detached: bool) -> Self {
         self.settings_mut().detached = detached;
         self
@@ -435,13 +437,18 @@ where
                 Ok(present(&settings, response))
             });
         }
-        // Spawned: a client that goes away drops this future, not the guarded request,
-        // which finishes (reserve, handler, stored answer) on its own. A reserve whose
-        // client left is followed by its handler, so no record is left for a handler that
-        // never ran.
-        let task = tokio::spawn(guard(store, Arc::clone(&settings), inner, request));
+        // Detaching: a client that goes away drops this future, not the guarded request,
+        // which finishes (reserve, handler, stored answer) on a task of its own from
+        // there. A reserve whose client left is followed by its handler, so no record is
+        // left for a handler that never ran.
+        let guarded = detach::Detaching::new(Box::pin(guard(
+            store,
+            Arc::clone(&settings),
+            inner,
+            request,
+        )));
         Box::pin(async move {
-            let response = task.await.unwrap_or_else(|_| {
+            let response = guarded.await.unwrap_or_else(|| {
                 // The handler panicked: its lease dropped, the record stays in flight.
                 Ok(refuse(StatusCode::INTERNAL_SERVER_ERROR, "handler_failed"))
             })?;

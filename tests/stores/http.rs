@@ -335,7 +335,9 @@ async fn the_response_policy_decides_what_a_retry_gets() {
     abandoned.abort();
     assert!(abandoned.await.unwrap_err().is_cancelled());
     handler.gate.notify_one();
-    handler.finished.notified().await;
+    tokio::time::timeout(Duration::from_secs(10), handler.finished.notified())
+        .await
+        .expect("the abandoned request's handler runs to its end");
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let replay = loop {
         let answer = send(&app, request(Some("abandoned-000000001"), "", "{}")).await;
