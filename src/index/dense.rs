@@ -314,8 +314,8 @@ impl DenseRecords {
 
     /// Drops up to `budget` slots from the front whose record expired (or was vacated),
     /// stopping at the first live one: records settle nearly in bucket order, so an
-    /// expired record behind a live one waits at most for that one (lookups already
-    /// answer it absent).
+    /// expired record behind a live one (which settled first, from a newer bucket) waits
+    /// at most as long as it was itself in flight (lookups already answer it absent).
     pub(super) fn expire(&mut self, budget: usize, window: Window, current: u64) {
         for _ in 0..budget {
             let head = self.ring.head;
