@@ -273,13 +273,15 @@ impl DenseRecords {
     /// Takes the record of `fingerprint` out (live or expired), if it is here.
     pub(super) fn remove(&mut self, fingerprint: u128, window: Window) -> Option<Settled> {
         let fingerprint = split(fingerprint);
-        let position = self.find(fingerprint)?;
-        if let Ok(entry) = self
+        let ring = &self.ring;
+        let (position, _) = self
             .index
-            .find_entry(hash_of(fingerprint), |&at| at == position)
-        {
-            entry.remove();
-        }
+            .find_entry(hash_of(fingerprint), |&at| {
+                ring.slot(at)
+                    .is_some_and(|slot| { slot.fingerprint } == fingerprint)
+            })
+            .ok()?
+            .remove();
         let slot = self.ring.slot_mut(position)?;
         let record = slot.unpack(window);
         slot.lease = 0;

@@ -619,9 +619,33 @@ impl RecordMap {
 
     /// Moves the record of `fingerprint` to the dense tier if it has settled.
     pub(crate) fn settle(&mut self, fingerprint: u128, window: Window) {
-        let Some(settled) = self.map.get(&fingerprint).and_then(StoredRecord::settled) else {
+        if let Some(settled) = self.map.get(&fingerprint).and_then(StoredRecord::settled) {
+            self.move_to_dense(fingerprint, settled, window);
+        }
+    }
+
+    /// Moves a held response of lease `lease_id` on the record of `fingerprint` to the
+    /// log at `span` (`StoredRecord::log_response`), and the record to the dense tier if
+    /// that settles it: one probe of the map, and one more to remove it. A record not in
+    /// the map holds no response (a settled one, or one gone).
+    pub(crate) fn log_response(
+        &mut self,
+        fingerprint: u128,
+        (lease_id, span): (u64, LogSpan),
+        window: Window,
+    ) {
+        let Some(record) = self.map.get_mut(&fingerprint) else {
             return;
         };
+        record.log_response(lease_id, span);
+        if let Some(settled) = record.settled() {
+            self.move_to_dense(fingerprint, settled, window);
+        }
+    }
+
+    /// Moves the settled record of `fingerprint`, `settled`, from the map to the dense
+    /// tier (unless it does not pack: it stays in the map).
+    fn move_to_dense(&mut self, fingerprint: u128, settled: Settled, window: Window) {
         if self.dense.add(fingerprint, settled, window).is_err() {
             return;
         }

@@ -738,11 +738,8 @@ impl Shard {
     /// The response lease `lease_id` stored on the record of `fingerprint` is now in the
     /// log at `span`: memory lets go of its bytes (unless the record has moved on).
     pub(crate) fn log_response(&mut self, fingerprint: Fingerprint, lease_id: u64, span: LogSpan) {
-        let (window, current) = (self.view(), self.current);
-        if let Ok(Some(record)) = self.records.live_mut(fingerprint.0, None, window, current) {
-            record.log_response(lease_id, span);
-            self.records.settle(fingerprint.0, window);
-        }
+        self.records
+            .log_response(fingerprint.0, (lease_id, span), self.view());
     }
 
     /// The reserve entry lease `lease_id` logged for the record of `fingerprint` is at
