@@ -35,7 +35,7 @@ pub use limits::{
 };
 pub(crate) use prefetch::{prefetch_address, prefetch_read};
 pub use record::{Advance, Record, RecordStatus};
-pub(crate) use record::{LogSpan, ResponseBytes};
+pub(crate) use record::{LogSpan, ResponseBytes, SettledRecord};
 #[cfg(any(feature = "redis", feature = "postgres"))]
 #[cfg(feature = "postgres")]
 pub(crate) use time::system_time_to_ms;

@@ -131,6 +131,26 @@ pub(crate) struct LogSpan {
     pub(crate) len: u32,
 }
 
+/// A finished record whose response and scoped key are both in the log, and which has no
+/// take-over to remember: it never changes again. Memory packs it (`index`'s dense tier)
+/// and a record run holds it on disk (`wal::run`), in this one form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SettledRecord {
+    pub(crate) request_hash: u128,
+    /// The bucket the record is stamped with (it leaves the window with it).
+    pub(crate) bucket: u64,
+    pub(crate) created_ms: u64,
+    /// The lease that ended it.
+    pub(crate) lease_id: u64,
+    /// `Completed` or `Failed`.
+    pub(crate) status: RecordStatus,
+    pub(crate) finished_ms: u64,
+    /// The finish entry's frame, which holds the response.
+    pub(crate) response: LogSpan,
+    /// The reserve entry's frame, which holds the scoped key.
+    pub(crate) key: LogSpan,
+}
+
 /// The answer of [`Db::advance`](crate::Db::advance), the ordering guard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use = "the answer says whether to apply, skip, reject or buffer the event"]

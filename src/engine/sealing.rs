@@ -35,7 +35,7 @@ use crate::base::{Error, Fingerprint, Liveness, Result, Window};
 use crate::index::{DedupTable, SealedKeys};
 use crate::io::Storage;
 use crate::wal::{
-    LogPosition, Run, RunSummary, RunWriter, is_temp_run_name, open_run, parse_run_name,
+    LogPosition, Run, RunKind, RunSummary, RunWriter, is_temp_run_name, open_run, parse_run_name,
     retire_files,
 };
 
@@ -297,7 +297,7 @@ impl Sealer {
         for path in storage.list(dir)? {
             if is_temp_run_name(&path) {
                 storage.remove(&path)?;
-            } else if let Some(run_id) = parse_run_name(&path) {
+            } else if let Some((run_id, _)) = parse_run_name(&path) {
                 next_run_id = next_run_id.max(run_id + 1);
                 opened.push(Arc::new(open_run(&**storage, &path, database_id)?));
             }
@@ -393,7 +393,7 @@ impl SealedRuns {
         let runs = self.runs.read();
         SealStats {
             runs: runs.len() as u64,
-            sealed_keys: runs.iter().map(|run| run.summary().keys).sum(),
+            sealed_keys: runs.iter().map(|run| run.summary().entries).sum(),
             filter_bytes: runs.iter().map(|run| run.heap_bytes() as u64).sum(),
             runs_written: self.sealed.load(Ordering::Relaxed),
             runs_expired: self.expired.load(Ordering::Relaxed),
@@ -523,7 +523,8 @@ impl SealedRuns {
             database_id: self.database_id,
             run_id: self.next_run_id.fetch_add(1, Ordering::Relaxed),
             shard_bits: first.shard_bits,
-            keys: 0,
+            kind: first.kind,
+            entries: 0,
             oldest_bucket: summaries().map(|s| s.oldest_bucket).min().unwrap_or(0),
             newest_bucket: newest,
             covers: summaries().map(|s| s.covers).max().unwrap_or_default(),
@@ -546,7 +547,7 @@ impl SealedRuns {
             "oncedb: merged {} runs into {} ({} keys, level {})",
             inputs.len(),
             merged.path().display(),
-            merged.summary().keys,
+            merged.summary().entries,
             merged.summary().level
         );
         {
@@ -577,7 +578,7 @@ impl SealedRuns {
         writer: &mut RunWriter<'_>,
         yields: bool,
     ) -> Result<bool> {
-        let total: u64 = inputs.iter().map(|run| run.summary().keys).sum();
+        let total: u64 = inputs.iter().map(|run| run.summary().entries).sum();
         let (started, mut done) = (std::time::Instant::now(), 0u64);
         for index in 0..sections {
             if yields && self.waiting.load(Ordering::Acquire) > 0 {
@@ -823,7 +824,8 @@ impl Engine {
             database_id: sealer.runs.database_id,
             run_id,
             shard_bits: self.index.shard_bits(),
-            keys: 0,
+            kind: RunKind::Keys,
+            entries: 0,
             oldest_bucket: oldest,
             newest_bucket: newest,
             covers,
@@ -913,7 +915,7 @@ impl SealedRuns {
         let run = writer.finish()?;
         log::info!(
             "oncedb: sealed {} keys into {} (buckets {}..={})",
-            run.summary().keys,
+            run.summary().entries,
             run.path().display(),
             summary.oldest_bucket,
             summary.newest_bucket
@@ -945,7 +947,8 @@ mod tests {
                 database_id: DATABASE_ID,
                 run_id,
                 shard_bits: 1,
-                keys: 0,
+                kind: RunKind::Keys,
+                entries: 0,
                 oldest_bucket: 0,
                 newest_bucket: 5,
                 covers: LogPosition::default(),

@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 
 use hashbrown::HashTable;
 
-use crate::base::{LogSpan, RecordStatus, Window};
+use crate::base::{LogSpan, RecordStatus, SettledRecord, Window};
 
 /// A frame's place relative to its record: its segment's bucket as an offset from the
 /// record's bucket (a frame lies in a segment whose bucket is at least the record's), the
@@ -71,21 +71,6 @@ struct Packed {
     key: PackedSpan,
 }
 
-/// A finished record in the log, as `RecordMap` hands it in and gets it back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Settled {
-    pub(super) request_hash: u128,
-    pub(super) bucket: u64,
-    pub(super) created_ms: u64,
-    pub(super) lease_id: u64,
-    pub(super) status: RecordStatus,
-    pub(super) finished_ms: u64,
-    /// The finish entry's frame, which holds the response.
-    pub(super) response: LogSpan,
-    /// The reserve entry's frame, which holds the scoped key.
-    pub(super) key: LogSpan,
-}
-
 #[expect(
     clippy::cast_possible_truncation,
     reason = "the low half is taken on purpose"
@@ -104,7 +89,7 @@ fn hash_of(fingerprint: [u64; 2]) -> u64 {
 }
 
 impl Packed {
-    fn pack(fingerprint: u128, record: &Settled, window: Window) -> Option<Packed> {
+    fn pack(fingerprint: u128, record: &SettledRecord, window: Window) -> Option<Packed> {
         if window.bucket_of(record.created_ms) != record.bucket {
             return None;
         }
@@ -132,9 +117,9 @@ impl Packed {
         window.bucket_of(self.created_ms)
     }
 
-    fn unpack(&self, window: Window) -> Settled {
+    fn unpack(&self, window: Window) -> SettledRecord {
         let bucket = self.bucket(window);
-        Settled {
+        SettledRecord {
             request_hash: join(self.request_hash),
             bucket,
             created_ms: self.created_ms,
@@ -263,7 +248,12 @@ impl DenseRecords {
     }
 
     /// The record of `fingerprint`, if it is here and its bucket is live.
-    pub(super) fn get(&self, fingerprint: u128, window: Window, current: u64) -> Option<Settled> {
+    pub(super) fn get(
+        &self,
+        fingerprint: u128,
+        window: Window,
+        current: u64,
+    ) -> Option<SettledRecord> {
         let slot = self.ring.slot(self.find(split(fingerprint))?)?;
         window
             .is_live(slot.bucket(window), current)
@@ -271,7 +261,7 @@ impl DenseRecords {
     }
 
     /// Takes the record of `fingerprint` out (live or expired), if it is here.
-    pub(super) fn remove(&mut self, fingerprint: u128, window: Window) -> Option<Settled> {
+    pub(super) fn remove(&mut self, fingerprint: u128, window: Window) -> Option<SettledRecord> {
         let fingerprint = split(fingerprint);
         let ring = &self.ring;
         let (position, _) = self
@@ -295,9 +285,9 @@ impl DenseRecords {
     pub(super) fn add(
         &mut self,
         fingerprint: u128,
-        record: Settled,
+        record: SettledRecord,
         window: Window,
-    ) -> Result<(), Settled> {
+    ) -> Result<(), SettledRecord> {
         let Some(packed) = Packed::pack(fingerprint, &record, window) else {
             return Err(record);
         };
@@ -355,14 +345,14 @@ impl DenseRecords {
 mod tests {
     use super::*;
 
-    fn settled(bucket: u64, lease_id: u64) -> Settled {
+    fn settled(bucket: u64, lease_id: u64) -> SettledRecord {
         let span = |start| LogSpan {
             bucket: bucket + 1,
             seq: 3,
             start,
             len: 300,
         };
-        Settled {
+        SettledRecord {
             request_hash: u128::MAX - 5,
             bucket,
             created_ms: 1_000 * bucket + 10,
@@ -383,7 +373,7 @@ mod tests {
         dense.add(u128::MAX, record, window).unwrap();
         assert_eq!(dense.get(u128::MAX, window, 2), Some(record));
         assert_eq!(dense.get(u128::MAX - 1, window, 2), None);
-        let completed = Settled {
+        let completed = SettledRecord {
             status: RecordStatus::Completed,
             ..settled(3, 7)
         };
@@ -399,16 +389,16 @@ mod tests {
             ..settled(2, 1).response
         };
         let refused = [
-            Settled {
+            SettledRecord {
                 response: far,
                 ..settled(2, 1)
             },
-            Settled {
+            SettledRecord {
                 finished_ms: 1,
                 ..settled(2, 1)
             },
             settled(2, LEASE_MASK + 1),
-            Settled {
+            SettledRecord {
                 bucket: 3,
                 ..settled(2, 1)
             },

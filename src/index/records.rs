@@ -4,8 +4,10 @@ use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
-use super::dense::{DenseRecords, Settled};
-use crate::base::{Error, LogSpan, Record, RecordStatus, ResponseBytes, Result, Window};
+use super::dense::DenseRecords;
+use crate::base::{
+    Error, LogSpan, Record, RecordStatus, ResponseBytes, Result, SettledRecord, Window,
+};
 
 /// How a lease ends a record: with response bytes that memory keeps (a call), or with a
 /// response already in the log, in the finish entry's frame (recovery).
@@ -169,7 +171,7 @@ impl StoredRecord {
 
     /// The record as a settled one: finished, its response and key both in the log, and
     /// no take-over to remember (`None` for any other form).
-    fn settled(&self) -> Option<Settled> {
+    fn settled(&self) -> Option<SettledRecord> {
         match &self.body {
             Body::Logged {
                 status,
@@ -177,7 +179,7 @@ impl StoredRecord {
                 response,
                 key,
                 ..
-            } if self.extra.is_none() => Some(Settled {
+            } if self.extra.is_none() => Some(SettledRecord {
                 request_hash: self.request_hash,
                 bucket: self.bucket,
                 created_ms: self.created_ms,
@@ -412,11 +414,11 @@ impl StoredRecord {
     }
 }
 
-impl From<Settled> for StoredRecord {
+impl From<SettledRecord> for StoredRecord {
     /// A settled record in its map form. Its response counts as kept: a settled record's
     /// bucket tells whether it aged out (`snapshot` checks it), since an aged-out record
     /// is one whose bucket left the retention.
-    fn from(record: Settled) -> StoredRecord {
+    fn from(record: SettledRecord) -> StoredRecord {
         StoredRecord {
             request_hash: record.request_hash,
             bucket: record.bucket,
@@ -645,7 +647,7 @@ impl RecordMap {
 
     /// Moves the settled record of `fingerprint`, `settled`, from the map to the dense
     /// tier (unless it does not pack: it stays in the map).
-    fn move_to_dense(&mut self, fingerprint: u128, settled: Settled, window: Window) {
+    fn move_to_dense(&mut self, fingerprint: u128, settled: SettledRecord, window: Window) {
         if self.dense.add(fingerprint, settled, window).is_err() {
             return;
         }
@@ -832,7 +834,7 @@ mod tests {
         assert_eq!(done.snapshot(None, 0).logged, None, "aged out");
     }
 
-    /// Settled records (finished, response and key in the log) take the dense tier's
+    /// SettledRecord records (finished, response and key in the log) take the dense tier's
     /// 76-byte slots and a 4-byte index position each, not a 128-byte map slot and a
     /// queue entry: at most 96 bytes a record with the containers' spare capacity.
     #[test]

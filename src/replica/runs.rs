@@ -21,7 +21,7 @@ use super::restore::{RestoreReport, STALL_TIMEOUT};
 use super::unavailable;
 use crate::base::{Error, Result};
 use crate::io::{Storage, StorageFile};
-use crate::wal::{open_run, run_path};
+use crate::wal::{RunKind, open_run, run_path};
 
 /// Fetches into `dir` every run the replica holds whole, below the first it holds in
 /// part, with one ordered consumer over the run subjects (one pass over the stream); a
@@ -52,24 +52,25 @@ pub(super) async fn fetch_runs(
     for (run_id, (mut file, _)) in files {
         file.sync()?;
         drop(file);
-        check_run(storage, &temp(run_id), (name, run_id, &kept), database_id)?;
-        storage.rename(&temp(run_id), &run_path(dir, run_id))?;
+        let kind = check_run(storage, &temp(run_id), (name, run_id, &kept), database_id)?;
+        storage.rename(&temp(run_id), &run_path(dir, run_id, kind))?;
         report.runs += 1;
     }
     storage.sync_dir(dir)?;
     Ok(())
 }
 
-/// Opens the fetched run `path` and checks every page of it against its checksums.
+/// Opens the fetched run `path` and checks every page of it against its checksums; what
+/// it holds names it.
 fn check_run(
     storage: &dyn Storage,
     path: &Path,
     (name, run_id, kept): (&str, u64, &BTreeMap<u64, HeldRun>),
     database_id: u64,
-) -> Result<()> {
+) -> Result<RunKind> {
     let checked = open_run(storage, path, database_id).and_then(|run| {
         run.check_pages(storage)?;
-        Ok(run.summary().run_id)
+        Ok((run.summary().run_id, run.summary().kind))
     });
     let damaged = |reason: String| Error::Corrupted {
         path: replica_path(
@@ -80,8 +81,8 @@ fn check_run(
         reason,
     };
     match checked {
-        Ok(id) if id == run_id => Ok(()),
-        Ok(id) => Err(damaged(format!(
+        Ok((id, kind)) if id == run_id => Ok(kind),
+        Ok((id, _)) => Err(damaged(format!(
             "the subject of run {run_id} holds run {id}"
         ))),
         Err(Error::Corrupted { reason, .. }) => Err(damaged(reason)),

@@ -558,7 +558,7 @@ fn local_runs(
 ) -> std::io::Result<BTreeMap<u64, (PathBuf, u64)>> {
     let mut runs = BTreeMap::new();
     for path in storage.list(dir)? {
-        let Some(run_id) = parse_run_name(&path) else {
+        let Some((run_id, _)) = parse_run_name(&path) else {
             continue;
         };
         match storage.file_len(&path) {

@@ -42,7 +42,7 @@ pub use run::LogPosition;
 #[cfg(feature = "replicate")]
 pub(crate) use run::run_path;
 pub(crate) use run::{
-    Run, RunSummary, RunWriter, is_temp_run_name, open as open_run, parse_run_name,
+    Run, RunKind, RunSummary, RunWriter, is_temp_run_name, open as open_run, parse_run_name,
 };
 pub(crate) use scan::{Scan, Verdict, scan};
 pub(crate) use verify::{header_problem, verify_with};

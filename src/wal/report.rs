@@ -112,19 +112,21 @@ pub struct VerifyReport {
     pub segments: Vec<SegmentReport>,
     /// Files that are not part of a store (ignored by `Db::open`).
     pub stray_files: Vec<PathBuf>,
-    /// Every sealed key run (`Options::memory_budget`), in id order.
+    /// Every sealed run, of keys or of records (`Options::memory_budget`), in id order.
     pub runs: Vec<RunReport>,
 }
 
-/// What `verify` found in one sealed key run: its footer's summary, and the first damage
+/// What `verify` found in one sealed run: its footer's summary, and the first damage
 /// (footer, section table, fences, filters, and every data page checked).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RunReport {
     /// The run file.
     pub path: PathBuf,
-    /// Keys in the run (0 if its footer is damaged).
+    /// Dedup keys in a key run (0 for a record run, or if its footer is damaged).
     pub keys: u64,
+    /// Idempotency records in a record run (0 for a key run, or if its footer is damaged).
+    pub records: u64,
     /// Oldest and newest bucket its keys may have (`None` if its footer is damaged).
     pub buckets: Option<(u64, u64)>,
     /// Bytes of memory its fences and filters take once open.

@@ -1,6 +1,8 @@
-//! Sealed key runs: the dedup keys memory held when a memory budget was reached, written
-//! once as an immutable file and found again through one filter per shard section.
-//! `docs/format.md` ("Sealed key runs") gives the bytes.
+//! Sealed runs: the dedup keys (a key run) or the settled idempotency records (a record
+//! run) memory held when a memory budget was reached, written once as an immutable file
+//! and found again through one filter per shard section. Both kinds share the container
+//! (sections, fences, filters, footer) and differ in their entries. `docs/format.md`
+//! ("Sealed runs") gives the bytes.
 //!
 //! A run is written under a temporary name, fsynced, renamed into place and the directory
 //! fsynced before the memory it replaces is released; it is never rewritten, only
@@ -15,14 +17,16 @@ use xorf::{BinaryFuse8, BinaryFuse8Ref, DmaSerializable, Filter, FilterRef};
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::format::{get_u32, get_u64};
-use crate::base::{Error, Fingerprint, Result, Window};
+use crate::base::{Error, Fingerprint, LogSpan, RecordStatus, Result, SettledRecord, Window};
 use crate::io::{ReadAtFile, Storage};
 
-/// Bytes of one entry: the key's 64-bit tag and its bucket, relative to the run's oldest.
-const ENTRY_LEN: usize = 12;
-/// Entries per data page; a page is read whole on a lookup.
-pub(crate) const PAGE_ENTRIES: usize = 341;
-const PAGE_LEN: usize = PAGE_ENTRIES * ENTRY_LEN;
+/// Bytes of one key entry: the key's 64-bit tag and its bucket, relative to the run's
+/// oldest.
+const KEY_ENTRY_LEN: usize = 12;
+/// Bytes of one record entry (`encode_record`).
+const RECORD_ENTRY_LEN: usize = 108;
+/// The most bytes a data page holds: a page is read whole on a lookup.
+const MAX_PAGE_LEN: usize = 4096;
 /// A fence per page: the page's first tag and the XXH3-64 of its bytes.
 const FENCE_LEN: usize = 16;
 /// The binary fuse descriptor: seed u64, segment length, mask, segment count length.
@@ -38,6 +42,42 @@ const MAGIC_V1: [u8; 8] = *b"oncerun\x01";
 const VERSION: u32 = 2;
 /// Most shard sections a run may have (as many as the store has shards).
 const MAX_SECTIONS: u64 = 1 << 16;
+/// The footer flag of a record run (a key run has none).
+const RECORDS_FLAG: u32 = 1;
+
+/// What a run holds: its entries' layout, its file name's extension and its footer flag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RunKind {
+    /// Dedup keys: 12-byte entries, each tag once.
+    Keys,
+    /// Settled idempotency records: 108-byte entries, each fingerprint once.
+    Records,
+}
+
+impl RunKind {
+    const fn entry_len(self) -> usize {
+        match self {
+            RunKind::Keys => KEY_ENTRY_LEN,
+            RunKind::Records => RECORD_ENTRY_LEN,
+        }
+    }
+
+    /// Entries per data page: as many as fit in [`MAX_PAGE_LEN`] bytes.
+    const fn page_entries(self) -> usize {
+        MAX_PAGE_LEN / self.entry_len()
+    }
+
+    const fn page_len(self) -> usize {
+        self.page_entries() * self.entry_len()
+    }
+
+    fn extension(self) -> &'static str {
+        match self {
+            RunKind::Keys => "keys",
+            RunKind::Records => "records",
+        }
+    }
+}
 
 /// A position in a store's log: a segment (its bucket and sequence number, as in its file
 /// name) and a byte offset in it. Positions order as the log does.
@@ -57,7 +97,10 @@ pub(crate) struct RunSummary {
     pub(crate) database_id: u64,
     pub(crate) run_id: u64,
     pub(crate) shard_bits: u32,
-    pub(crate) keys: u64,
+    /// What the run holds.
+    pub(crate) kind: RunKind,
+    /// Its entries: keys or records.
+    pub(crate) entries: u64,
     pub(crate) oldest_bucket: u64,
     pub(crate) newest_bucket: u64,
     /// Every dedup key logged before this position is in this run (or expired): replay
@@ -118,9 +161,10 @@ impl std::fmt::Debug for PageReader {
     }
 }
 
-/// The name of run `run_id` in a store's directory.
-pub(crate) fn run_path(dir: &Path, run_id: u64) -> PathBuf {
-    dir.join(format!("run-{run_id:020}.keys"))
+/// The name of run `run_id` of `kind` in a store's directory. Key runs and record runs
+/// take their ids from one sequence: an id names one run.
+pub(crate) fn run_path(dir: &Path, run_id: u64, kind: RunKind) -> PathBuf {
+    dir.join(format!("run-{run_id:020}.{}", kind.extension()))
 }
 
 /// The name a run is written under before its rename.
@@ -128,15 +172,19 @@ fn temp_path(dir: &Path, run_id: u64) -> PathBuf {
     dir.join(format!("run-{run_id:020}.tmp"))
 }
 
-/// The id of a run file's name, or `None` for any other name.
-pub(crate) fn parse_run_name(path: &Path) -> Option<u64> {
-    let digits = path
-        .file_name()?
-        .to_str()?
-        .strip_prefix("run-")?
-        .strip_suffix(".keys")?;
+/// The id and kind of a run file's name, or `None` for any other name.
+pub(crate) fn parse_run_name(path: &Path) -> Option<(u64, RunKind)> {
+    let name = path.file_name()?.to_str()?.strip_prefix("run-")?;
+    let (digits, kind) = [RunKind::Keys, RunKind::Records]
+        .into_iter()
+        .find_map(|kind| {
+            Some((
+                name.strip_suffix(kind.extension())?.strip_suffix('.')?,
+                kind,
+            ))
+        })?;
     (digits.len() == 20 && digits.bytes().all(|b| b.is_ascii_digit()))
-        .then(|| digits.parse().ok())
+        .then(|| Some((digits.parse().ok()?, kind)))
         .flatten()
 }
 
@@ -165,7 +213,10 @@ impl Run {
     /// tag, and tags strictly increasing through the section. For `verify`.
     pub(crate) fn check_pages(&self, storage: &dyn Storage) -> Result<()> {
         for index in 0..self.sections.len() {
-            drop(self.read_section(storage, index)?);
+            match self.summary.kind {
+                RunKind::Keys => drop(self.read_section(storage, index)?),
+                RunKind::Records => drop(self.read_records(storage, index)?),
+            }
         }
         Ok(())
     }
@@ -182,36 +233,91 @@ impl Run {
             .map_or(0, |section| section.entries)
     }
 
-    /// Section `index`'s entries as (tag, absolute bucket), read with one read and each
-    /// page checked against its fence (checksum, first tag, tags strictly increasing).
+    /// Reads section `index` with one read and hands each data page to `each`, with its
+    /// file offset and its fence's first key, after checking it against its checksum.
+    fn read_pages(
+        &self,
+        storage: &dyn Storage,
+        index: usize,
+        mut each: impl FnMut(&[u8], u64, u64) -> Result<()>,
+    ) -> Result<()> {
+        let Some(section) = self.sections.get(index) else {
+            return Ok(());
+        };
+        let kind = self.summary.kind;
+        let mut bytes = vec![0; size(section.entries)? * kind.entry_len()];
+        self.read_at(storage, section.data_offset, &mut bytes)?;
+        let mut offset = section.data_offset;
+        for (page, &(first, checksum)) in bytes.chunks(kind.page_len()).zip(section.fences.iter()) {
+            if xxh3_64(page) != checksum {
+                return Err(corrupted(
+                    &self.path,
+                    offset,
+                    "a data page's checksum does not match",
+                ));
+            }
+            each(page, offset, first)?;
+            offset += page.len() as u64;
+        }
+        Ok(())
+    }
+
+    /// Key section `index`'s entries as (tag, absolute bucket), read with one read and
+    /// each page checked against its fence (checksum, first tag, tags strictly increasing
+    /// through the section).
     pub(crate) fn read_section(
         &self,
         storage: &dyn Storage,
         index: usize,
     ) -> Result<Vec<(u64, u64)>> {
-        let Some(section) = self.sections.get(index) else {
-            return Ok(Vec::new());
-        };
-        let mut bytes = vec![0; size(section.entries)? * ENTRY_LEN];
-        self.read_at(storage, section.data_offset, &mut bytes)?;
-        let mut entries = Vec::with_capacity(bytes.len() / ENTRY_LEN);
-        for (page, &(first, checksum)) in bytes.chunks(PAGE_LEN).zip(section.fences.iter()) {
-            let offset = section.data_offset + (entries.len() * ENTRY_LEN) as u64;
-            let bad = |reason| corrupted(&self.path, offset, reason);
-            if xxh3_64(page) != checksum {
-                return Err(bad("a data page's checksum does not match"));
-            }
-            for (at, entry) in page.chunks_exact(ENTRY_LEN).enumerate() {
+        debug_assert_eq!(self.summary.kind, RunKind::Keys);
+        let mut entries: Vec<(u64, u64)> = Vec::new();
+        self.read_pages(storage, index, |page, offset, first| {
+            for (at, entry) in page.chunks_exact(KEY_ENTRY_LEN).enumerate() {
                 let tag = get_u64(entry, 0).unwrap_or(0);
                 let relative = get_u32(entry, 8).unwrap_or(0);
                 let previous = entries.last().map(|&(previous, _)| previous);
                 if (at == 0 && tag != first) || previous.is_some_and(|p| p >= tag) {
-                    return Err(bad("a data page's tags are out of order"));
+                    return Err(corrupted(
+                        &self.path,
+                        offset,
+                        "a data page's tags are out of order",
+                    ));
                 }
                 entries.push((tag, self.summary.oldest_bucket + u64::from(relative)));
             }
-        }
+            Ok(())
+        })?;
         Ok(entries)
+    }
+
+    /// Record section `index`'s records with their fingerprints, read with one read and
+    /// each page checked against its fence (checksum, first fingerprint's high half,
+    /// fingerprints strictly increasing through the section, every entry well formed).
+    pub(crate) fn read_records(
+        &self,
+        storage: &dyn Storage,
+        index: usize,
+    ) -> Result<Vec<(u128, SettledRecord)>> {
+        debug_assert_eq!(self.summary.kind, RunKind::Records);
+        let mut records: Vec<(u128, SettledRecord)> = Vec::new();
+        self.read_pages(storage, index, |page, offset, first| {
+            for (at, entry) in page.chunks_exact(RECORD_ENTRY_LEN).enumerate() {
+                let bad = |reason| corrupted(&self.path, offset, reason);
+                let decoded = decode_record(entry)
+                    .filter(|(_, record)| self.holds_bucket(record.bucket))
+                    .ok_or_else(|| bad("a record entry is malformed"))?;
+                let previous = records.last().map(|&(previous, _)| previous);
+                if (at == 0 && high_half(decoded.0) != first)
+                    || previous.is_some_and(|p| p >= decoded.0)
+                {
+                    return Err(bad("a data page's fingerprints are out of order"));
+                }
+                records.push(decoded);
+            }
+            Ok(())
+        })?;
+        Ok(records)
     }
 
     /// Whether the run holds `fingerprint` stamped with a bucket live at `current`. A
@@ -226,12 +332,51 @@ impl Run {
         if !window.is_live(self.summary.newest_bucket, current) {
             return Ok(false);
         }
-        let Some(page) = self.candidate_page(fingerprint) else {
+        let Some(page) = self.candidate_page(
+            fingerprint.shard(self.summary.shard_bits),
+            fingerprint.tag(),
+        ) else {
             return Ok(false);
         };
-        let mut buffer = [0; PAGE_LEN];
+        let mut buffer = [0; MAX_PAGE_LEN];
         let bytes = self.read_page(storage, page, &mut buffer)?;
         Ok(self.page_holds(bytes, fingerprint.tag(), window, current))
+    }
+
+    /// The record of `fingerprint` the run holds, if its bucket is live at `current`. A
+    /// filter miss costs no read; a hit costs one page read (two in the rare case of
+    /// fingerprints sharing their high half across a page boundary).
+    pub(crate) fn find_record(
+        &self,
+        storage: &dyn Storage,
+        fingerprint: Fingerprint,
+        window: Window,
+        current: u64,
+    ) -> Result<Option<SettledRecord>> {
+        if !window.is_live(self.summary.newest_bucket, current) {
+            return Ok(None);
+        }
+        let high = high_half(fingerprint.0);
+        let Some(mut at) = self.candidate_page(fingerprint.shard(self.summary.shard_bits), high)
+        else {
+            return Ok(None);
+        };
+        let mut buffer = [0; MAX_PAGE_LEN];
+        loop {
+            let bytes = self.read_page(storage, at, &mut buffer)?;
+            if let Some(record) = self.page_record(bytes, fingerprint.0)? {
+                return Ok(window.is_live(record.bucket, current).then_some(record));
+            }
+            // Records sharing the high half may begin on an earlier page.
+            let first = self
+                .sections
+                .get(at.section as usize)
+                .and_then(|section| section.fences.get(at.page as usize).map(|fence| fence.0));
+            match at.page.checked_sub(1) {
+                Some(page) if first == Some(high) => at.page = page,
+                _ => return Ok(None),
+            }
+        }
     }
 
     /// Of the keys `fingerprints[i]` for `i` in `pending`, removes those the run holds
@@ -248,17 +393,22 @@ impl Run {
         if !window.is_live(self.summary.newest_bucket, current) {
             return Ok(());
         }
+        let shard_bits = self.summary.shard_bits;
         let fingerprint = |index: u32| fingerprints.get(index as usize).copied();
         let mut candidates: Vec<(PageAt, u32)> = pending
             .iter()
-            .filter_map(|&index| Some((self.candidate_page(fingerprint(index)?)?, index)))
+            .filter_map(|&index| {
+                let fingerprint = fingerprint(index)?;
+                let page = self.candidate_page(fingerprint.shard(shard_bits), fingerprint.tag())?;
+                Some((page, index))
+            })
             .collect();
         if candidates.is_empty() {
             return Ok(());
         }
         candidates.sort_unstable();
         let mut held = Vec::new();
-        let mut buffer = [0; PAGE_LEN];
+        let mut buffer = [0; MAX_PAGE_LEN];
         for same_page in candidates.chunk_by(|a, b| a.0 == b.0) {
             let Some(&(page, _)) = same_page.first() else {
                 continue;
@@ -277,18 +427,17 @@ impl Run {
         Ok(())
     }
 
-    /// The data page that may hold `fingerprint`, if its section's filter lets it
-    /// through (no read yet).
-    fn candidate_page(&self, fingerprint: Fingerprint) -> Option<PageAt> {
-        let index = fingerprint.shard(self.summary.shard_bits);
+    /// The last data page of section `index` whose first key is at most `key` (a key's
+    /// tag, a record's high half), if the section's filter lets `key` through (no read
+    /// yet).
+    fn candidate_page(&self, index: usize, key: u64) -> Option<PageAt> {
         let section = self.sections.get(index)?;
-        let tag = fingerprint.tag();
-        if section.entries == 0 || !section.filter().contains(&tag) {
+        if section.entries == 0 || !section.filter().contains(&key) {
             return None;
         }
         let page = section
             .fences
-            .partition_point(|&(first, _)| first <= tag)
+            .partition_point(|&(first, _)| first <= key)
             .checked_sub(1)?;
         Some(PageAt {
             section: u32::try_from(index).ok()?,
@@ -301,16 +450,17 @@ impl Run {
         &self,
         storage: &dyn Storage,
         at: PageAt,
-        buffer: &'b mut [u8; PAGE_LEN],
+        buffer: &'b mut [u8; MAX_PAGE_LEN],
     ) -> Result<&'b [u8]> {
+        let kind = self.summary.kind;
         let missing = || corrupted(&self.path, 0, "a page lies outside its section");
         let section = self.sections.get(at.section as usize).ok_or_else(missing)?;
         let page = at.page as usize;
         let &(_, checksum) = section.fences.get(page).ok_or_else(missing)?;
-        let first_entry = (page * PAGE_ENTRIES) as u64;
-        let in_page = (section.entries - first_entry).min(PAGE_ENTRIES as u64);
-        let len = usize::try_from(in_page).unwrap_or(PAGE_ENTRIES) * ENTRY_LEN;
-        let offset = section.data_offset + first_entry * ENTRY_LEN as u64;
+        let first_entry = (page * kind.page_entries()) as u64;
+        let in_page = (section.entries - first_entry).min(kind.page_entries() as u64);
+        let len = usize::try_from(in_page).unwrap_or(kind.page_entries()) * kind.entry_len();
+        let offset = section.data_offset + first_entry * kind.entry_len() as u64;
         let bytes = buffer.get_mut(..len).unwrap_or_default();
         self.read_at(storage, offset, bytes)?;
         if xxh3_64(bytes) != checksum {
@@ -332,26 +482,131 @@ impl Run {
         Ok(())
     }
 
-    /// Whether the checked page `bytes` holds `tag` stamped with a bucket live at
+    /// Whether the checked key page `bytes` holds `tag` stamped with a bucket live at
     /// `current` (a binary search over its entries, read in place).
     fn page_holds(&self, bytes: &[u8], tag: u64, window: Window, current: u64) -> bool {
-        let count = bytes.len() / ENTRY_LEN;
-        let tag_at = |i: usize| get_u64(bytes, i * ENTRY_LEN).unwrap_or(0);
-        let (mut low, mut high) = (0, count);
-        while low < high {
-            let middle = low + (high - low) / 2;
-            if tag_at(middle) < tag {
-                low = middle + 1;
-            } else {
-                high = middle;
-            }
-        }
+        let count = bytes.len() / KEY_ENTRY_LEN;
+        let tag_at = |i: usize| get_u64(bytes, i * KEY_ENTRY_LEN).unwrap_or(0);
+        let low = partition(count, |i| tag_at(i) < tag);
         low < count
             && tag_at(low) == tag
-            && get_u32(bytes, low * ENTRY_LEN + 8).is_some_and(|relative| {
+            && get_u32(bytes, low * KEY_ENTRY_LEN + 8).is_some_and(|relative| {
                 window.is_live(self.summary.oldest_bucket + u64::from(relative), current)
             })
     }
+
+    /// The record of `fingerprint` in the checked record page `bytes` (a binary search
+    /// over its entries, read in place); a malformed entry found is `Corrupted`.
+    fn page_record(&self, bytes: &[u8], fingerprint: u128) -> Result<Option<SettledRecord>> {
+        let count = bytes.len() / RECORD_ENTRY_LEN;
+        let entry = |i: usize| bytes.get(i * RECORD_ENTRY_LEN..(i + 1) * RECORD_ENTRY_LEN);
+        let fingerprint_at = |i: usize| entry(i).map_or(0, entry_fingerprint);
+        let at = partition(count, |i| fingerprint_at(i) < fingerprint);
+        if at >= count || fingerprint_at(at) != fingerprint {
+            return Ok(None);
+        }
+        let (_, record) = entry(at)
+            .and_then(decode_record)
+            .filter(|(_, record)| self.holds_bucket(record.bucket))
+            .ok_or_else(|| corrupted(&self.path, 0, "a record entry is malformed"))?;
+        Ok(Some(record))
+    }
+
+    /// Whether `bucket` lies in the run's bucket range, as every entry's must.
+    fn holds_bucket(&self, bucket: u64) -> bool {
+        (self.summary.oldest_bucket..=self.summary.newest_bucket).contains(&bucket)
+    }
+}
+
+/// The first of `0..count` for which `below` is false (`below` true on a prefix).
+fn partition(count: usize, below: impl Fn(usize) -> bool) -> usize {
+    let (mut low, mut high) = (0, count);
+    while low < high {
+        let middle = low + (high - low) / 2;
+        if below(middle) {
+            low = middle + 1;
+        } else {
+            high = middle;
+        }
+    }
+    low
+}
+
+#[expect(
+    clippy::cast_possible_truncation,
+    reason = "the high half is taken on purpose"
+)]
+fn high_half(fingerprint: u128) -> u64 {
+    (fingerprint >> 64) as u64
+}
+
+/// A record entry's fingerprint: its high half, then its low half.
+fn entry_fingerprint(entry: &[u8]) -> u128 {
+    let half = |at| u128::from(get_u64(entry, at).unwrap_or(0));
+    (half(0) << 64) | half(8)
+}
+
+fn put_span(out: &mut Vec<u8>, span: LogSpan) {
+    out.extend_from_slice(&span.bucket.to_le_bytes());
+    out.extend_from_slice(&span.seq.to_le_bytes());
+    out.extend_from_slice(&span.start.to_le_bytes());
+    out.extend_from_slice(&span.len.to_le_bytes());
+}
+
+fn get_span(entry: &[u8], at: usize) -> Option<LogSpan> {
+    Some(LogSpan {
+        bucket: get_u64(entry, at)?,
+        seq: get_u32(entry, at + 8)?,
+        start: get_u32(entry, at + 12)?,
+        len: get_u32(entry, at + 16)?,
+    })
+}
+
+/// Appends the 108-byte entry of `record` of `fingerprint` (`docs/format.md`).
+#[expect(
+    clippy::cast_possible_truncation,
+    reason = "the request hash's halves are taken on purpose"
+)]
+fn encode_record(fingerprint: u128, record: &SettledRecord, out: &mut Vec<u8>) {
+    out.extend_from_slice(&high_half(fingerprint).to_le_bytes());
+    out.extend_from_slice(&(fingerprint as u64).to_le_bytes());
+    out.extend_from_slice(&record.request_hash.to_le_bytes());
+    for value in [
+        record.created_ms,
+        record.finished_ms,
+        record.lease_id,
+        record.bucket,
+    ] {
+        out.extend_from_slice(&value.to_le_bytes());
+    }
+    put_span(out, record.key);
+    put_span(out, record.response);
+    let status: u32 = match record.status {
+        RecordStatus::Failed => 2,
+        RecordStatus::Completed | RecordStatus::InFlight => 1,
+    };
+    out.extend_from_slice(&status.to_le_bytes());
+}
+
+/// A record entry, or `None` if its status is neither completed (1) nor failed (2).
+fn decode_record(entry: &[u8]) -> Option<(u128, SettledRecord)> {
+    let status = match get_u32(entry, 104)? {
+        1 => RecordStatus::Completed,
+        2 => RecordStatus::Failed,
+        _ => return None,
+    };
+    let request_hash = u128::from(get_u64(entry, 16)?) | (u128::from(get_u64(entry, 24)?) << 64);
+    let record = SettledRecord {
+        request_hash,
+        created_ms: get_u64(entry, 32)?,
+        finished_ms: get_u64(entry, 40)?,
+        lease_id: get_u64(entry, 48)?,
+        bucket: get_u64(entry, 56)?,
+        key: get_span(entry, 64)?,
+        response: get_span(entry, 84)?,
+        status,
+    };
+    Some((entry_fingerprint(entry), record))
 }
 
 /// One data page of a run: its section and its index there. Orders as the file does
@@ -390,7 +645,7 @@ pub(crate) struct RunWriter<'a> {
 const WRITE_CHUNK: usize = 1 << 20;
 
 impl<'a> RunWriter<'a> {
-    /// Starts run `summary.run_id` in `dir`; `summary.keys` and the bucket range are
+    /// Starts run `summary.run_id` in `dir`; `summary.entries` and the bucket range are
     /// filled in as sections are added.
     pub(crate) fn create(
         storage: &'a dyn Storage,
@@ -419,32 +674,66 @@ impl<'a> RunWriter<'a> {
         Ok(())
     }
 
-    /// Adds the next shard's section: `entries` as (tag, bucket), sorted by tag, each tag
-    /// once, every bucket within the summary's range.
+    /// Adds the next shard's section of a key run: `entries` as (tag, bucket), sorted by
+    /// tag, each tag once, every bucket within the summary's range.
     pub(crate) fn add_section(&mut self, entries: &[(u64, u64)]) -> Result<()> {
-        let data_offset = self.written;
-        let mut fences = Vec::with_capacity(entries.len().div_ceil(PAGE_ENTRIES));
-        let mut page = Vec::with_capacity(PAGE_LEN);
-        for chunk in entries.chunks(PAGE_ENTRIES) {
-            page.clear();
-            for &(tag, bucket) in chunk {
-                let relative = bucket.saturating_sub(self.summary.oldest_bucket);
+        debug_assert_eq!(self.summary.kind, RunKind::Keys);
+        let oldest = self.summary.oldest_bucket;
+        self.add_entries(
+            entries,
+            |&(tag, _)| tag,
+            |&(tag, bucket), page| {
+                let relative = bucket.saturating_sub(oldest);
                 page.extend_from_slice(&tag.to_le_bytes());
                 page.extend_from_slice(&u32::try_from(relative).unwrap_or(u32::MAX).to_le_bytes());
+            },
+        )
+    }
+
+    /// Adds the next shard's section of a record run: `records` with their fingerprints,
+    /// sorted by fingerprint, each once, every bucket within the summary's range.
+    pub(crate) fn add_records(&mut self, records: &[(u128, SettledRecord)]) -> Result<()> {
+        debug_assert_eq!(self.summary.kind, RunKind::Records);
+        self.add_entries(
+            records,
+            |&(fingerprint, _)| high_half(fingerprint),
+            |(fingerprint, record), page| encode_record(*fingerprint, record, page),
+        )
+    }
+
+    /// Writes `entries` as the next section: pages of the kind's size, a fence per page
+    /// (its first entry's `key` and its checksum), and a filter of the keys.
+    fn add_entries<E>(
+        &mut self,
+        entries: &[E],
+        key: impl Fn(&E) -> u64,
+        encode: impl Fn(&E, &mut Vec<u8>),
+    ) -> Result<()> {
+        let kind = self.summary.kind;
+        let data_offset = self.written;
+        let mut fences = Vec::with_capacity(entries.len().div_ceil(kind.page_entries()));
+        let mut page = Vec::with_capacity(kind.page_len());
+        for chunk in entries.chunks(kind.page_entries()) {
+            page.clear();
+            for entry in chunk {
+                encode(entry, &mut page);
             }
-            fences.push((chunk.first().map_or(0, |e| e.0), xxh3_64(&page)));
+            fences.push((chunk.first().map_or(0, &key), xxh3_64(&page)));
             self.put(&page)?;
         }
         let (descriptor, fingerprints) = if entries.is_empty() {
             ([0; DESCRIPTOR_LEN], Box::default())
         } else {
-            let filter = BinaryFuse8::try_from_iterator(entries.iter().map(|e| e.0))
+            let mut keys: Vec<u64> = entries.iter().map(&key).collect();
+            // Records may share a high half: the filter takes each key once.
+            keys.dedup();
+            let filter = BinaryFuse8::try_from_iterator(keys.into_iter())
                 .map_err(|reason| corrupted(&self.dir, 0, reason))?;
             let mut descriptor = [0; DESCRIPTOR_LEN];
             filter.dma_copy_descriptor_to(&mut descriptor);
             (descriptor, filter.fingerprints)
         };
-        self.summary.keys += entries.len() as u64;
+        self.summary.entries += entries.len() as u64;
         self.sections.push(Section {
             data_offset,
             entries: entries.len() as u64,
@@ -485,7 +774,7 @@ impl<'a> RunWriter<'a> {
         self.put(&footer)?;
         self.file.append(&self.buffer)?;
         self.file.sync()?;
-        let path = run_path(&self.dir, self.summary.run_id);
+        let path = run_path(&self.dir, self.summary.run_id, self.summary.kind);
         self.storage
             .rename(&temp_path(&self.dir, self.summary.run_id), &path)?;
         self.storage.sync_dir(&self.dir)?;
@@ -520,7 +809,7 @@ fn encode_footer(summary: &RunSummary, table_offset: u64, sections: u64) -> Vec<
     for value in [
         summary.database_id,
         summary.run_id,
-        summary.keys,
+        summary.entries,
         summary.oldest_bucket,
         summary.newest_bucket,
         summary.covers.bucket,
@@ -532,7 +821,11 @@ fn encode_footer(summary: &RunSummary, table_offset: u64, sections: u64) -> Vec<
     footer.extend_from_slice(&table_offset.to_le_bytes());
     footer.extend_from_slice(&sections.to_le_bytes());
     footer.extend_from_slice(&summary.level.to_le_bytes());
-    footer.extend_from_slice(&0u32.to_le_bytes());
+    let flags = match summary.kind {
+        RunKind::Keys => 0,
+        RunKind::Records => RECORDS_FLAG,
+    };
+    footer.extend_from_slice(&flags.to_le_bytes());
     footer.extend_from_slice(&summary.replaces_from.to_le_bytes());
     let checksum = xxh3_64(&footer);
     footer.extend_from_slice(&checksum.to_le_bytes());
@@ -567,13 +860,15 @@ fn decode_footer(path: &Path, tail: &[u8]) -> Result<(RunSummary, u64, u64, usiz
     }
     let field = |at: usize| get_u64(footer, at).unwrap_or(0);
     let run_id = field(24);
-    let (level, replaces_from) = if version == 1 {
-        (0, run_id)
+    let (level, replaces_from, kind) = if version == 1 {
+        (0, run_id, RunKind::Keys)
     } else {
-        if get_u32(footer, 92) != Some(0) {
-            return Err(bad("the run's footer has unknown flags"));
-        }
-        (get_u32(footer, 88).unwrap_or(0), field(96))
+        let kind = match get_u32(footer, 92) {
+            Some(0) => RunKind::Keys,
+            Some(RECORDS_FLAG) => RunKind::Records,
+            _ => return Err(bad("the run's footer has unknown flags")),
+        };
+        (get_u32(footer, 88).unwrap_or(0), field(96), kind)
     };
     if replaces_from > run_id || (level == 0) != (replaces_from == run_id) {
         return Err(bad("the run's merged range does not match its level"));
@@ -582,7 +877,8 @@ fn decode_footer(path: &Path, tail: &[u8]) -> Result<(RunSummary, u64, u64, usiz
         shard_bits: get_u32(footer, 12).unwrap_or(0),
         database_id: field(16),
         run_id,
-        keys: field(32),
+        kind,
+        entries: field(32),
         oldest_bucket: field(40),
         newest_bucket: field(48),
         covers: LogPosition {
@@ -608,6 +904,9 @@ pub(crate) fn open(storage: &dyn Storage, path: &Path, database_id: u64) -> Resu
     let footer_at = len - footer_len as u64;
     if summary.database_id != database_id {
         return Err(bad(footer_at, "the run belongs to another store"));
+    }
+    if parse_run_name(path).is_some_and(|(_, named)| named != summary.kind) {
+        return Err(bad(footer_at, "the run's kind does not match its name"));
     }
     if summary.shard_bits > MAX_SECTIONS.trailing_zeros() || count != 1u64 << summary.shard_bits {
         return Err(bad(
@@ -642,17 +941,17 @@ pub(crate) fn open(storage: &dyn Storage, path: &Path, database_id: u64) -> Resu
         ));
     }
     let mut sections = Vec::with_capacity(size(count)?);
-    let mut keys = 0u64;
+    let mut entries = 0u64;
     for row in table
         .get(..rows_len)
         .unwrap_or_default()
         .chunks_exact(SECTION_ROW_LEN)
     {
-        let section = open_section(storage, path, row, table_offset)?;
-        keys += section.entries;
+        let section = open_section(storage, path, (row, summary.kind), table_offset)?;
+        entries += section.entries;
         sections.push(section);
     }
-    if keys != summary.keys {
+    if entries != summary.entries {
         return Err(bad(
             footer_at,
             "the run's key count does not match its sections",
@@ -668,13 +967,18 @@ pub(crate) fn open(storage: &dyn Storage, path: &Path, database_id: u64) -> Resu
 
 /// One section from its table row: its data must end before the metas (at or before
 /// `metas_end`), its meta must verify and describe exactly its pages and a sound filter.
-fn open_section(storage: &dyn Storage, path: &Path, row: &[u8], metas_end: u64) -> Result<Section> {
+fn open_section(
+    storage: &dyn Storage,
+    path: &Path,
+    (row, kind): (&[u8], RunKind),
+    metas_end: u64,
+) -> Result<Section> {
     let field = |at: usize| get_u64(row, at).unwrap_or(0);
     let (data_offset, entries, meta_offset, meta_len, checksum) =
         (field(0), field(8), field(16), field(24), field(32));
     let bad = |reason| corrupted(path, meta_offset, reason);
     let data_end = entries
-        .checked_mul(ENTRY_LEN as u64)
+        .checked_mul(kind.entry_len() as u64)
         .and_then(|len| len.checked_add(data_offset));
     if data_end.is_none_or(|end| end > metas_end) {
         return Err(bad("a section's data runs past the run's data"));
@@ -685,7 +989,7 @@ fn open_section(storage: &dyn Storage, path: &Path, row: &[u8], metas_end: u64) 
     {
         return Err(bad("a section's meta runs past the section table"));
     }
-    let pages = size(entries.div_ceil(PAGE_ENTRIES as u64))?;
+    let pages = size(entries.div_ceil(kind.page_entries() as u64))?;
     let fences_len = pages * FENCE_LEN;
     // A binary fuse filter takes at most about 1.3 bytes a key (far fewer for many
     // keys); anything longer is not a meta this build wrote.
@@ -714,10 +1018,11 @@ fn open_section(storage: &dyn Storage, path: &Path, row: &[u8], metas_end: u64) 
             )
         })
         .collect();
-    if fences
-        .windows(2)
-        .any(|pair| pair.first().map(|f| f.0) >= pair.get(1).map(|f| f.0))
-    {
+    if fences.windows(2).any(|pair| {
+        let (earlier, later) = (pair.first().map(|f| f.0), pair.get(1).map(|f| f.0));
+        // Records sharing a high half may span pages: their fences may repeat it.
+        earlier > later || (kind == RunKind::Keys && earlier == later)
+    }) {
         return Err(bad("a section's fences are not in order"));
     }
     let mut descriptor = [0; DESCRIPTOR_LEN];
@@ -767,13 +1072,125 @@ mod tests {
             database_id: 7,
             run_id: 1,
             shard_bits: 1,
-            keys: 0,
+            kind: RunKind::Keys,
+            entries: 0,
             oldest_bucket: 10,
             newest_bucket: 12,
             covers: LogPosition::default(),
             level: 0,
             replaces_from: 1,
         }
+    }
+
+    fn settled(bucket: u64, n: u64) -> SettledRecord {
+        let span = |at: u32| LogSpan {
+            bucket,
+            seq: 1,
+            start: at,
+            len: 64,
+        };
+        SettledRecord {
+            request_hash: u128::from(n) << 70 | 5,
+            bucket,
+            created_ms: bucket * 1_000 + n % 1_000,
+            lease_id: n + 1,
+            status: if n % 3 == 0 {
+                RecordStatus::Failed
+            } else {
+                RecordStatus::Completed
+            },
+            finished_ms: bucket * 1_000 + 999,
+            response: span(u32::try_from(n).unwrap() * 200 + 100),
+            key: span(u32::try_from(n).unwrap() * 200),
+        }
+    }
+
+    /// A record run in shard 0 of two: 300 records whose fingerprints share their high
+    /// half in runs of 50 (so that one high half spans page boundaries), in buckets 10
+    /// to 12.
+    fn record_run(disk: &MemStorage) -> (Run, Vec<(u128, SettledRecord)>) {
+        disk.create_dir_all(Path::new("/db")).unwrap();
+        let summary = RunSummary {
+            kind: RunKind::Records,
+            ..summary()
+        };
+        let mut writer = RunWriter::create(disk, Path::new("/db"), summary).unwrap();
+        let records: Vec<(u128, SettledRecord)> = (0..300u64)
+            .map(|n| {
+                let fingerprint = (u128::from(n / 50 + 1) << 64) | u128::from(n % 50);
+                (fingerprint, settled(10 + n % 3, n))
+            })
+            .collect();
+        writer.add_records(&records).unwrap();
+        writer.add_records(&[]).unwrap();
+        let written = writer.finish().unwrap();
+        assert_eq!(
+            written.path(),
+            Path::new("/db/run-00000000000000000001.records")
+        );
+        (open(disk, written.path(), 7).unwrap(), records)
+    }
+
+    #[test]
+    fn a_record_run_finds_its_records_and_only_live_ones() {
+        let disk = MemStorage::new();
+        let (run, records) = record_run(&disk);
+        assert_eq!(
+            (run.summary().kind, run.summary().entries),
+            (RunKind::Records, 300)
+        );
+        let window = Window::new(4, 1);
+        for (fingerprint, record) in &records {
+            let found = run
+                .find_record(&disk, Fingerprint(*fingerprint), window, 12)
+                .unwrap();
+            assert_eq!(found.as_ref(), Some(record));
+        }
+        // The same low half with another high half, and a high half not in the run.
+        for fingerprint in [(7u128 << 64) | 3, (2u128 << 64) | 50, 3] {
+            assert_eq!(
+                run.find_record(&disk, Fingerprint(fingerprint), window, 12)
+                    .unwrap(),
+                None
+            );
+        }
+        // Bucket 10 leaves the window at 15.
+        let (fingerprint, record) = records[0];
+        assert_eq!(record.bucket, 10);
+        assert_eq!(
+            run.find_record(&disk, Fingerprint(fingerprint), window, 15)
+                .unwrap(),
+            None
+        );
+        assert_eq!(run.read_records(&disk, 0).unwrap(), records);
+        run.check_pages(&disk).unwrap();
+    }
+
+    #[test]
+    fn a_damaged_record_page_is_corruption_never_another_record() {
+        let disk = MemStorage::new();
+        let (run, records) = record_run(&disk);
+        let mut bytes = disk.contents(run.path()).unwrap();
+        // A byte of the fortieth entry: the second page.
+        bytes[40 * RECORD_ENTRY_LEN + 20] ^= 1;
+        disk.set_contents(run.path(), bytes);
+        let window = Window::new(4, 1);
+        let (fingerprint, _) = records[40];
+        assert!(matches!(
+            run.find_record(&disk, Fingerprint(fingerprint), window, 12),
+            Err(Error::Corrupted { .. })
+        ));
+        assert!(matches!(
+            run.check_pages(&disk),
+            Err(Error::Corrupted { .. })
+        ));
+        // A record run renamed as a key run is refused.
+        let renamed = Path::new("/db/run-00000000000000000001.keys");
+        disk.set_contents(renamed, disk.contents(run.path()).unwrap());
+        assert!(matches!(
+            open(&disk, renamed, 7),
+            Err(Error::Corrupted { .. })
+        ));
     }
 
     fn fingerprint_in(shard: u64, tag: u64) -> Fingerprint {
@@ -790,7 +1207,7 @@ mod tests {
         writer.add_section(&[]).unwrap();
         let written = writer.finish().unwrap();
         let run = open(&disk, written.path(), 7).unwrap();
-        assert_eq!(run.summary().keys, 2000);
+        assert_eq!(run.summary().entries, 2000);
         let window = Window::new(4, 1);
         for &(tag, _) in &first {
             assert!(

@@ -10,7 +10,7 @@ use super::format::{MAX_SEGMENT_FILE_BYTES, frame_seed};
 use super::manifest::{MANIFEST_NAME, Manifest};
 use super::names::{LOCK_NAME, MANIFEST_TEMP_NAME, is_prepared_name, parse_segment_name};
 use super::report::{RunReport, SegmentReport, SegmentState, VerifyReport};
-use super::run::{is_temp_run_name, parse_run_name};
+use super::run::{RunKind, is_temp_run_name, parse_run_name};
 use super::scan::{Verdict, scan};
 use crate::base::{Error, Result};
 use crate::io::Storage;
@@ -92,13 +92,17 @@ fn verify_run(storage: &dyn Storage, path: &Path, database_id: u64) -> Result<Ru
     let mut report = RunReport {
         path: path.to_path_buf(),
         keys: 0,
+        records: 0,
         buckets: None,
         filter_bytes: 0,
         damage: None,
     };
     let checked = super::run::open(storage, path, database_id).and_then(|run| {
         let summary = *run.summary();
-        report.keys = summary.keys;
+        match summary.kind {
+            RunKind::Keys => report.keys = summary.entries,
+            RunKind::Records => report.records = summary.entries,
+        }
         report.buckets = Some((summary.oldest_bucket, summary.newest_bucket));
         report.filter_bytes = run.heap_bytes() as u64;
         run.check_pages(storage)
