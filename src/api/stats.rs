@@ -114,9 +114,16 @@ pub struct Stats {
     /// Dedup keys in the live sealed runs (not counted in `live_keys`, which counts
     /// keys in memory).
     pub sealed_keys: u64,
-    /// Memory the live runs' fences and filters take (included in `index_bytes`).
+    /// With `Options::memory_budget`: record runs live on disk (settled idempotency
+    /// records sealed out of memory, `docs/design.md`, "Record runs").
+    pub sealed_record_runs: u64,
+    /// Idempotency records in the live record runs (not counted in `live_records`, which
+    /// counts records in memory).
+    pub sealed_records: u64,
+    /// Memory the live runs' fences and filters take, key runs and record runs
+    /// (included in `index_bytes`).
     pub sealed_filter_bytes: u64,
-    /// Runs written since open.
+    /// Runs written since open, key runs and record runs.
     pub runs_sealed: u64,
     /// Runs removed (or archived) since open, their newest bucket out of the window.
     pub runs_expired: u64,
@@ -205,6 +212,8 @@ impl Stats {
             index_bytes: index.heap_bytes + engine.sealing.filter_bytes,
             sealed_runs: engine.sealing.runs,
             sealed_keys: engine.sealing.sealed_keys,
+            sealed_record_runs: engine.sealing.record_runs,
+            sealed_records: engine.sealing.sealed_records,
             sealed_filter_bytes: engine.sealing.filter_bytes,
             runs_sealed: engine.sealing.runs_written,
             replication_runs_unshipped: engine.replica_runs_unshipped,

@@ -20,7 +20,9 @@ use crate::base::{
 // What the API uses of the rooms below: it reaches the index, the log and `io` only
 // through these.
 pub(crate) use crate::index::{Grant, InFlightRecord, Reserved};
-use crate::index::{Index, IndexStats, SealedKeys, Shard, ShardGroups, for_each_prefetched};
+use crate::index::{
+    Index, IndexStats, SealedKeys, SealedRecords, Shard, ShardGroups, for_each_prefetched,
+};
 pub(crate) use crate::io::{StdStorage, Storage};
 #[cfg(feature = "replicate")]
 pub(crate) use crate::replica::{Follower, Replication, RestoreReport, StandbyLag};
@@ -73,7 +75,8 @@ pub(crate) type Watch = (u128, Arc<endings::Ending>);
 
 /// A database: the index, the journal, and what orders calls between them.
 pub(crate) struct Engine {
-    index: Index,
+    /// Shared with the sealing thread, which takes settled records from it.
+    index: Arc<Index>,
     hasher: Hasher,
     window: Window,
     clock: Arc<dyn Clock>,
@@ -163,7 +166,7 @@ impl Engine {
     /// Assembles an engine; its bucket count starts at `parts.high_water`.
     pub(crate) fn from_parts(config: &Config, parts: Parts) -> Engine {
         Engine {
-            index: parts.index,
+            index: Arc::new(parts.index),
             hasher: Hasher::new(parts.secret),
             window: config.window(),
             clock: Arc::clone(&config.clock),
@@ -673,7 +676,7 @@ impl Engine {
                 scoped_key,
                 request_hash,
                 (now_ms, self.lease_timeout_ms),
-                || self.next_lease_id(),
+                (self.sealed_records(), || self.next_lease_id()),
             )?;
             let ticket = match reserved {
                 Reserved::Acquired(grant) => {
@@ -700,6 +703,10 @@ impl Engine {
             (reserved, ticket)
         };
         self.settle(ticket, settle)?;
+        if matches!(reserved, Reserved::Acquired(_)) {
+            // A new record may bring the records memory holds to the budget's share.
+            self.budget_after_logging(1);
+        }
         Ok(reserved)
     }
 
@@ -707,10 +714,11 @@ impl Engine {
     pub(crate) fn get(&self, scoped_key: &[u8]) -> Result<Option<Record>> {
         let fingerprint = self.hasher.record(scoped_key);
         let bucket = self.current_bucket();
-        let record = self
-            .index
-            .lock(fingerprint, bucket)
-            .get(fingerprint, scoped_key)?;
+        let record = self.index.lock(fingerprint, bucket).get(
+            fingerprint,
+            scoped_key,
+            self.sealed_records(),
+        )?;
         match record {
             Some(record) => self.read_back(fingerprint, scoped_key, record),
             None => Ok(None),
@@ -1006,6 +1014,13 @@ impl Engine {
             .into_iter()
             .map(|(bucket, count)| (bucket, count, bytes.get(&bucket).copied().unwrap_or(0)))
             .collect()
+    }
+
+    /// The record runs, for the index to look records up in.
+    fn sealed_records(&self) -> Option<&dyn SealedRecords> {
+        self.sealer
+            .as_ref()
+            .map(|sealer| sealer.runs() as &dyn SealedRecords)
     }
 
     /// The sealed runs, for the index to look keys up in.

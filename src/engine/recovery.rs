@@ -7,7 +7,7 @@ use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::sealing::{Reached, Sealer};
+use super::sealing::{Covered, Reached, Sealer};
 use super::{Config, Engine, Parts};
 use crate::base::{
     Error, Fingerprint, LogSpan, RecordStatus, RecoveryMode, Result, Window, random_secret,
@@ -41,8 +41,9 @@ struct Replay<'a> {
     max_lease: u64,
     /// The newest segment, if it holds nothing but its header: the journal appends to it.
     adopt: Option<(u64, u32)>,
-    /// Keys entries before this position are in sealed runs: not replayed.
-    covers: LogPosition,
+    /// Keys entries before `covered.keys` are in key runs: not replayed. A record whose
+    /// ending before `covered.records` settles it is in a record run: memory drops it.
+    covered: Covered,
     report: RecoveryReport,
 }
 
@@ -91,9 +92,9 @@ pub(crate) fn open(config: &Config) -> Result<Engine> {
         .iter()
         .any(|path| parse_run_name(path).is_some());
     let budget = config.memory_budget_bytes.or(has_runs.then_some(u64::MAX));
-    let (sealer, covers) = match budget {
+    let (sealer, covered) = match budget {
         Some(budget) => {
-            let (sealer, covers) = Sealer::open(
+            let (sealer, covered) = Sealer::open(
                 &config.storage,
                 &dir,
                 archive,
@@ -104,10 +105,12 @@ pub(crate) fn open(config: &Config) -> Result<Engine> {
                     newest_segment: segments.last().copied(),
                 },
             )?;
-            (Some(sealer), covers)
+            (Some(sealer), covered)
         }
-        None => (None, LogPosition::default()),
+        None => (None, Covered::default()),
     };
+    // No run covers a position past this: the journal appends after it.
+    let covers = covered.keys.max(covered.records);
     // The store has seen every bucket a run holds keys of: time resumes no earlier.
     let high_water = provisional.max(sealer.as_ref().map_or(0, Sealer::newest_bucket));
 
@@ -126,7 +129,7 @@ pub(crate) fn open(config: &Config) -> Result<Engine> {
     )?;
     let start = live.first().map_or(high_water, |&(bucket, _)| bucket);
     let seed = frame_seed(manifest.secret);
-    let logged = count_logged_keys(storage, &dir, &live, (seed, covers));
+    let logged = count_logged_keys(storage, &dir, &live, (seed, covered.keys));
     let index = config.build_index(config.expected_keys.max(logged), start)?;
     let mut replay = Replay {
         storage,
@@ -136,7 +139,7 @@ pub(crate) fn open(config: &Config) -> Result<Engine> {
         database_id: manifest.database_id(),
         max_lease: 0,
         adopt: None,
-        covers,
+        covered,
         report,
     };
     let mut kept = BTreeMap::new();
@@ -413,8 +416,8 @@ impl Replay<'_> {
         if segment.newest {
             // An empty newest segment is appended to again, unless a sealed run covers a
             // position past its header: appends never land before a run's position.
-            let after_runs =
-                position_of(segment.bucket, segment.seq, SEGMENT_HEADER_LEN) >= self.covers;
+            let after_runs = position_of(segment.bucket, segment.seq, SEGMENT_HEADER_LEN)
+                >= self.covered.keys.max(self.covered.records);
             if end == SEGMENT_HEADER_LEN as u64 && after_runs {
                 self.adopt = Some((segment.bucket, segment.seq));
             } else {
@@ -515,13 +518,13 @@ impl Replay<'_> {
                 start: frame_offset(frame.start),
                 len: frame_offset(frame.end - frame.start),
             };
-            if matches!(entry, DecodedEntry::Keys { .. })
-                && position_of(segment.bucket, segment.seq, frame.start) < self.covers
-            {
+            let position = position_of(segment.bucket, segment.seq, frame.start);
+            if matches!(entry, DecodedEntry::Keys { .. }) && position < self.covered.keys {
                 // In a sealed run already.
                 continue;
             }
-            if let Err(reason) = self.apply(span, entry) {
+            let sealed = position < self.covered.records;
+            if let Err(reason) = self.apply(span, entry, sealed) {
                 self.damaged(&segment.path, frame.start as u64, frame.end as u64, reason)?;
                 self.skipped(&segment.path, frame.start as u64, frame.end as u64, reason);
             }
@@ -531,7 +534,14 @@ impl Replay<'_> {
 
     /// Applies the entry whose frame lies at `span`. A finished record keeps the span,
     /// not its response's bytes.
-    fn apply(&mut self, span: LogSpan, entry: &DecodedEntry<'_>) -> Result<(), &'static str> {
+    /// A finish that is `sealed` (before the record runs' cover) and settles its record
+    /// drops it: a record run holds it.
+    fn apply(
+        &mut self,
+        span: LogSpan,
+        entry: &DecodedEntry<'_>,
+        sealed: bool,
+    ) -> Result<(), &'static str> {
         if let Some(problem) = entry.placement_problem(span.bucket) {
             return Err(problem);
         }
@@ -578,9 +588,9 @@ impl Replay<'_> {
                 // A finish applies to the record as the shard stands now: no advance.
                 self.index.lock(*fingerprint, 0).restore_finish(
                     *fingerprint,
-                    *lease_id,
-                    ending,
+                    (*lease_id, ending),
                     *at_ms,
+                    sealed,
                 );
             }
             DecodedEntry::Note {

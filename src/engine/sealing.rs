@@ -31,8 +31,8 @@ use parking_lot::{Condvar, Mutex, RwLock};
 
 use super::Engine;
 
-use crate::base::{Error, Fingerprint, Liveness, Result, Window};
-use crate::index::{DedupTable, SealedKeys};
+use crate::base::{Error, Fingerprint, Liveness, Result, SettledRecord, Window};
+use crate::index::{DedupTable, Index, Sealable, SealedKeys, SealedRecords};
 use crate::io::Storage;
 use crate::wal::{
     LogPosition, Run, RunKind, RunSummary, RunWriter, is_temp_run_name, open_run, parse_run_name,
@@ -83,10 +83,14 @@ pub(crate) struct SealedRuns {
     archive: Option<PathBuf>,
     database_id: u64,
     budget_bytes: u64,
-    /// Live runs, oldest first.
+    /// Live key runs, oldest first.
     runs: RwLock<Vec<Arc<Run>>>,
     /// `runs.len()`, read on every lookup without the lock.
     live_runs: std::sync::atomic::AtomicUsize,
+    /// Live record runs, oldest first.
+    record_runs: RwLock<Vec<Arc<Run>>>,
+    /// `record_runs.len()`, read on every lookup of a record memory does not hold.
+    live_record_runs: std::sync::atomic::AtomicUsize,
     next_run_id: AtomicU64,
     /// The manifest's run floor: no id at or above it was handed out. Raised on the
     /// writer that starts a seal, before the task may reach it.
@@ -171,6 +175,16 @@ impl Reached {
         let covers = (run.covers.bucket, run.covers.seq);
         bucket_ok && self.newest_segment.is_none_or(|newest| covers <= newest)
     }
+}
+
+/// Where the live runs' covers reach: replay skips what they hold.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Covered {
+    /// Every keys entry before it is in a key run (or expired).
+    pub(crate) keys: LogPosition,
+    /// Every finish entry before it that settles its record ends a record that a record
+    /// run holds (or that expired).
+    pub(crate) records: LogPosition,
 }
 
 /// The memory budget's bookkeeping on the engine: the runs, when to look at the tables'
@@ -258,11 +272,32 @@ impl SealedKeys for SealedRuns {
     }
 }
 
+impl SealedRecords for SealedRuns {
+    fn find(
+        &self,
+        fingerprint: Fingerprint,
+        window: Window,
+        current: u64,
+    ) -> Result<Option<SettledRecord>> {
+        if self.live_record_runs.load(Ordering::Acquire) == 0 {
+            return Ok(None);
+        }
+        for run in self.record_runs.read().iter().rev() {
+            if let Some(record) = run.find_record(&*self.storage, fingerprint, window, current)? {
+                return Ok(Some(record));
+            }
+        }
+        Ok(None)
+    }
+}
+
 /// What the sealer reports in `Stats`.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct SealStats {
     pub(crate) runs: u64,
     pub(crate) sealed_keys: u64,
+    pub(crate) record_runs: u64,
+    pub(crate) sealed_records: u64,
     pub(crate) filter_bytes: u64,
     pub(crate) runs_written: u64,
     pub(crate) runs_expired: u64,
@@ -281,8 +316,9 @@ impl Sealer {
     }
 
     /// The sealer of the store in `dir`: its live runs opened (fences and filters only),
-    /// expired ones retired, half-written ones removed. Also returns the log position
-    /// before which every keys entry is in a run. Run ids start at the manifest's
+    /// expired ones retired, half-written ones removed. Also returns the log positions
+    /// before which every keys entry is in a key run, and every ending that settled a
+    /// record is in a record run ([`Covered`]). Run ids start at the manifest's
     /// `run_floor` (or past the newest run), so no name is ever given twice, even once
     /// every run has expired.
     pub(crate) fn open(
@@ -291,7 +327,7 @@ impl Sealer {
         archive: Option<&Path>,
         (database_id, budget_bytes, run_floor): (u64, u64, u64),
         reached: Reached,
-    ) -> Result<(Sealer, LogPosition)> {
+    ) -> Result<(Sealer, Covered)> {
         let (window, bucket) = (reached.window, reached.bucket);
         let (mut opened, mut next_run_id) = (Vec::new(), run_floor.max(1));
         for path in storage.list(dir)? {
@@ -316,11 +352,19 @@ impl Sealer {
             .partition(|run| window.is_live(run.summary().newest_bucket, bucket));
         let expired: Vec<PathBuf> = expired.iter().map(|run| run.path().to_path_buf()).collect();
         retire_files(&**storage, dir, archive, &expired)?;
-        let covers = runs
-            .iter()
-            .map(|run| run.summary().covers)
-            .max()
-            .unwrap_or_default();
+        let (runs, record_runs): (Vec<_>, Vec<_>) = runs
+            .into_iter()
+            .partition(|run| run.summary().kind == RunKind::Keys);
+        let covers = |runs: &[Arc<Run>]| {
+            runs.iter()
+                .map(|run| run.summary().covers)
+                .max()
+                .unwrap_or_default()
+        };
+        let covered = Covered {
+            keys: covers(&runs),
+            records: covers(&record_runs),
+        };
         let runs = SealedRuns {
             storage: Arc::clone(storage),
             dir: dir.to_path_buf(),
@@ -329,6 +373,8 @@ impl Sealer {
             budget_bytes,
             live_runs: std::sync::atomic::AtomicUsize::new(runs.len()),
             runs: RwLock::new(runs),
+            live_record_runs: std::sync::atomic::AtomicUsize::new(record_runs.len()),
+            record_runs: RwLock::new(record_runs),
             next_run_id: AtomicU64::new(next_run_id),
             run_floor: AtomicU64::new(run_floor),
             work_bytes: AtomicU64::new(0),
@@ -349,7 +395,7 @@ impl Sealer {
             task: Mutex::new(None),
             waits: AtomicU64::new(0),
         };
-        Ok((sealer, covers))
+        Ok((sealer, covered))
     }
 
     /// The runs, as lookups see them.
@@ -391,10 +437,17 @@ impl SealedRuns {
 
     pub(crate) fn stats(&self) -> SealStats {
         let runs = self.runs.read();
+        let record_runs = self.record_runs.read();
         SealStats {
             runs: runs.len() as u64,
             sealed_keys: runs.iter().map(|run| run.summary().entries).sum(),
-            filter_bytes: runs.iter().map(|run| run.heap_bytes() as u64).sum(),
+            record_runs: record_runs.len() as u64,
+            sealed_records: record_runs.iter().map(|run| run.summary().entries).sum(),
+            filter_bytes: runs
+                .iter()
+                .chain(record_runs.iter())
+                .map(|run| run.heap_bytes() as u64)
+                .sum(),
             runs_written: self.sealed.load(Ordering::Relaxed),
             runs_expired: self.expired.load(Ordering::Relaxed),
             runs_merged: self.merged.load(Ordering::Relaxed),
@@ -425,28 +478,46 @@ impl SealedRuns {
             .max(MIN_SEAL_BYTES)
     }
 
+    /// Memory the fences and filters of every live run take, key runs and record runs.
     fn filter_bytes(&self) -> u64 {
-        self.runs
-            .read()
-            .iter()
+        let (runs, record_runs) = (self.runs.read(), self.record_runs.read());
+        runs.iter()
+            .chain(record_runs.iter())
             .map(|run| run.heap_bytes() as u64)
             .sum()
+    }
+
+    /// The bytes of records memory holds at which a record seal starts: a quarter of the
+    /// budget (or [`MIN_SEAL_BYTES`]).
+    fn record_threshold(&self) -> u64 {
+        (self.budget_bytes / 4).max(MIN_SEAL_BYTES)
     }
 
     /// Removes (or archives) the runs whose newest bucket left the window at `current`.
     /// The caller makes sure no seal task runs (a merge may be reading them).
     fn expire(&self, window: Window, current: u64) -> Result<()> {
+        self.expire_from((&self.runs, &self.live_runs), window, current)?;
+        self.expire_from((&self.record_runs, &self.live_record_runs), window, current)
+    }
+
+    /// [`SealedRuns::expire`] for one list of runs and its count.
+    fn expire_from(
+        &self,
+        (runs, count): (&RwLock<Vec<Arc<Run>>>, &std::sync::atomic::AtomicUsize),
+        window: Window,
+        current: u64,
+    ) -> Result<()> {
         let live = |run: &Arc<Run>| window.is_live(run.summary().newest_bucket, current);
-        if self.runs.read().iter().all(live) {
+        if runs.read().iter().all(live) {
             return Ok(());
         }
         let expired: Vec<Arc<Run>> = {
-            let mut runs = self.runs.write();
+            let mut runs = runs.write();
             let (live, expired) = std::mem::take(&mut *runs)
                 .into_iter()
                 .partition(|run| window.is_live(run.summary().newest_bucket, current));
             *runs = live;
-            self.live_runs.store(runs.len(), Ordering::Release);
+            count.store(runs.len(), Ordering::Release);
             expired
         };
         if expired.is_empty() {
@@ -552,7 +623,7 @@ impl SealedRuns {
         );
         {
             let mut runs = self.runs.write();
-            runs.retain(|run| !merged.summary().replaces(run.summary().run_id));
+            runs.retain(|run| !merged.summary().replaces(run.summary()));
             runs.push(merged);
             self.live_runs.store(runs.len(), Ordering::Release);
         }
@@ -653,7 +724,7 @@ fn remove_merged(storage: &dyn Storage, dir: &Path, runs: Vec<Arc<Run>>) -> Resu
         let summary = run.summary();
         runs.iter()
             .map(|other| other.summary())
-            .find(|merged| merged.replaces(summary.run_id))
+            .find(|merged| merged.replaces(summary))
             .copied()
     };
     let mut kept = Vec::with_capacity(runs.len());
@@ -715,10 +786,11 @@ impl Engine {
             .runs
             .expire(self.window, self.current_bucket())
             .map_err(|err| self.fail(err))?;
-        if self.index.table_bytes() < sealer.runs.threshold() {
-            return Ok(());
+        if self.index.table_bytes() >= sealer.runs.threshold() {
+            *task = self.start_seal(sealer)?;
+        } else if self.index.record_bytes() >= sealer.runs.record_threshold() {
+            *task = self.start_record_seal(sealer)?;
         }
-        *task = self.start_seal(sealer)?;
         Ok(())
     }
 
@@ -802,15 +874,7 @@ impl Engine {
         let Some(journal) = &self.journal else {
             return Ok(None);
         };
-        // Every id the task may take is below the run floor, durably, before it starts.
-        let next = sealer.runs.next_run_id.load(Ordering::Relaxed);
-        if next + RUN_ID_SLACK >= sealer.runs.run_floor.load(Ordering::Acquire) {
-            journal.raise_run_floor(next + RUN_FLOOR_STEP)?;
-            sealer
-                .runs
-                .run_floor
-                .store(next + RUN_FLOOR_STEP, Ordering::Release);
-        }
+        reserve_run_ids(sealer, journal)?;
         let covers = journal.position();
         let frozen = self.index.freeze_all();
         let span = self.window.span;
@@ -861,12 +925,143 @@ impl Engine {
         }))
     }
 
+    /// Starts the task that seals every live settled record into a new record run, then
+    /// drops them from memory. `None` in memory (where no budget is accepted).
+    ///
+    /// The run's cover is the log's position now, before any shard is looked at: a
+    /// finish entry is appended under its shard's lock, with the record's ending, so
+    /// every ending logged before the cover is in memory when the task takes that
+    /// shard's records. Replay drops each record whose ending before the cover settles
+    /// it; the task takes every settled record, and lowers the cover to the earliest
+    /// frame that may end a finished record it cannot take yet (its response not yet
+    /// located in the log). Records in flight are never taken.
+    fn start_record_seal(&self, sealer: &Sealer) -> Result<Option<SealTask>> {
+        let Some(journal) = &self.journal else {
+            return Ok(None);
+        };
+        reserve_run_ids(sealer, journal)?;
+        let run_id = sealer.runs.next_run_id.fetch_add(1, Ordering::Relaxed);
+        let summary = RunSummary {
+            database_id: sealer.runs.database_id,
+            run_id,
+            shard_bits: self.index.shard_bits(),
+            kind: RunKind::Records,
+            entries: 0,
+            oldest_bucket: 0,
+            newest_bucket: 0,
+            covers: journal.position(),
+            level: 0,
+            replaces_from: run_id,
+        };
+        let (runs, index, poisoner) = (
+            Arc::clone(&sealer.runs),
+            Arc::clone(&self.index),
+            journal.poisoner(),
+        );
+        // No tables are frozen: writers wait at the budget's whole bound, if at all.
+        sealer.runs.progress.set(Phase::Published);
+        let thread = std::thread::Builder::new()
+            .name("oncedb-sealer".to_owned())
+            .spawn(move || {
+                let runs = EndsTask(runs);
+                let result = runs
+                    .seal_records(summary, &index)
+                    .map_err(|err| poisoner.poison_with(err));
+                TaskEnd {
+                    published: result.is_ok(),
+                    result,
+                }
+            })
+            .map_err(|err| {
+                sealer.runs.progress.set(Phase::Ended);
+                self.fail(Error::Io(err))
+            })?;
+        Ok(Some(SealTask {
+            thread,
+            released: true,
+        }))
+    }
+
     /// A failed seal or run removal: an I/O error poisons the store like a failed write.
     pub(crate) fn fail(&self, err: Error) -> Error {
         match &self.journal {
             Some(journal) => journal.fail(err),
             None => err,
         }
+    }
+}
+
+/// Puts every id a seal task may take below the run floor, durably, before it starts.
+fn reserve_run_ids(sealer: &Sealer, journal: &crate::wal::Journal) -> Result<()> {
+    let next = sealer.runs.next_run_id.load(Ordering::Relaxed);
+    if next + RUN_ID_SLACK >= sealer.runs.run_floor.load(Ordering::Acquire) {
+        journal.raise_run_floor(next + RUN_FLOOR_STEP)?;
+        sealer
+            .runs
+            .run_floor
+            .store(next + RUN_FLOOR_STEP, Ordering::Release);
+    }
+    Ok(())
+}
+
+impl SealedRuns {
+    /// Writes every live settled record of `index` into the record run `summary`
+    /// describes, shard by shard (one shard's records held at a time), publishes it, then
+    /// drops those records from memory. A run with no record is abandoned.
+    fn seal_records(&self, mut summary: RunSummary, index: &Index) -> Result<()> {
+        let mut writer = RunWriter::create(&*self.storage, &self.dir, summary)?;
+        let mut marks = Vec::with_capacity(index.shard_count());
+        let (mut oldest, mut newest, mut records) = (u64::MAX, 0, 0usize);
+        for shard in 0..index.shard_count() {
+            let Sealable {
+                records: mut taken,
+                mark,
+                unsettled_from,
+            } = index.sealable_records(shard);
+            if let Some(span) = unsettled_from {
+                let from = LogPosition {
+                    bucket: span.bucket,
+                    seq: span.seq,
+                    offset: span.start,
+                };
+                summary.covers = summary.covers.min(from);
+            }
+            taken.sort_unstable_by_key(|&(fingerprint, _)| fingerprint);
+            for (_, record) in &taken {
+                oldest = oldest.min(record.bucket);
+                newest = newest.max(record.bucket);
+            }
+            records += taken.len();
+            self.work_bytes.store(
+                (taken.len() * size_of::<(u128, SettledRecord)>()) as u64,
+                Ordering::Relaxed,
+            );
+            writer.add_records(&taken)?;
+            marks.push(mark);
+        }
+        self.work_bytes.store(0, Ordering::Relaxed);
+        if records == 0 {
+            return writer.abandon();
+        }
+        // The cover's segment bucket is at most the newest: a run never claims a log
+        // position past its own newest bucket.
+        writer.set_range(oldest, newest.max(summary.covers.bucket), summary.covers);
+        let run = writer.finish()?;
+        log::info!(
+            "oncedb: sealed {} records into {} (buckets {oldest}..={newest})",
+            run.summary().entries,
+            run.path().display(),
+        );
+        {
+            let mut runs = self.record_runs.write();
+            runs.push(Arc::new(run));
+            self.live_record_runs.store(runs.len(), Ordering::Release);
+        }
+        self.sealed.fetch_add(1, Ordering::Relaxed);
+        for (shard, mark) in marks.iter().enumerate() {
+            index.drop_sealed_records(shard, mark);
+        }
+        Ok(())
     }
 }
 

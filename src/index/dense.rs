@@ -221,6 +221,21 @@ impl Ring {
         }
     }
 
+    /// Drops the back slot (the ring is not empty).
+    fn pop_back(&mut self) {
+        self.tail = self.tail.wrapping_sub(1);
+        if let Some(chunk) = self.chunks.back_mut() {
+            chunk.pop();
+            if chunk.is_empty() {
+                self.chunks.pop_back();
+            }
+        }
+        if self.head == self.tail {
+            self.chunks.clear();
+            self.first = self.head;
+        }
+    }
+
     fn heap_bytes(&self) -> usize {
         let slots: usize = self.chunks.iter().map(Vec::capacity).sum();
         slots * size_of::<Packed>() + self.chunks.capacity() * size_of::<Vec<Packed>>()
@@ -275,6 +290,11 @@ impl DenseRecords {
         let slot = self.ring.slot_mut(position)?;
         let record = slot.unpack(window);
         slot.lease = 0;
+        // The newest slot goes at once (as when a replay drops a record it just settled,
+        // which a record run holds); an older one waits, vacant, for expiry.
+        if position == self.ring.tail.wrapping_sub(1) {
+            self.ring.pop_back();
+        }
         Some(record)
     }
 
@@ -310,22 +330,66 @@ impl DenseRecords {
     /// at most as long as it was itself in flight (lookups already answer it absent).
     pub(super) fn expire(&mut self, budget: usize, window: Window, current: u64) {
         for _ in 0..budget {
-            let head = self.ring.head;
-            let Some(front) = self.ring.slot(head).copied() else {
+            let Some(front) = self.ring.slot(self.ring.head).copied() else {
                 return;
             };
-            if !front.is_vacant() {
-                if window.is_live(front.bucket(window), current) {
-                    return;
-                }
-                if let Ok(entry) = self
-                    .index
-                    .find_entry(hash_of(front.fingerprint), |&position| position == head)
-                {
-                    entry.remove();
-                }
+            if !front.is_vacant() && window.is_live(front.bucket(window), current) {
+                return;
             }
-            self.ring.pop();
+            self.pop_front(window);
+        }
+    }
+
+    /// Drops the front slot and its table entry; returns its record's bucket if it
+    /// was not vacant.
+    fn pop_front(&mut self, window: Window) -> Option<u64> {
+        let head = self.ring.head;
+        let front = self
+            .ring
+            .slot(head)
+            .copied()
+            .filter(|front| !front.is_vacant());
+        if let Some(front) = front
+            && let Ok(entry) = self
+                .index
+                .find_entry(hash_of(front.fingerprint), |&position| position == head)
+        {
+            entry.remove();
+        }
+        self.ring.pop();
+        front.map(|front| front.bucket(window))
+    }
+
+    /// Every live record here, with its fingerprint, and the position past the last
+    /// slot: [`DenseRecords::drop_before`] that position drops exactly these slots (and
+    /// vacant or expired ones among them) once a record run holds them.
+    pub(super) fn live_records(
+        &self,
+        window: Window,
+        current: u64,
+    ) -> (Vec<(u128, SettledRecord)>, u32) {
+        let ring = &self.ring;
+        let records = (0..ring.tail.wrapping_sub(ring.head))
+            .filter_map(|offset| ring.slot(ring.head.wrapping_add(offset)))
+            .filter(|slot| !slot.is_vacant() && window.is_live(slot.bucket(window), current))
+            .map(|slot| (join(slot.fingerprint), slot.unpack(window)))
+            .collect();
+        (records, ring.tail)
+    }
+
+    /// Drops every slot before position `end` (one `live_records` returned), unless
+    /// expiry already dropped past it, handing each dropped record's bucket to `dropped`.
+    pub(super) fn drop_before(&mut self, end: u32, window: Window, mut dropped: impl FnMut(u64)) {
+        loop {
+            let (head, tail) = (self.ring.head, self.ring.tail);
+            // Zero once `end` is reached; past the ring's length if expiry passed it.
+            let left = end.wrapping_sub(head);
+            if left == 0 || left > tail.wrapping_sub(head) {
+                return;
+            }
+            if let Some(bucket) = self.pop_front(window) {
+                dropped(bucket);
+            }
         }
     }
 

@@ -11,6 +11,7 @@ mod shard;
 mod slots;
 mod table;
 
+pub(crate) use records::{SealMark, Sealable};
 pub(crate) use shard::{Grant, InFlightRecord, NewRecord, Reserved, Shard};
 pub(crate) use table::DedupTable;
 
@@ -36,6 +37,19 @@ pub(crate) trait SealedKeys {
         window: Window,
         current: u64,
     ) -> crate::base::Result<()>;
+}
+
+/// Settled idempotency records that left memory for record runs on disk, as the index
+/// asks for them: the engine implements this over the log's runs.
+pub(crate) trait SealedRecords {
+    /// The settled record of `fingerprint` a run holds, if its bucket is live at
+    /// `current` (the newest run first).
+    fn find(
+        &self,
+        fingerprint: Fingerprint,
+        window: Window,
+        current: u64,
+    ) -> crate::base::Result<Option<crate::base::SettledRecord>>;
 }
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -160,6 +174,28 @@ impl Index {
         for index in 0..self.shards.len() {
             self.lock_index(index).release_frozen();
         }
+    }
+
+    /// Shards (the sections of a run).
+    pub(crate) fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// What a record seal takes from shard `index` (locked meanwhile).
+    pub(crate) fn sealable_records(&self, index: usize) -> Sealable {
+        self.lock_index(index).sealable_records()
+    }
+
+    /// Drops from shard `index` the records a record run now holds.
+    pub(crate) fn drop_sealed_records(&self, index: usize, mark: &SealMark) {
+        self.lock_index(index).drop_sealed_records(mark);
+    }
+
+    /// Heap bytes of the records every shard holds.
+    pub(crate) fn record_bytes(&self) -> u64 {
+        (0..self.shards.len())
+            .map(|index| self.lock_index(index).record_bytes() as u64)
+            .sum()
     }
 
     /// Bytes of every shard's dedup tables, frozen ones included.

@@ -4,9 +4,10 @@ use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
+use super::SealedRecords;
 use super::dense::DenseRecords;
 use crate::base::{
-    Error, LogSpan, Record, RecordStatus, ResponseBytes, Result, SettledRecord, Window,
+    Error, Fingerprint, LogSpan, Record, RecordStatus, ResponseBytes, Result, SettledRecord, Window,
 };
 
 /// How a lease ends a record: with response bytes that memory keeps (a call), or with a
@@ -190,6 +191,25 @@ impl StoredRecord {
                 key: *key,
             }),
             _ => None,
+        }
+    }
+
+    /// For a finished record that is not settled and has no take-over to remember (so
+    /// that a replay of its ending settles it): the earliest frame its ending may lie
+    /// in. Its finish frame once located; before that, its reserve frame, which the
+    /// finish follows; the log's start if neither is known. `None` for any other record.
+    fn unsettled_ending(&self) -> Option<LogSpan> {
+        let start = LogSpan {
+            bucket: 0,
+            seq: 0,
+            start: 0,
+            len: 0,
+        };
+        match &self.body {
+            _ if self.extra.is_some() => None,
+            Body::Finished { key_at, .. } => Some(key_at.unwrap_or(start)),
+            Body::KeyHeld { response, .. } => Some(*response),
+            Body::InFlight { .. } | Body::Logged { .. } => None,
         }
     }
 
@@ -577,6 +597,24 @@ pub(crate) struct RecordMap {
     thawed: Option<StoredRecord>,
 }
 
+/// What a record seal takes from one shard's records ([`RecordMap::sealable`]).
+pub(crate) struct Sealable {
+    /// Every live settled record, with its fingerprint, in no order.
+    pub(crate) records: Vec<(u128, SettledRecord)>,
+    /// Which of the records memory holds these are, to drop once a run holds them.
+    pub(crate) mark: SealMark,
+    /// The earliest frame that may end a finished record left out.
+    pub(crate) unsettled_from: Option<LogSpan>,
+}
+
+/// The records a seal took from one shard: the dense tier's up to a position, and the
+/// map's by fingerprint and lease.
+#[derive(Debug, Default)]
+pub(crate) struct SealMark {
+    dense_end: u32,
+    in_map: Vec<(u128, u64)>,
+}
+
 /// The queues are compacted when they hold this many entries more than twice the map's
 /// records (so compaction costs a constant amortized over the records that settled).
 const QUEUE_SLACK: usize = 64;
@@ -591,20 +629,27 @@ impl RecordMap {
     /// mutator changes a settled record: `finish`, `set_note`, `locate_key`, `hand_over`
     /// and `renew` act on a record in flight, `log_response` on one holding its
     /// response, and `drop_response` only marks what the record's bucket already says.
+    ///
+    /// With `sealed`, a record memory does not hold is looked for in the record runs,
+    /// and lent out the same way: a record run holds settled records only.
     pub(crate) fn live_mut(
         &mut self,
         fingerprint: u128,
         scoped_key: Option<&[u8]>,
-        window: Window,
-        current: u64,
+        (window, current): (Window, u64),
+        sealed: Option<&dyn SealedRecords>,
     ) -> Result<Option<&mut StoredRecord>> {
         // A record is in one tier at a time: one in the map, expired or not, means the
         // dense tier holds none of this key that is live.
         let Some(held) = self.map.get(&fingerprint) else {
-            return Ok(self
-                .dense
-                .get(fingerprint, window, current)
-                .map(|settled| &mut *self.thawed.insert(StoredRecord::from(settled))));
+            let settled = match self.dense.get(fingerprint, window, current) {
+                Some(settled) => Some(settled),
+                None => match sealed {
+                    Some(sealed) => sealed.find(Fingerprint(fingerprint), window, current)?,
+                    None => None,
+                },
+            };
+            return Ok(settled.map(|settled| &mut *self.thawed.insert(StoredRecord::from(settled))));
         };
         if !window.is_live(held.bucket, current) {
             self.map.remove(&fingerprint);
@@ -617,6 +662,73 @@ impl RecordMap {
             return Err(Error::FingerprintCollision);
         }
         Ok(self.map.get_mut(&fingerprint))
+    }
+
+    /// What a record seal takes from these records: every live settled record (the dense
+    /// tier's, and the few settled in the map that did not pack), where they end, and
+    /// the earliest frame that may end a finished record not taken (its response or its
+    /// key not yet located in the log): a seal's cover must not reach past it.
+    pub(crate) fn sealable(&self, window: Window, current: u64) -> Sealable {
+        let (mut records, dense_end) = self.dense.live_records(window, current);
+        let mut in_map = Vec::new();
+        let mut unsettled_from: Option<LogSpan> = None;
+        for (&fingerprint, record) in &self.map {
+            if !window.is_live(record.bucket, current) {
+                continue;
+            }
+            if let Some(settled) = record.settled() {
+                records.push((fingerprint, settled));
+                in_map.push((fingerprint, record.lease_id));
+            } else if let Some(from) = record.unsettled_ending() {
+                let earlier = unsettled_from.is_none_or(|earliest| {
+                    (from.bucket, from.seq, from.start)
+                        < (earliest.bucket, earliest.seq, earliest.start)
+                });
+                if earlier {
+                    unsettled_from = Some(from);
+                }
+            }
+        }
+        Sealable {
+            records,
+            mark: SealMark { dense_end, in_map },
+            unsettled_from,
+        }
+    }
+
+    /// Drops the records a record run now holds (`mark`, from [`RecordMap::sealable`]),
+    /// handing each one's bucket to `dropped`; a record of the map that changed since
+    /// (expired and reserved again) stays.
+    pub(crate) fn drop_sealed(
+        &mut self,
+        mark: &SealMark,
+        window: Window,
+        mut dropped: impl FnMut(u64),
+    ) {
+        self.dense.drop_before(mark.dense_end, window, &mut dropped);
+        for &(fingerprint, lease_id) in &mark.in_map {
+            let same = self
+                .map
+                .get(&fingerprint)
+                .is_some_and(|record| record.lease_id == lease_id && record.settled().is_some());
+            if same && let Some(record) = self.map.remove(&fingerprint) {
+                dropped(record.bucket);
+            }
+        }
+    }
+
+    /// Drops the record of `fingerprint` if it is settled; returns its bucket.
+    pub(crate) fn drop_settled(&mut self, fingerprint: u128, window: Window) -> Option<u64> {
+        match self.map.get(&fingerprint) {
+            Some(record) if record.settled().is_some() => {
+                self.map.remove(&fingerprint).map(|record| record.bucket)
+            }
+            Some(_) => None,
+            None => self
+                .dense
+                .remove(fingerprint, window)
+                .map(|record| record.bucket),
+        }
     }
 
     /// Moves the record of `fingerprint` to the dense tier if it has settled.
@@ -859,7 +971,7 @@ mod tests {
                 window,
             );
             let record = map
-                .live_mut(fingerprint, None, window, bucket)
+                .live_mut(fingerprint, None, (window, bucket), None)
                 .unwrap()
                 .unwrap();
             record.finish(
@@ -874,7 +986,7 @@ mod tests {
         assert_eq!(map.len(), RECORDS as usize);
         let fingerprint = 77u128.wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835);
         let record = map
-            .live_mut(fingerprint, Some(b"other"), window, 3)
+            .live_mut(fingerprint, Some(b"other"), (window, 3), None)
             .unwrap()
             .unwrap();
         let snapshot = record.snapshot(None, 3);
@@ -900,7 +1012,10 @@ mod tests {
             map.heap_bytes() + 4096 <= before,
             "the response's bytes are gone"
         );
-        let kept = map.live_mut(1, Some(b"a"), window, 3).unwrap().unwrap();
+        let kept = map
+            .live_mut(1, Some(b"a"), (window, 3), None)
+            .unwrap()
+            .unwrap();
         assert_eq!(kept.snapshot(None, 3).status, RecordStatus::Completed);
         assert_eq!(kept.snapshot(None, 3).response, None);
     }
@@ -911,12 +1026,28 @@ mod tests {
         let mut map = RecordMap::default();
         map.insert(1, record(0, b"a"), window);
         map.insert(2, record(1, b"b"), window);
-        assert!(map.live_mut(1, Some(b"a"), window, 2).unwrap().is_some());
+        assert!(
+            map.live_mut(1, Some(b"a"), (window, 2), None)
+                .unwrap()
+                .is_some()
+        );
         map.expire(10, window, 3);
         assert_eq!(map.len(), 1);
-        assert!(map.live_mut(1, Some(b"a"), window, 3).unwrap().is_none());
-        assert!(map.live_mut(2, Some(b"b"), window, 3).unwrap().is_some());
-        assert!(map.live_mut(2, Some(b"b"), window, 4).unwrap().is_none());
+        assert!(
+            map.live_mut(1, Some(b"a"), (window, 3), None)
+                .unwrap()
+                .is_none()
+        );
+        assert!(
+            map.live_mut(2, Some(b"b"), (window, 3), None)
+                .unwrap()
+                .is_some()
+        );
+        assert!(
+            map.live_mut(2, Some(b"b"), (window, 4), None)
+                .unwrap()
+                .is_none()
+        );
         assert_eq!(map.len(), 0);
     }
 
@@ -928,7 +1059,11 @@ mod tests {
         map.remove(1, window);
         map.insert(1, record(5, b"a"), window);
         map.expire(10, window, 5);
-        assert!(map.live_mut(1, Some(b"a"), window, 5).unwrap().is_some());
+        assert!(
+            map.live_mut(1, Some(b"a"), (window, 5), None)
+                .unwrap()
+                .is_some()
+        );
     }
 
     #[test]
@@ -937,7 +1072,7 @@ mod tests {
         let mut map = RecordMap::default();
         map.insert(1, record(0, b"a"), window);
         assert!(matches!(
-            map.live_mut(1, Some(b"z"), window, 0),
+            map.live_mut(1, Some(b"z"), (window, 0), None),
             Err(Error::FingerprintCollision)
         ));
     }

@@ -8,7 +8,8 @@ use super::records::{Ending, RecordMap, StoredRecord};
 use super::table::{DedupTable, Inserted};
 use std::sync::Arc;
 
-use super::{PREFETCH_AHEAD, SealedKeys};
+use super::records::{SealMark, Sealable};
+use super::{PREFETCH_AHEAD, SealedKeys, SealedRecords};
 use crate::base::{Advance, Liveness, LogSpan, Record, RecordStatus};
 use crate::base::{Error, Fingerprint, Finish, FullPolicy, Result, Window};
 
@@ -552,57 +553,58 @@ impl Shard {
         scoped_key: &[u8],
         request_hash: u128,
         (now_ms, lease_timeout_ms): (u64, Option<u64>),
-        next_lease: impl FnOnce() -> Result<u64>,
+        (sealed, next_lease): (Option<&dyn SealedRecords>, impl FnOnce() -> Result<u64>),
     ) -> Result<Reserved> {
         let (window, current) = (self.view(), self.current);
-        let outcome =
-            match self
-                .records
-                .live_mut(fingerprint.0, Some(scoped_key), window, current)?
+        let outcome = match self.records.live_mut(
+            fingerprint.0,
+            Some(scoped_key),
+            (window, current),
+            sealed,
+        )? {
+            Some(record) if record.request_hash != request_hash => Reserved::Mismatch {
+                key_logged: record.key_logged(),
+            },
+            Some(record)
+                if record.leased_ms().is_some_and(|leased_ms| {
+                    lease_timeout_ms
+                        .is_some_and(|timeout| now_ms.saturating_sub(leased_ms) >= timeout)
+                }) =>
             {
-                Some(record) if record.request_hash != request_hash => Reserved::Mismatch {
-                    key_logged: record.key_logged(),
-                },
-                Some(record)
-                    if record.leased_ms().is_some_and(|leased_ms| {
-                        lease_timeout_ms
-                            .is_some_and(|timeout| now_ms.saturating_sub(leased_ms) >= timeout)
-                    }) =>
-                {
-                    let old = record.lease_id;
-                    let lease_id = next_lease()?;
-                    record.hand_over(lease_id, now_ms);
-                    let grant = Grant {
-                        fingerprint,
-                        lease_id,
-                        since_ms: record.created_ms,
-                    };
-                    Reserved::TakenOver { grant, old }
-                }
-                Some(record) if record.is_in_flight() => Reserved::InFlight {
+                let old = record.lease_id;
+                let lease_id = next_lease()?;
+                record.hand_over(lease_id, now_ms);
+                let grant = Grant {
+                    fingerprint,
+                    lease_id,
                     since_ms: record.created_ms,
-                    note: record.note(),
-                },
-                Some(record) => Reserved::Existing(record.snapshot(self.retention, current)),
-                None => {
-                    // The id first: if ids ran out, nothing (no early eviction) happened.
-                    let lease_id = next_lease()?;
-                    self.make_room(1)?;
-                    self.store_record(&NewRecord {
-                        fingerprint,
-                        scoped_key,
-                        request_hash,
-                        lease_id,
-                        created_ms: now_ms,
-                        key_at: None,
-                    });
-                    Reserved::Acquired(Grant {
-                        fingerprint,
-                        lease_id,
-                        since_ms: now_ms,
-                    })
-                }
-            };
+                };
+                Reserved::TakenOver { grant, old }
+            }
+            Some(record) if record.is_in_flight() => Reserved::InFlight {
+                since_ms: record.created_ms,
+                note: record.note(),
+            },
+            Some(record) => Reserved::Existing(record.snapshot(self.retention, current)),
+            None => {
+                // The id first: if ids ran out, nothing (no early eviction) happened.
+                let lease_id = next_lease()?;
+                self.make_room(1)?;
+                self.store_record(&NewRecord {
+                    fingerprint,
+                    scoped_key,
+                    request_hash,
+                    lease_id,
+                    created_ms: now_ms,
+                    key_at: None,
+                });
+                Reserved::Acquired(Grant {
+                    fingerprint,
+                    lease_id,
+                    since_ms: now_ms,
+                })
+            }
+        };
         self.count_reservation(&outcome);
         self.after_writes(1);
         Ok(outcome)
@@ -652,13 +654,14 @@ impl Shard {
         if !window.is_live(stamp, current) {
             return;
         }
-        let newer_exists = match self
-            .records
-            .live_mut(new.fingerprint.0, None, window, current)
-        {
-            Ok(Some(record)) => record.lease_id >= new.lease_id,
-            Ok(None) | Err(_) => false,
-        };
+        let newer_exists =
+            match self
+                .records
+                .live_mut(new.fingerprint.0, None, (window, current), None)
+            {
+                Ok(Some(record)) => record.lease_id >= new.lease_id,
+                Ok(None) | Err(_) => false,
+            };
         if !newer_exists {
             self.store_record_at(new, stamp);
         }
@@ -746,7 +749,10 @@ impl Shard {
     /// `span`: where the record's key is read back from once it keeps only spans.
     pub(crate) fn locate_key(&mut self, fingerprint: Fingerprint, lease_id: u64, span: LogSpan) {
         let (window, current) = (self.view(), self.current);
-        if let Ok(Some(record)) = self.records.live_mut(fingerprint.0, None, window, current) {
+        if let Ok(Some(record)) =
+            self.records
+                .live_mut(fingerprint.0, None, (window, current), None)
+        {
             record.locate_key(lease_id, span);
         }
     }
@@ -763,7 +769,7 @@ impl Shard {
         let (window, current) = (self.view(), self.current);
         match self
             .records
-            .live_mut(fingerprint.0, None, window, current)?
+            .live_mut(fingerprint.0, None, (window, current), None)?
         {
             Some(record) if record.fences(lease_id) => {
                 self.counters.fenced += 1;
@@ -800,7 +806,7 @@ impl Shard {
         let (window, current) = (self.view(), self.current);
         if self
             .records
-            .live_mut(fingerprint.0, Some(scoped_key), window, current)?
+            .live_mut(fingerprint.0, Some(scoped_key), (window, current), None)?
             .is_none()
         {
             return Err(Error::LeaseLost);
@@ -822,7 +828,7 @@ impl Shard {
         let (window, current) = (self.view(), self.current);
         let Some(record) = self
             .records
-            .live_mut(fingerprint.0, Some(scoped_key), window, current)?
+            .live_mut(fingerprint.0, Some(scoped_key), (window, current), None)?
             .filter(|record| record.is_in_flight())
         else {
             return Ok(None);
@@ -857,7 +863,9 @@ impl Shard {
         at_ms: u64,
     ) {
         let (window, current) = (self.view(), self.current);
-        if let Ok(Some(record)) = self.records.live_mut(fingerprint.0, None, window, current)
+        if let Ok(Some(record)) =
+            self.records
+                .live_mut(fingerprint.0, None, (window, current), None)
             && record.in_flight_under(old)
         {
             if old == new {
@@ -963,30 +971,57 @@ impl Shard {
     }
 
     /// Applies a logged lease ending during recovery; a record that is gone is skipped.
+    /// With `sealed` (the ending lies before the record runs' cover), a record the
+    /// ending settles is dropped: a record run holds it.
     pub(crate) fn restore_finish(
         &mut self,
         fingerprint: Fingerprint,
-        lease_id: u64,
-        ending: Option<(RecordStatus, LogSpan)>,
+        (lease_id, ending): (u64, Option<(RecordStatus, LogSpan)>),
         at_ms: u64,
+        sealed: bool,
     ) {
         let before = self.counters;
         let ending = ending.map(|(status, span)| (status, Ending::Logged(span)));
         let _ = self.end_lease(fingerprint, lease_id, ending, at_ms);
         self.counters = before;
+        if sealed && let Some(bucket) = self.records.drop_settled(fingerprint.0, self.view()) {
+            self.uncount_record(bucket);
+        }
     }
 
     pub(crate) fn get(
         &mut self,
         fingerprint: Fingerprint,
         scoped_key: &[u8],
+        sealed: Option<&dyn SealedRecords>,
     ) -> Result<Option<Record>> {
         let (window, current) = (self.view(), self.current);
-        let record = self
-            .records
-            .live_mut(fingerprint.0, Some(scoped_key), window, current)?;
+        let record =
+            self.records
+                .live_mut(fingerprint.0, Some(scoped_key), (window, current), sealed)?;
         let retention = self.retention;
         Ok(record.map(|r| r.snapshot(retention, current)))
+    }
+
+    /// What a record seal takes from this shard ([`RecordMap::sealable`]).
+    pub(crate) fn sealable_records(&self) -> Sealable {
+        self.records.sealable(self.view(), self.current)
+    }
+
+    /// Drops the records a record run now holds: they stop counting as live in memory.
+    pub(crate) fn drop_sealed_records(&mut self, mark: &SealMark) {
+        let window = self.view();
+        let mut dropped = Vec::new();
+        self.records
+            .drop_sealed(mark, window, |bucket| dropped.push(bucket));
+        for bucket in dropped {
+            self.uncount_record(bucket);
+        }
+    }
+
+    /// Heap bytes of the records memory holds.
+    pub(crate) fn record_bytes(&self) -> usize {
+        self.records.heap_bytes()
     }
 
     pub(crate) fn live_keys(&self) -> u64 {

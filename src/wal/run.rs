@@ -114,9 +114,10 @@ pub(crate) struct RunSummary {
 }
 
 impl RunSummary {
-    /// Whether this run holds the keys of run `run_id`, merged into it.
-    pub(crate) fn replaces(&self, run_id: u64) -> bool {
-        (self.replaces_from..self.run_id).contains(&run_id)
+    /// Whether this run holds the entries of run `other`, merged into it (runs of one
+    /// kind only: key runs and record runs take ids from one sequence).
+    pub(crate) fn replaces(&self, other: &RunSummary) -> bool {
+        self.kind == other.kind && (self.replaces_from..self.run_id).contains(&other.run_id)
     }
 }
 
@@ -742,6 +743,20 @@ impl<'a> RunWriter<'a> {
             fingerprints,
         });
         Ok(())
+    }
+
+    /// Sets the bucket range and the cover of a run whose entries are absolute (a record
+    /// run), once its sections are written.
+    pub(crate) fn set_range(
+        &mut self,
+        oldest_bucket: u64,
+        newest_bucket: u64,
+        covers: LogPosition,
+    ) {
+        debug_assert_eq!(self.summary.kind, RunKind::Records);
+        self.summary.oldest_bucket = oldest_bucket;
+        self.summary.newest_bucket = newest_bucket;
+        self.summary.covers = covers;
     }
 
     /// Gives the run up: its temporary file is removed (a crash before leaves it to the

@@ -28,5 +28,6 @@ mod crash_sealing;
 mod durability;
 mod faults;
 mod fuzz_corpus;
+mod record_runs;
 mod responses;
 mod sealing;

@@ -1,0 +1,212 @@
+//! `Options::memory_budget` and idempotency records: settled records beyond a quarter of
+//! the budget are sealed into record runs on disk; every answer stays exact (a replay
+//! byte for byte, a mismatch, an unknown key, a lease that ended), in memory and after a
+//! reopen; a damaged run is `Corrupted`, never another record; runs leave whole with
+//! their window.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::support::{BUCKET, WINDOW, manual_clock};
+use oncedb::io::{MemStorage, Storage};
+use oncedb::{Db, Durability, Error, ManualClock, Options, Reservation, Scope};
+
+/// Records seal once they hold 16 KiB of memory: every few hundred records.
+const BUDGET: u64 = 1 << 16;
+const RECORDS: u32 = 6_000;
+
+fn options(storage: Arc<dyn Storage>, clock: &ManualClock) -> Options {
+    options_in(storage, clock, Durability::Buffered)
+}
+
+fn options_in(storage: Arc<dyn Storage>, clock: &ManualClock, durability: Durability) -> Options {
+    Options::new("/db")
+        .window(WINDOW)
+        .bucket_width(BUCKET)
+        .clock(clock.clone())
+        .durability(durability)
+        .memory_budget(BUDGET)
+        .shards(4)
+        .storage(storage)
+}
+
+fn key(n: u32) -> [u8; 8] {
+    u64::from(n).to_le_bytes()
+}
+
+fn response_of(n: u32) -> Vec<u8> {
+    let mut response = vec![(n % 251) as u8; 40 + (n % 60) as usize];
+    response[..4].copy_from_slice(&n.to_le_bytes());
+    response
+}
+
+/// Reserves and ends records `range` (every seventh one failed), each with its request.
+fn finish_all(db: &Db, scope: &Scope, range: std::ops::Range<u32>) {
+    for n in range {
+        let Reservation::Acquired(lease) = db.reserve(scope, &key(n), b"req").unwrap() else {
+            panic!("record {n} is new");
+        };
+        if n % 7 == 0 {
+            lease.fail(&response_of(n)).unwrap();
+        } else {
+            lease.complete(&response_of(n)).unwrap();
+        }
+    }
+}
+
+/// Every record `range` answers as finished, with its response byte for byte, to a
+/// retry and to `get`; another request is a mismatch.
+fn answers_all(db: &Db, scope: &Scope, range: std::ops::Range<u32>) {
+    for n in range {
+        let record = match db.reserve(scope, &key(n), b"req").unwrap() {
+            Reservation::Failed(record) if n % 7 == 0 => record,
+            Reservation::Completed(record) if n % 7 != 0 => record,
+            other => panic!("record {n}: {other:?}"),
+        };
+        assert_eq!(record.response(), Some(&response_of(n)[..]), "record {n}");
+        let got = db.get(scope, &key(n)).unwrap().unwrap();
+        assert_eq!(got.response(), Some(&response_of(n)[..]), "record {n}");
+        assert_eq!(got.status(), record.status());
+        assert!(matches!(
+            db.reserve(scope, &key(n), b"other").unwrap(),
+            Reservation::Mismatch
+        ));
+    }
+}
+
+fn record_runs_on(disk: &MemStorage) -> Vec<std::path::PathBuf> {
+    disk.list(Path::new("/db"))
+        .unwrap()
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "records"))
+        .collect()
+}
+
+/// In `Buffered`, and in `Interval` with a long interval, where most finished records
+/// still hold their responses (the log is written a megabyte at a time) when a seal takes
+/// the settled ones: the run's cover stops before the first of those, whose endings the
+/// reopen replays.
+#[test]
+fn settled_records_beyond_the_budget_are_sealed_and_every_answer_stays_exact() {
+    for durability in [
+        Durability::Buffered,
+        Durability::Interval(std::time::Duration::from_secs(3600)),
+    ] {
+        sealed_records_answer_exactly(durability);
+    }
+}
+
+fn sealed_records_answer_exactly(durability: Durability) {
+    let disk = MemStorage::new();
+    let clock = manual_clock();
+    let scope = Scope::new("org", "pay");
+    let options = || options_in(Arc::new(disk.clone()), &clock, durability);
+    let db = Db::open(options()).unwrap();
+    finish_all(&db, &scope, 0..RECORDS);
+    // A record still in flight is never sealed.
+    let Reservation::Acquired(open_lease) = db.reserve(&scope, b"open", b"req").unwrap() else {
+        panic!("a new key");
+    };
+    finish_all(&db, &scope, RECORDS..2 * RECORDS);
+    db.flush().unwrap();
+    let stats = db.stats();
+    assert!(stats.sealed_record_runs >= 1, "{stats:?}");
+    assert!(stats.sealed_records >= u64::from(RECORDS / 2), "{stats:?}");
+    assert_eq!(
+        stats.sealed_records + stats.live_records,
+        u64::from(2 * RECORDS) + 1,
+        "{stats:?}"
+    );
+    assert_eq!(record_runs_on(&disk).len() as u64, stats.sealed_record_runs);
+    answers_all(&db, &scope, 0..2 * RECORDS);
+    assert!(db.get(&scope, b"never").unwrap().is_none());
+    assert!(matches!(
+        db.reserve(&scope, b"open", b"req").unwrap(),
+        Reservation::InFlight { .. }
+    ));
+    drop(db);
+    disk.process_crash();
+
+    // A reopen replays the log past the runs' cover: sealed records stay on disk.
+    let db = Db::open(options()).unwrap();
+    let reopened = db.stats();
+    assert_eq!(reopened.sealed_records, stats.sealed_records);
+    // A record that ended while a seal ran may be both in its run and replayed (so in
+    // memory again until the next seal), a few among the sealed ones.
+    assert!(
+        reopened.live_records < stats.live_records + stats.sealed_records / 4,
+        "memory rebuilt the sealed records: {} before, {reopened:?}",
+        stats.live_records
+    );
+    answers_all(&db, &scope, 0..2 * RECORDS);
+    assert!(matches!(
+        db.reserve(&scope, b"open", b"req").unwrap(),
+        Reservation::InFlight { .. }
+    ));
+    let epoch = open_lease.epoch();
+    drop(open_lease);
+    db.resume(&scope, b"open", epoch)
+        .unwrap()
+        .complete(b"late")
+        .unwrap();
+    assert_eq!(
+        db.get(&scope, b"open").unwrap().unwrap().response(),
+        Some(&b"late"[..])
+    );
+    assert!(db.get(&scope, b"never").unwrap().is_none());
+}
+
+#[test]
+fn record_runs_leave_whole_with_their_window() {
+    let disk = MemStorage::new();
+    let clock = manual_clock();
+    let scope = Scope::new("org", "pay");
+    let db = Db::open(options(Arc::new(disk.clone()), &clock)).unwrap();
+    finish_all(&db, &scope, 0..RECORDS);
+    db.flush().unwrap();
+    assert!(!record_runs_on(&disk).is_empty());
+    clock.forward(WINDOW + 2 * BUCKET);
+    // The old records are gone: each key is new again, and the runs are removed.
+    finish_all(&db, &scope, 0..RECORDS);
+    db.flush().unwrap();
+    let stats = db.stats();
+    assert!(stats.runs_expired >= 1, "{stats:?}");
+    assert!(
+        stats.sealed_records <= u64::from(RECORDS),
+        "expired records stay sealed: {stats:?}"
+    );
+    answers_all(&db, &scope, 0..RECORDS);
+}
+
+#[test]
+fn a_damaged_record_run_is_corruption_never_another_answer() {
+    let disk = MemStorage::new();
+    let clock = manual_clock();
+    let scope = Scope::new("org", "pay");
+    let db = Db::open(options(Arc::new(disk.clone()), &clock)).unwrap();
+    finish_all(&db, &scope, 0..RECORDS);
+    db.flush().unwrap();
+    drop(db);
+    let run = record_runs_on(&disk).into_iter().next().unwrap();
+    let mut bytes = disk.contents(&run).unwrap();
+    // A byte of the first data page: a record's response span.
+    bytes[90] ^= 0x40;
+    disk.set_contents(&run, bytes);
+    let db = Db::open(options(Arc::new(disk.clone()), &clock)).unwrap();
+    let mut corrupted = 0;
+    for n in 0..RECORDS {
+        match db.reserve(&scope, &key(n), b"req") {
+            Err(Error::Corrupted { path, .. }) => {
+                assert_eq!(path, run);
+                corrupted += 1;
+            }
+            Ok(Reservation::Completed(record) | Reservation::Failed(record)) => {
+                assert_eq!(record.response(), Some(&response_of(n)[..]), "record {n}");
+            }
+            other => panic!("record {n}: {other:?}"),
+        }
+    }
+    assert!(corrupted > 0, "no lookup read the damaged page");
+    let report = oncedb::verify_with(&disk, "/db").unwrap();
+    assert!(!report.is_clean(), "{report:?}");
+}
