@@ -63,8 +63,8 @@ pub struct BenchArgs {
     /// replay checked byte for byte.
     #[arg(long, default_value_t = 0.01)]
     mismatch_rate: f64,
-    /// Bound the dedup keys' memory (`Options::memory_budget`): `512MiB`, `1GiB`, or a
-    /// plain number of bytes. Durable runs only.
+    /// Bound the memory of dedup keys and idempotency records (`Options::memory_budget`):
+    /// `512MiB`, `1GiB`, or a plain number of bytes. Durable runs only.
     #[arg(long, value_parser = parse_bytes)]
     memory_budget: Option<u64>,
     /// Parent directory for durable stores (default: the system temp directory).
@@ -526,6 +526,14 @@ fn run_scenario(args: &BenchArgs, scenario: Scenario) -> Result<Outcome, String>
     // the summary counts every run.
     db.flush().map_err(|e| e.to_string())?;
     let stats = db.stats();
+    if stats.sealed_record_runs > 0 {
+        noteln!(
+            "   sealed records: {} record runs holding {} records, {} records in memory",
+            stats.sealed_record_runs,
+            stats.sealed_records,
+            stats.live_records
+        );
+    }
     if stats.runs_sealed > 0 {
         noteln!(
             "   sealed: {} runs written, {} merges, {} live holding {} keys; filters and fences {:.1} MiB ({:.2} bytes a sealed key); {} keys in memory; writers waited at the budget {} times",
@@ -885,18 +893,36 @@ fn reserve_checked(
 
 /// Replays the first keys of lane 0's stream (each a retry of a completed record),
 /// timing every call and checking every replayed response, byte for byte.
+/// Replays the first and the last keys the first thread reserved, each answer checked
+/// byte for byte: the oldest records (sealed into record runs when a memory budget made
+/// the store seal them) and the newest (in memory).
 fn replay_sample(db: &Db, driver: &Driver<'_>) -> Result<(), String> {
     const REPLAYS: usize = 100_000;
-    let ops = driver
-        .scenario
-        .keys
-        .div_ceil(driver.scenario.threads)
-        .min(REPLAYS);
+    let ops = driver.scenario.keys.div_ceil(driver.scenario.threads);
+    let sample = ops.min(REPLAYS);
     let mut stream = KeyStream::new(driver.scenario.dup_rate, 42, 0);
-    let (mut keys, mut histogram) = (Vec::with_capacity(ops), new_histogram());
-    stream.fill_idempotency_keys(ops, &mut keys);
+    let (mut oldest, mut newest) = (Vec::with_capacity(sample), Vec::with_capacity(sample));
+    stream.fill_idempotency_keys(sample, &mut oldest);
+    let mut left = ops - sample;
+    while left > 0 {
+        let chunk = left.min(REPLAYS);
+        stream.fill_idempotency_keys(chunk, &mut newest);
+        left -= chunk;
+    }
+    let sealed = db.stats().sealed_records > 0;
+    let label = if sealed { "oldest (sealed)" } else { "oldest" };
+    replay_keys(db, driver, &oldest, label)?;
+    if !newest.is_empty() {
+        replay_keys(db, driver, &newest, "newest (in memory)")?;
+    }
+    Ok(())
+}
+
+/// Replays `keys` and prints the latency percentiles under `label`.
+fn replay_keys(db: &Db, driver: &Driver<'_>, keys: &[String], label: &str) -> Result<(), String> {
     let scope = Scope::new("bench", "create_payment");
-    for key in &keys {
+    let mut histogram = new_histogram();
+    for key in keys {
         let started = Instant::now();
         let answer = db
             .reserve(&scope, key.as_bytes(), key.as_bytes())
@@ -908,7 +934,7 @@ fn replay_sample(db: &Db, driver: &Driver<'_>) -> Result<(), String> {
         }
     }
     noteln!(
-        "   replay {:>7} completed records: p50 {} us, p99 {} us, p99.9 {} us, max {} us",
+        "   replay {:>7} {label} completed records: p50 {} us, p99 {} us, p99.9 {} us, max {} us",
         histogram.len(),
         micros(histogram.value_at_quantile(0.5)),
         micros(histogram.value_at_quantile(0.99)),
@@ -942,7 +968,10 @@ fn print_table(outcomes: &[Outcome]) -> Result<(), Failure> {
         let scenario = &outcome.scenario;
         let ops_per_sec = scenario.keys as f64 / outcome.elapsed.as_secs_f64();
         let latency = &outcome.latency;
-        let live = outcome.stats.live_keys + outcome.stats.live_records + outcome.stats.sealed_keys;
+        let live = outcome.stats.live_keys
+            + outcome.stats.live_records
+            + outcome.stats.sealed_keys
+            + outcome.stats.sealed_records;
         let bytes_per_key = if live > 0 {
             format!("{:.1}", outcome.rss_growth as f64 / live as f64)
         } else {

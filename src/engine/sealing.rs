@@ -64,6 +64,11 @@ const RUN_FLOOR_STEP: u64 = 1024;
 /// drops the inputs and builds the filter).
 const WORK_BYTES_PER_KEY: u64 = 41;
 
+/// The working memory a seal or a merge of record runs holds per record of the section it
+/// writes: the records read (a fingerprint and a settled record), then as many merged,
+/// then the filter's construction.
+const WORK_BYTES_PER_RECORD: u64 = 2 * size_of::<(u128, SettledRecord)>() as u64 + 25;
+
 /// How long a merge of merged runs may still keep a waiting writer before it gives way,
 /// in nanoseconds: half a second.
 const MERGE_WAIT_LIMIT_NS: u64 = 500_000_000;
@@ -291,6 +296,19 @@ impl SealedRecords for SealedRuns {
     }
 }
 
+/// The live runs, held ([`SealedRuns::hold`]).
+pub(crate) struct HeldRuns<'a> {
+    keys: parking_lot::RwLockReadGuard<'a, Vec<Arc<Run>>>,
+    records: parking_lot::RwLockReadGuard<'a, Vec<Arc<Run>>>,
+}
+
+impl HeldRuns<'_> {
+    /// Every held run: the key runs, then the record runs.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Arc<Run>> {
+        self.keys.iter().chain(self.records.iter())
+    }
+}
+
 /// What the sealer reports in `Stats`.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct SealStats {
@@ -418,11 +436,15 @@ impl Sealer {
 }
 
 impl SealedRuns {
-    /// The live runs, held as they are: no run is published, merged away or expired
-    /// until the guard drops (a merge removes its inputs only after it swapped them out
-    /// under the write lock), so every run listed is on disk meanwhile.
-    pub(crate) fn hold(&self) -> parking_lot::RwLockReadGuard<'_, Vec<Arc<Run>>> {
-        self.runs.read()
+    /// The live runs, key runs and record runs, held as they are: no run is published,
+    /// merged away or expired until the guard drops (a merge removes its inputs only
+    /// after it swapped them out under the write lock), so every run listed is on disk
+    /// meanwhile.
+    pub(crate) fn hold(&self) -> HeldRuns<'_> {
+        HeldRuns {
+            keys: self.runs.read(),
+            records: self.record_runs.read(),
+        }
     }
 
     /// The newest bucket any live run holds keys of.
@@ -534,8 +556,8 @@ impl SealedRuns {
     /// window (`span` buckets) past its own expiry (a merged run leaves with its newest
     /// bucket), and their filters take at most a quarter of the budget (the memory a
     /// merge adds while it runs), or [`MIN_SEAL_BYTES`] for the smallest budgets.
-    fn tail_to_merge(&self, span: u64) -> Option<Vec<Arc<Run>>> {
-        let runs = self.runs.read();
+    fn tail_to_merge(&self, span: u64, kind: RunKind) -> Option<Vec<Arc<Run>>> {
+        let runs = self.list(kind).0.read();
         let tail = runs.get(runs.len().checked_sub(MERGE_FANOUT)?..)?;
         let (first, last) = (tail.first()?.summary(), tail.last()?.summary());
         let alike = tail.iter().all(|run| {
@@ -555,11 +577,22 @@ impl SealedRuns {
         .then(|| tail.to_vec())
     }
 
-    /// Merges the newest runs while [`SealedRuns::tail_to_merge`] finds some (on the seal
-    /// task's thread).
-    fn merge_tail(&self, span: u64) -> Result<()> {
-        while let Some(inputs) = self.tail_to_merge(span) {
-            self.progress.set(Phase::Merging);
+    /// The live runs of `kind`, and their count.
+    fn list(&self, kind: RunKind) -> (&RwLock<Vec<Arc<Run>>>, &std::sync::atomic::AtomicUsize) {
+        match kind {
+            RunKind::Keys => (&self.runs, &self.live_runs),
+            RunKind::Records => (&self.record_runs, &self.live_record_runs),
+        }
+    }
+
+    /// Merges the newest runs of `kind` while [`SealedRuns::tail_to_merge`] finds some
+    /// (on the seal task's thread). A merge of key runs holds writers at the lower bound
+    /// ([`SealedRuns::bound`]); one of record runs takes no memory from the tables.
+    fn merge_tail(&self, span: u64, kind: RunKind) -> Result<()> {
+        while let Some(inputs) = self.tail_to_merge(span, kind) {
+            if kind == RunKind::Keys {
+                self.progress.set(Phase::Merging);
+            }
             self.work_bytes
                 .store(merge_work_bytes(&inputs), Ordering::Relaxed);
             let merged = self.merge(&inputs);
@@ -622,10 +655,11 @@ impl SealedRuns {
             merged.summary().level
         );
         {
-            let mut runs = self.runs.write();
+            let (list, count) = self.list(merged.summary().kind);
+            let mut runs = list.write();
             runs.retain(|run| !merged.summary().replaces(run.summary()));
             runs.push(merged);
-            self.live_runs.store(runs.len(), Ordering::Release);
+            count.store(runs.len(), Ordering::Release);
         }
         for run in inputs {
             self.storage.remove(run.path())?;
@@ -663,16 +697,50 @@ impl SealedRuns {
                     return Ok(false);
                 }
             }
-            let parts = inputs
-                .iter()
-                .map(|run| run.read_section(&*self.storage, index))
-                .collect::<Result<Vec<_>>>()?;
-            done += parts.iter().map(|part| part.len() as u64).sum::<u64>();
-            let entries = merge_sections(&parts);
-            drop(parts);
-            writer.add_section(&entries)?;
+            done += match inputs.first().map(|run| run.summary().kind) {
+                Some(RunKind::Records) => self.merge_record_section(inputs, index, writer)?,
+                _ => self.merge_key_section(inputs, index, writer)?,
+            };
         }
         Ok(true)
+    }
+
+    /// Writes the merge of the key runs' section `index`; returns the entries read.
+    fn merge_key_section(
+        &self,
+        inputs: &[Arc<Run>],
+        index: usize,
+        writer: &mut RunWriter<'_>,
+    ) -> Result<u64> {
+        let parts = inputs
+            .iter()
+            .map(|run| run.read_section(&*self.storage, index))
+            .collect::<Result<Vec<_>>>()?;
+        let read = parts.iter().map(|part| part.len() as u64).sum();
+        let entries = merge_sections(&parts, |entry| entry.0, |entry| entry.1);
+        drop(parts);
+        writer.add_section(&entries)?;
+        Ok(read)
+    }
+
+    /// Writes the merge of the record runs' section `index` (each fingerprint once, the
+    /// record of the newest bucket: a record that expired and was reserved again);
+    /// returns the records read.
+    fn merge_record_section(
+        &self,
+        inputs: &[Arc<Run>],
+        index: usize,
+        writer: &mut RunWriter<'_>,
+    ) -> Result<u64> {
+        let parts = inputs
+            .iter()
+            .map(|run| run.read_records(&*self.storage, index))
+            .collect::<Result<Vec<_>>>()?;
+        let read = parts.iter().map(|part| part.len() as u64).sum();
+        let records = merge_sections(&parts, |entry| entry.0, |entry| entry.1.bucket);
+        drop(parts);
+        writer.add_records(&records)?;
+        Ok(read)
     }
 }
 
@@ -688,12 +756,21 @@ fn merge_work_bytes(inputs: &[Arc<Run>]) -> u64 {
         })
         .max()
         .unwrap_or(0);
-    largest.saturating_mul(WORK_BYTES_PER_KEY)
+    let per_entry = match inputs.first().map(|run| run.summary().kind) {
+        Some(RunKind::Records) => WORK_BYTES_PER_RECORD,
+        _ => WORK_BYTES_PER_KEY,
+    };
+    largest.saturating_mul(per_entry)
 }
 
-/// The union of sections' entries, each sorted by tag with each tag once: sorted, each
-/// tag once, with its newest bucket. One pass over all of them, into one vector.
-fn merge_sections(parts: &[Vec<(u64, u64)>]) -> Vec<(u64, u64)> {
+/// The union of sections' entries, each sorted by `key` with each key once: sorted, each
+/// key once, the entry with the newest `bucket` kept (the first input's among equals).
+/// One pass over all of them, into one vector.
+fn merge_sections<E: Copy, K: Ord + Copy>(
+    parts: &[Vec<E>],
+    key: impl Fn(&E) -> K,
+    bucket: impl Fn(&E) -> u64,
+) -> Vec<E> {
     let mut merged = Vec::with_capacity(parts.iter().map(Vec::len).sum());
     let mut heads = vec![0; parts.len()];
     loop {
@@ -701,19 +778,21 @@ fn merge_sections(parts: &[Vec<(u64, u64)>]) -> Vec<(u64, u64)> {
             .iter()
             .zip(&heads)
             .filter_map(|(part, &at)| part.get(at));
-        let Some(tag) = heads_now.map(|entry| entry.0).min() else {
+        let Some(smallest) = heads_now.map(&key).min() else {
             return merged;
         };
-        let mut newest = 0;
+        let mut newest: Option<E> = None;
         for (part, at) in parts.iter().zip(&mut heads) {
-            if let Some(&(head, bucket)) = part.get(*at)
-                && head == tag
+            if let Some(&entry) = part.get(*at)
+                && key(&entry) == smallest
             {
-                newest = newest.max(bucket);
+                if newest.is_none_or(|kept| bucket(&entry) > bucket(&kept)) {
+                    newest = Some(entry);
+                }
                 *at += 1;
             }
         }
-        merged.push((tag, newest));
+        merged.extend(newest);
     }
 }
 
@@ -909,7 +988,7 @@ impl Engine {
                 if published {
                     runs.progress.set(Phase::Published);
                 }
-                let result = sealed.and_then(|()| runs.merge_tail(span));
+                let result = sealed.and_then(|()| runs.merge_tail(span, RunKind::Keys));
                 // Any failure poisons, an I/O error or not: a seal left half-done (its
                 // tables still frozen, or a merge's inputs unread) is never built on.
                 let result = result.map_err(|err| poisoner.poison_with(err));
@@ -958,6 +1037,7 @@ impl Engine {
             Arc::clone(&self.index),
             journal.poisoner(),
         );
+        let span = self.window.span;
         // No tables are frozen: writers wait at the budget's whole bound, if at all.
         sealer.runs.progress.set(Phase::Published);
         let thread = std::thread::Builder::new()
@@ -966,6 +1046,7 @@ impl Engine {
                 let runs = EndsTask(runs);
                 let result = runs
                     .seal_records(summary, &index)
+                    .and_then(|()| runs.merge_tail(span, RunKind::Records))
                     .map_err(|err| poisoner.poison_with(err));
                 TaskEnd {
                     published: result.is_ok(),
@@ -1183,7 +1264,7 @@ mod tests {
         let (storage, sealer) = sealer_over_four_runs(level);
         let tail = sealer
             .runs()
-            .tail_to_merge(100)
+            .tail_to_merge(100, RunKind::Keys)
             .expect("four runs of one level merge");
         sealer.runs().waiting.store(1, Ordering::Release);
         sealer
