@@ -528,13 +528,14 @@ fn run_scenario(args: &BenchArgs, scenario: Scenario) -> Result<Outcome, String>
     let stats = db.stats();
     if stats.sealed_record_runs > 0 {
         noteln!(
-            "   sealed records: {} record runs holding {} records, {} records in memory",
+            "   sealed records: {} record runs holding {} records, {} records in memory; filters and fences of every run {:.1} MiB",
             stats.sealed_record_runs,
             stats.sealed_records,
-            stats.live_records
+            stats.live_records,
+            stats.sealed_filter_bytes as f64 / f64::from(1 << 20),
         );
     }
-    if stats.runs_sealed > 0 {
+    if stats.sealed_runs > 0 {
         noteln!(
             "   sealed: {} runs written, {} merges, {} live holding {} keys; filters and fences {:.1} MiB ({:.2} bytes a sealed key); {} keys in memory; writers waited at the budget {} times",
             stats.runs_sealed,

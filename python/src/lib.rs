@@ -444,6 +444,8 @@ impl Db {
             bytes_on_disk,
             sealed_runs,
             sealed_keys,
+            sealed_record_runs,
+            sealed_records,
         );
         Ok(dict)
     }

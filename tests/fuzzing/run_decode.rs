@@ -1,8 +1,10 @@
-//! Fuzz harness: the input damages the sealed key run of a small real database with a
-//! memory budget (`Options::memory_budget`), on a simulated disk, then the database is
-//! opened. Opening must return `Ok` or an error, never panic, hang or allocate beyond the
-//! file's size. A database that opened must answer lookups of its sealed keys with
-//! "present" or `Corrupted` (never "absent", never a panic), take writes, and open again.
+//! Fuzz harness: the input damages the sealed key run or the record run of a small real
+//! database with a memory budget (`Options::memory_budget`), on a simulated disk, then the
+//! database is opened. Opening must return `Ok` or an error, never panic, hang or allocate
+//! beyond the file's size. A database that opened must answer lookups of its sealed keys
+//! with "present" or `Corrupted` (never "absent", never a panic), replays of its sealed
+//! records with their responses byte for byte or `Corrupted` (never another answer),
+//! take writes, and open again.
 //!
 //! Raw damage (flips, overwrites, truncation, replacement) mostly meets the footer
 //! checksum. The footer mode edits the footer's fields and the section mode a section
@@ -28,7 +30,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, UNIX_EPOCH};
 
 use oncedb::io::{MemStorage, Storage};
-use oncedb::{Db, Durability, Error, ManualClock, Options};
+use oncedb::{Db, Durability, Error, ManualClock, Options, Reservation, Scope};
 use xxhash_rust::xxh3::xxh3_64;
 
 const DIR: &str = "/db";
@@ -36,6 +38,11 @@ const BUCKET_MS: u64 = 1_000;
 const FIRST_BUCKET: u64 = 1_700_000_000;
 /// Keys the baseline admits; the first seal takes most of them.
 const KEYS: u32 = 6_000;
+/// Records the baseline finishes before its keys: the first look at the budget seals most
+/// of them.
+const RECORDS: u32 = 5_000;
+/// Damage modes per run: the first six damage the key run, the next six the record run.
+const MODES: u8 = 6;
 const FOOTER_LEN: usize = 112;
 /// The footer's checksummed bytes (all but its last 8).
 const FOOTER_BODY: usize = FOOTER_LEN - 8;
@@ -60,23 +67,45 @@ fn key(n: u32) -> [u8; 4] {
     n.to_le_bytes()
 }
 
-/// A store's files, and the path of its (first) run.
-type Baseline = (Vec<(PathBuf, Vec<u8>)>, PathBuf);
+fn scope() -> Scope {
+    Scope::new("org", "pay")
+}
 
-/// The baseline's files and the path of its (first) run, built once.
+fn response_of(n: u32) -> [u8; 12] {
+    let mut response = [(n % 251) as u8; 12];
+    response[..4].copy_from_slice(&n.to_le_bytes());
+    response
+}
+
+/// A store's files, and the paths of its (first) key run and (first) record run.
+type Baseline = (Vec<(PathBuf, Vec<u8>)>, [PathBuf; 2]);
+
+/// The baseline's files and the paths of its first runs, built once.
 fn baseline() -> &'static Baseline {
     static FILES: OnceLock<Baseline> = OnceLock::new();
     FILES.get_or_init(|| {
         let disk = MemStorage::new();
         let clock = clock();
         let db = Db::open(options(&disk, &clock)).unwrap();
+        for n in 0..RECORDS {
+            let Reservation::Acquired(lease) = db.reserve(&scope(), &key(n), b"req").unwrap()
+            else {
+                panic!("record {n} is new");
+            };
+            lease.complete(&response_of(n)).unwrap();
+        }
+        db.flush().unwrap();
         let keys: Vec<[u8; 4]> = (0..KEYS).map(key).collect();
         for batch in keys.chunks(100) {
             db.insert_many(batch).unwrap();
         }
         // Waits for the seal under way.
         db.flush().unwrap();
-        assert!(db.stats().runs_sealed >= 1, "the baseline seals");
+        assert!(db.stats().runs_sealed >= 1, "the baseline seals keys");
+        assert!(
+            db.stats().sealed_record_runs >= 1,
+            "the baseline seals records"
+        );
         drop(db);
         let files: Vec<(PathBuf, Vec<u8>)> = disk
             .list(Path::new(DIR))
@@ -87,12 +116,15 @@ fn baseline() -> &'static Baseline {
                 (path, bytes)
             })
             .collect();
-        let run = files
-            .iter()
-            .map(|(path, _)| path.clone())
-            .find(|path| path.extension().is_some_and(|e| e == "keys"))
-            .expect("a run file");
-        (files, run)
+        let run = |extension: &str| {
+            files
+                .iter()
+                .map(|(path, _)| path.clone())
+                .find(|path| path.extension().is_some_and(|e| e == extension))
+                .expect("a run file")
+        };
+        let runs = [run("keys"), run("records")];
+        (files, runs)
     })
 }
 
@@ -143,9 +175,9 @@ fn reseal(run: &mut [u8], table: bool) {
 }
 
 /// The baseline's run with the input's damage.
-fn damaged_run(input: &mut Input<'_>, pristine: &[u8]) -> Vec<u8> {
+fn damaged_run(input: &mut Input<'_>, pristine: &[u8], mode: u8) -> Vec<u8> {
     let mut run = pristine.to_vec();
-    match input.byte() % 6 {
+    match mode {
         0 => {
             // Flips: (offset, mask) pairs.
             for _ in 0..(input.byte() % 8 + 1) {
@@ -185,21 +217,24 @@ fn damaged_run(input: &mut Input<'_>, pristine: &[u8]) -> Vec<u8> {
 }
 
 /// Whether the input forges a footer field no bound at open can check (mode 4): the
-/// oldest bucket (slot 5) or the covered log position's segment and offset (slot 8).
+/// oldest bucket (slot 5: entries of a key run are relative to it) or the covered log
+/// position's segment and offset (slot 8).
 fn forges_an_unbounded_field(data: &[u8]) -> bool {
     let mut input = Input(data);
-    input.byte() % 6 == 4 && [5, 8].contains(&(usize::from(input.byte()) % (FOOTER_BODY / 8)))
+    input.byte() % MODES == 4 && [5, 8].contains(&(usize::from(input.byte()) % (FOOTER_BODY / 8)))
 }
 
 /// Runs one input.
 pub fn run(data: &[u8]) {
-    let (files, run_path) = baseline();
+    let (files, runs) = baseline();
     let disk = MemStorage::new();
     disk.create_dir_all(Path::new(DIR)).unwrap();
     let mut input = Input(data);
+    let selector = input.byte();
+    let (mode, run_path) = (selector % MODES, &runs[usize::from(selector / MODES % 2)]);
     for (path, bytes) in files {
         let bytes = if path == run_path {
-            damaged_run(&mut input, bytes)
+            damaged_run(&mut input, bytes, mode)
         } else {
             bytes.clone()
         };
@@ -224,6 +259,17 @@ pub fn run(data: &[u8]) {
             Err(err) => panic!("key {n}: {err}"),
         }
     }
+    // Every sealed record replays byte for byte, or the lookup that reads damage says so.
+    for n in (0..RECORDS).step_by(11) {
+        match db.reserve(&scope(), &key(n), b"req") {
+            Ok(Reservation::Completed(record)) => {
+                assert_eq!(record.response(), Some(&response_of(n)[..]), "record {n}");
+            }
+            Ok(Reservation::Acquired(_)) if unbounded => {}
+            Err(Error::Corrupted { .. }) => {}
+            other => panic!("record {n}: {other:?}"),
+        }
+    }
     // The database takes writes and keeps them across a clean reopen.
     let written = db.insert_if_absent(b"written after open").is_ok() && db.flush().is_ok();
     drop(db);
@@ -237,7 +283,7 @@ pub fn run(data: &[u8]) {
 /// Seed inputs, one per mode and a few variants.
 pub fn seeds() -> Vec<(String, Vec<u8>)> {
     let mut seeds = Vec::new();
-    for mode in 0..6u8 {
+    for mode in 0..2 * MODES {
         for variant in 0..3u8 {
             let mut data = vec![mode, variant + 1];
             data.extend((0..24u8).map(|i| i.wrapping_mul(37).wrapping_add(variant)));
