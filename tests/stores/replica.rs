@@ -838,3 +838,64 @@ fn a_restore_refuses_a_damaged_run() {
     };
     assert!(path.to_string_lossy().contains(".run."), "{path:?}");
 }
+
+/// Record runs ship like key runs: a store under a memory budget seals its settled
+/// records; once the replica holds every run whole, a restore fetches the record runs,
+/// names them by their kind, and every record replays byte for byte from them (the
+/// restored store holds them sealed, not rebuilt in memory).
+#[test]
+fn record_runs_are_shipped_and_restored_whole() {
+    const RECORDS: u64 = 6_000;
+    let response = |n: u64| format!("response-{n}").into_bytes();
+    let scope = oncedb::Scope::new("org", "pay");
+    let server = NatsServer::start();
+    let work = tempfile::tempdir().unwrap();
+    let replication = || Replication::new(server.url(), "records").mode(ReplicaMode::Async);
+    let budgeted = |dir: &str| {
+        options(&work.path().join(dir), replication())
+            .durability(Durability::Interval(Duration::from_millis(10)))
+            .segment_max_bytes(1 << 20)
+            .memory_budget(1 << 16)
+            .shards(4)
+    };
+    let db = open_when_ready(|| budgeted("db"));
+    for n in 0..RECORDS {
+        let oncedb::Reservation::Acquired(lease) = db.reserve(&scope, &key(n), b"req").unwrap()
+        else {
+            panic!("record {n} is new");
+        };
+        lease.complete(&response(n)).unwrap();
+    }
+    db.flush().unwrap();
+    let sealed = db.stats().sealed_records;
+    assert!(sealed > 0, "{:?}", db.stats());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while db.stats().replication_runs_unshipped > 0 || db.stats().replication_lag_bytes > 0 {
+        assert!(Instant::now() < deadline, "the runs were not shipped");
+        std::thread::yield_now();
+    }
+    assert!(runs_whole(&server, "records"));
+    drop(db);
+    let (restored, report) = Db::restore(budgeted("restored"), &mut |_, _| {}).unwrap();
+    assert!(report.runs >= 1, "{report:?}");
+    let records_restored = std::fs::read_dir(work.path().join("restored"))
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .path()
+                .extension()
+                .is_some_and(|x| x == "records")
+        })
+        .count();
+    assert!(records_restored >= 1, "no record run was restored");
+    assert_eq!(restored.stats().sealed_records, sealed);
+    for n in 0..RECORDS {
+        match restored.reserve(&scope, &key(n), b"req").unwrap() {
+            oncedb::Reservation::Completed(record) => {
+                assert_eq!(record.response(), Some(&response(n)[..]), "record {n}");
+            }
+            other => panic!("record {n}: {other:?}"),
+        }
+    }
+}
