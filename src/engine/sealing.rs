@@ -865,11 +865,23 @@ impl Engine {
             .runs
             .expire(self.window, self.current_bucket())
             .map_err(|err| self.fail(err))?;
-        if self.index.table_bytes() >= sealer.runs.threshold() {
-            *task = self.start_seal(sealer)?;
-        } else if self.index.record_bytes() >= sealer.runs.record_threshold() {
-            *task = self.start_record_seal(sealer)?;
-        }
+        // Of the dedup tables and the records, the one further past its threshold seals
+        // first (so that neither waits behind the other for ever).
+        let keys = (self.index.table_bytes(), sealer.runs.threshold());
+        let records = (self.index.record_bytes(), sealer.runs.record_threshold());
+        let past =
+            |(bytes, threshold): (u64, u64)| (bytes >= threshold).then_some((bytes, threshold));
+        *task = match (past(keys), past(records)) {
+            (Some(keys), Some(records))
+                if u128::from(records.0) * u128::from(keys.1)
+                    > u128::from(keys.0) * u128::from(records.1) =>
+            {
+                self.start_record_seal(sealer)?
+            }
+            (Some(_), _) => self.start_seal(sealer)?,
+            (None, Some(_)) => self.start_record_seal(sealer)?,
+            (None, None) => None,
+        };
         Ok(())
     }
 

@@ -1,14 +1,16 @@
 //! Kill -9 crash tests at every step of sealing, on the real file system.
 //!
-//! A writer child (this test binary re-run) admits batches of keys into a store with the
-//! smallest memory budget, so that it seals every few thousand keys and merges every four
-//! seals. Its storage stops the sealing thread right after one chosen step (the run's
+//! A writer child (this test binary re-run) admits batches of keys, and finishes a few
+//! idempotency records with each batch, into a store with the smallest memory budget, so
+//! that it seals keys and records every few thousand and merges every four seals of a
+//! kind. Its storage stops the sealing thread right after one chosen step (the run's
 //! temporary file created, fsynced, renamed into place, the directory fsynced, a merged
 //! run's input removed); the child says so and the parent kills it there, while the
 //! writer thread may still be admitting keys. Other rounds kill the writer after a
 //! random number of acknowledged batches. After every kill the parent reopens the store
-//! and checks that every key acknowledged in any round is a duplicate, and that
-//! `oncedb::verify` finds the store clean. Rounds: 15, or `ONCEDB_CRASH_ROUNDS`.
+//! and checks that every key acknowledged in any round is a duplicate, every record
+//! acknowledged replays its response byte for byte, and that `oncedb::verify` finds the
+//! store clean. Rounds: 15, or `ONCEDB_CRASH_ROUNDS`.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -18,12 +20,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::support::{PausingStorage, Step, say, spawning_children};
 use oncedb::io::SplitMix64;
-use oncedb::{Db, Durability, Options};
+use oncedb::{Db, Durability, Options, Reservation, Scope};
 
 const CHILD_DIR: &str = "ONCEDB_SEAL_DIR";
 const CHILD_FIRST_KEY: &str = "ONCEDB_SEAL_FIRST_KEY";
 const CHILD_PAUSE_AT: &str = "ONCEDB_SEAL_PAUSE_AT";
 const BATCH: u64 = 64;
+/// Records finished with each batch (the batch's first keys, as record keys).
+const RECORDS_A_BATCH: u64 = 16;
 /// A child that has not paused after this many acknowledged keys is killed anyway.
 const MOST_KEYS_A_ROUND: u64 = 40_000;
 
@@ -40,6 +44,14 @@ fn options(dir: &Path) -> Options {
 
 fn key(n: u64) -> [u8; 8] {
     n.to_le_bytes()
+}
+
+fn response_of(n: u64) -> Vec<u8> {
+    format!("response of {n}").into_bytes()
+}
+
+fn scope() -> Scope {
+    Scope::new("org", "pay")
 }
 
 /// The writer: admits batches of fresh keys until it is killed, printing `keys N` after
@@ -63,6 +75,13 @@ fn crash_sealing_child() {
         let keys: Vec<[u8; 8]> = (n..n + BATCH).map(key).collect();
         let admitted = db.insert_many(&keys).unwrap();
         assert!(admitted.iter().all(|&new| new), "fresh keys from {n}");
+        for record in n..n + RECORDS_A_BATCH {
+            let Reservation::Acquired(lease) = db.reserve(&scope(), &key(record), b"req").unwrap()
+            else {
+                panic!("record {record} is new");
+            };
+            lease.complete(&response_of(record)).unwrap();
+        }
         say(&format!("keys {n}\n"));
         n += BATCH;
     }
@@ -86,12 +105,14 @@ fn pausing_at(pause_at: String) -> PausingStorage {
         Step::Created(path) => pause_at == "create" && has_extension(path, "tmp"),
         Step::Synced(path) => pause_at == "sync" && has_extension(path, "tmp"),
         Step::Renamed(to) => {
-            let run = has_extension(to, "keys");
+            let run = has_extension(to, "keys") || has_extension(to, "records");
             run_renamed.fetch_or(run, Ordering::SeqCst);
             run && pause_at == "rename"
         }
         Step::DirSynced => pause_at == "sync_dir" && run_renamed.swap(false, Ordering::SeqCst),
-        Step::Removed(path) => pause_at == "remove" && has_extension(path, "keys"),
+        Step::Removed(path) => {
+            pause_at == "remove" && (has_extension(path, "keys") || has_extension(path, "records"))
+        }
         Step::Truncated(_) => false,
     })
 }
@@ -133,12 +154,21 @@ fn run_writer(dir: &Path, first: u64, pause_at: &str, kill_after: u64) -> (Vec<u
     (batches, paused)
 }
 
-/// Reopens the store and checks that every acknowledged batch is there, whole.
+/// Reopens the store and checks that every acknowledged batch is there, whole: its keys
+/// and its records.
 fn check(dir: &Path, batches: &[u64]) -> oncedb::Stats {
     let db = Db::open(options(dir)).expect("reopen after SIGKILL must succeed");
     for &first in batches {
         for n in first..first + BATCH {
             assert!(db.contains(&key(n)).unwrap(), "acknowledged key {n} lost");
+        }
+        for n in first..first + RECORDS_A_BATCH {
+            match db.reserve(&scope(), &key(n), b"req").unwrap() {
+                Reservation::Completed(record) => {
+                    assert_eq!(record.response(), Some(&response_of(n)[..]), "record {n}");
+                }
+                other => panic!("acknowledged record {n}: {other:?}"),
+            }
         }
     }
     assert!(!db.contains(&key(u64::MAX)).unwrap());
@@ -150,7 +180,7 @@ fn check(dir: &Path, batches: &[u64]) -> oncedb::Stats {
 }
 
 #[test]
-fn keys_survive_sigkill_at_every_step_of_sealing() {
+fn keys_and_records_survive_sigkill_at_every_step_of_sealing() {
     let _children = spawning_children();
     let rounds: u64 = std::env::var("ONCEDB_CRASH_ROUNDS")
         .ok()
@@ -181,6 +211,7 @@ fn keys_survive_sigkill_at_every_step_of_sealing() {
         acked.len() as u64 * BATCH
     );
     assert!(stats.sealed_runs > 0, "{stats:?}");
+    assert!(stats.sealed_record_runs > 0, "{stats:?}");
     for step in STEPS.iter().filter(|step| !step.is_empty()) {
         assert!(
             paused_at.contains(step),
