@@ -199,7 +199,11 @@ impl fmt::Display for VerifyReport {
                 || run.path.display().to_string(),
                 |n| n.to_string_lossy().into_owned(),
             );
-            write!(f, "{name}: sealed run, {} keys", run.keys)?;
+            if run.records > 0 {
+                write!(f, "{name}: record run, {} records", run.records)?;
+            } else {
+                write!(f, "{name}: sealed run, {} keys", run.keys)?;
+            }
             if let Some((oldest, newest)) = run.buckets {
                 write!(
                     f,
