@@ -854,7 +854,7 @@ impl Engine {
         sealer.since_check.store(0, Ordering::Relaxed);
         let mut task = match sealer.task.try_lock() {
             Some(task) => task,
-            None if self.index.table_bytes() >= sealer.runs.bound() => sealer.task.lock(),
+            None if self.over_bound(sealer) => sealer.task.lock(),
             None => return Ok(()),
         };
         self.wait_within_bound(sealer, &mut task)?;
@@ -885,7 +885,7 @@ impl Engine {
         Ok(())
     }
 
-    /// Settles the task in `slot`; while it runs and the tables are at its bound, waits
+    /// Settles the task in `slot`; while it runs and memory is at a bound (`over_bound`), waits
     /// for it to move on and settles it again.
     fn wait_within_bound(&self, sealer: &Sealer, slot: &mut Option<SealTask>) -> Result<()> {
         let mut waited = false;
@@ -895,7 +895,7 @@ impl Engine {
             if let Err(err) = self.settle_seal(slot, seen) {
                 break Err(err);
             }
-            if slot.is_none() || self.index.table_bytes() < sealer.runs.bound() {
+            if slot.is_none() || !self.over_bound(sealer) {
                 break Ok(());
             }
             if !waited {
@@ -909,6 +909,14 @@ impl Engine {
             sealer.runs.waiting.fetch_sub(1, Ordering::AcqRel);
         }
         settled
+    }
+
+    /// Whether memory is at a bound a writer waits at while a seal task runs: the dedup
+    /// tables at [`SealedRuns::bound`], or the records memory holds at twice their
+    /// threshold (half the budget: records keep arriving while a record seal writes).
+    fn over_bound(&self, sealer: &Sealer) -> bool {
+        self.index.table_bytes() >= sealer.runs.bound()
+            || self.index.record_bytes() >= 2 * sealer.runs.record_threshold()
     }
 
     /// Joins the task in `slot` if it ended; otherwise drops the frozen tables once its

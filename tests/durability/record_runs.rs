@@ -10,6 +10,7 @@ use std::sync::Arc;
 use crate::support::{BUCKET, WINDOW, manual_clock};
 use oncedb::io::{MemStorage, Storage};
 use oncedb::{Db, Durability, Error, ManualClock, Options, Reservation, Scope};
+use oncedb_testkit::gate::SyncGate;
 
 /// Records seal once they hold 16 KiB of memory: every few hundred records.
 const BUDGET: u64 = 1 << 16;
@@ -318,4 +319,74 @@ fn a_fault_at_any_step_of_a_record_seal_loses_no_acknowledged_record() {
             }
         }
     }
+}
+
+/// While a record seal is held inside its run's fsync, a writer goes on finishing records
+/// until the records memory holds reach half the budget (twice a record seal's
+/// threshold), then waits there; once the seal ends it goes on, and every record answers
+/// exactly.
+#[test]
+fn writers_wait_for_a_record_seal_at_half_the_budget() {
+    const BUDGET_BYTES: u64 = 4 << 20;
+    // A look at the budget comes every 4,096 calls: memory may pass the bound by as many
+    // records (under 200 bytes each here) before a writer sees it.
+    const SLACK_BYTES: u64 = 4_096 * 200;
+    let disk = MemStorage::new();
+    let gate = SyncGate::thread("oncedb-sealer");
+    let clock = manual_clock();
+    let scope = Scope::new("org", "pay");
+    let options = Options::new("/db")
+        .window(WINDOW)
+        .bucket_width(BUCKET)
+        .clock(clock.clone())
+        .durability(Durability::Buffered)
+        .memory_budget(BUDGET_BYTES)
+        .shards(4)
+        .storage(Arc::new(gate.storage(disk.clone())));
+    let db = Db::open(options).unwrap();
+    let release = gate.release_on_drop();
+    gate.hold(1);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let limit = std::time::Duration::from_secs(30);
+    let finished = std::thread::scope(|s| {
+        let writer = s.spawn(|| {
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && n < 1_000_000 {
+                finish_all(&db, &scope, n..n + 64);
+                n += 64;
+            }
+            n
+        });
+        assert!(
+            gate.await_held_within(1, limit),
+            "no record seal reached its fsync"
+        );
+        let deadline = std::time::Instant::now() + limit;
+        while db.stats().budget_waiters == 0 && std::time::Instant::now() < deadline {
+            assert!(
+                !writer.is_finished(),
+                "the writer never waited for the seal"
+            );
+            std::thread::yield_now();
+        }
+        let stats = db.stats();
+        assert_eq!(stats.budget_waiters, 1, "{stats:?}");
+        assert_eq!(
+            stats.sealed_record_runs, 0,
+            "the seal ended while held: {stats:?}"
+        );
+        let held = stats.index_bytes - stats.sealed_filter_bytes;
+        assert!(
+            held < BUDGET_BYTES / 2 + SLACK_BYTES,
+            "{held} bytes of records in memory: {stats:?}"
+        );
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        drop(release);
+        writer.join().unwrap()
+    });
+    db.flush().unwrap();
+    let stats = db.stats();
+    assert!(stats.sealed_record_runs >= 1, "{stats:?}");
+    assert_eq!(stats.budget_waiters, 0, "{stats:?}");
+    answers_all(&db, &scope, 0..finished);
 }
