@@ -281,6 +281,10 @@ pub fn run(data: &[u8]) {
 }
 
 /// Seed inputs, one per mode and a few variants.
+#[allow(
+    dead_code,
+    reason = "used to write the seed corpus, not by the fuzz target"
+)]
 pub fn seeds() -> Vec<(String, Vec<u8>)> {
     let mut seeds = Vec::new();
     for mode in 0..2 * MODES {
