@@ -697,53 +697,49 @@ impl SealedRuns {
                     return Ok(false);
                 }
             }
+            let storage = &*self.storage;
             done += match inputs.first().map(|run| run.summary().kind) {
-                Some(RunKind::Records) => self.merge_record_section(inputs, index, writer)?,
-                _ => self.merge_key_section(inputs, index, writer)?,
+                // Each fingerprint once, the record of the newest bucket (a record that
+                // expired and was reserved again).
+                Some(RunKind::Records) => merge_section(
+                    inputs,
+                    |run| run.read_records(storage, index),
+                    (
+                        |entry: &(u128, SettledRecord)| entry.0,
+                        |entry: &(u128, SettledRecord)| entry.1.bucket,
+                    ),
+                    |merged| writer.add_records(merged),
+                )?,
+                _ => merge_section(
+                    inputs,
+                    |run| run.read_section(storage, index),
+                    (|entry: &(u64, u64)| entry.0, |entry: &(u64, u64)| entry.1),
+                    |merged| writer.add_section(merged),
+                )?,
             };
         }
         Ok(true)
     }
-
-    /// Writes the merge of the key runs' section `index`; returns the entries read.
-    fn merge_key_section(
-        &self,
-        inputs: &[Arc<Run>],
-        index: usize,
-        writer: &mut RunWriter<'_>,
-    ) -> Result<u64> {
-        let parts = inputs
-            .iter()
-            .map(|run| run.read_section(&*self.storage, index))
-            .collect::<Result<Vec<_>>>()?;
-        let read = parts.iter().map(|part| part.len() as u64).sum();
-        let entries = merge_sections(&parts, |entry| entry.0, |entry| entry.1);
-        drop(parts);
-        writer.add_section(&entries)?;
-        Ok(read)
-    }
-
-    /// Writes the merge of the record runs' section `index` (each fingerprint once, the
-    /// record of the newest bucket: a record that expired and was reserved again);
-    /// returns the records read.
-    fn merge_record_section(
-        &self,
-        inputs: &[Arc<Run>],
-        index: usize,
-        writer: &mut RunWriter<'_>,
-    ) -> Result<u64> {
-        let parts = inputs
-            .iter()
-            .map(|run| run.read_records(&*self.storage, index))
-            .collect::<Result<Vec<_>>>()?;
-        let read = parts.iter().map(|part| part.len() as u64).sum();
-        let records = merge_sections(&parts, |entry| entry.0, |entry| entry.1.bucket);
-        drop(parts);
-        writer.add_records(&records)?;
-        Ok(read)
-    }
 }
 
+/// Merges one section of `inputs` (each read with `read`), each `key` once with the
+/// entry of the newest `bucket`, and hands the result to `write`; returns the entries read.
+fn merge_section<E: Copy, K: Ord + Copy>(
+    inputs: &[Arc<Run>],
+    read: impl Fn(&Run) -> Result<Vec<E>>,
+    (key, bucket): (impl Fn(&E) -> K, impl Fn(&E) -> u64),
+    write: impl FnOnce(&[E]) -> Result<()>,
+) -> Result<u64> {
+    let parts = inputs
+        .iter()
+        .map(|run| read(run))
+        .collect::<Result<Vec<_>>>()?;
+    let read = parts.iter().map(|part| part.len() as u64).sum();
+    let merged = merge_sections(&parts, key, bucket);
+    drop(parts);
+    write(&merged)?;
+    Ok(read)
+}
 /// The working memory of merging `inputs`: per key of the largest merged section.
 fn merge_work_bytes(inputs: &[Arc<Run>]) -> u64 {
     let sections = inputs.first().map_or(0, |run| run.section_count());

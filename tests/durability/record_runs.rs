@@ -75,6 +75,17 @@ fn answers_all(db: &Db, scope: &Scope, range: std::ops::Range<u32>) {
     }
 }
 
+/// A store under the budget with records `0..count` finished (and flushed: the seal
+/// under way is settled).
+fn store_with_records(count: u32) -> (MemStorage, ManualClock, Db) {
+    let disk = MemStorage::new();
+    let clock = manual_clock();
+    let db = Db::open(options(Arc::new(disk.clone()), &clock)).unwrap();
+    finish_all(&db, &Scope::new("org", "pay"), 0..count);
+    db.flush().unwrap();
+    (disk, clock, db)
+}
+
 fn record_runs_on(disk: &MemStorage) -> Vec<std::path::PathBuf> {
     disk.list(Path::new("/db"))
         .unwrap()
@@ -161,12 +172,8 @@ fn sealed_records_answer_exactly(durability: Durability) {
 /// exact before and after a reopen, and only the merged run is left.
 #[test]
 fn record_runs_merge_and_every_answer_stays_exact() {
-    let disk = MemStorage::new();
-    let clock = manual_clock();
+    let (disk, clock, db) = store_with_records(4 * RECORDS);
     let scope = Scope::new("org", "pay");
-    let db = Db::open(options(Arc::new(disk.clone()), &clock)).unwrap();
-    finish_all(&db, &scope, 0..4 * RECORDS);
-    db.flush().unwrap();
     let stats = db.stats();
     assert!(stats.runs_merged >= 1, "{stats:?}");
     assert!(stats.sealed_record_runs < stats.runs_sealed, "{stats:?}");
@@ -181,12 +188,8 @@ fn record_runs_merge_and_every_answer_stays_exact() {
 
 #[test]
 fn record_runs_leave_whole_with_their_window() {
-    let disk = MemStorage::new();
-    let clock = manual_clock();
+    let (disk, clock, db) = store_with_records(RECORDS);
     let scope = Scope::new("org", "pay");
-    let db = Db::open(options(Arc::new(disk.clone()), &clock)).unwrap();
-    finish_all(&db, &scope, 0..RECORDS);
-    db.flush().unwrap();
     assert!(!record_runs_on(&disk).is_empty());
     clock.forward(WINDOW + 2 * BUCKET);
     // The old records are gone: each key is new again, and the runs are removed.
@@ -203,12 +206,8 @@ fn record_runs_leave_whole_with_their_window() {
 
 #[test]
 fn a_damaged_record_run_is_corruption_never_another_answer() {
-    let disk = MemStorage::new();
-    let clock = manual_clock();
+    let (disk, clock, db) = store_with_records(RECORDS);
     let scope = Scope::new("org", "pay");
-    let db = Db::open(options(Arc::new(disk.clone()), &clock)).unwrap();
-    finish_all(&db, &scope, 0..RECORDS);
-    db.flush().unwrap();
     drop(db);
     let run = record_runs_on(&disk).into_iter().next().unwrap();
     let mut bytes = disk.contents(&run).unwrap();
@@ -286,39 +285,22 @@ fn a_fault_at_any_step_of_a_record_seal_loses_no_acknowledged_record() {
         faulty.calls()
     };
     assert!(calls < 200, "the sweep makes {calls} calls");
-    for call in 1..=calls + 1 {
-        for power_loss in [false, true] {
-            let disk = MemStorage::new();
-            let faulty = oncedb::io::FaultyStorage::new(Arc::new(disk.clone()));
-            faulty.fail_at(call, false);
-            let clock = manual_clock();
-            let mut acked = 0;
-            if let Ok(db) = Db::open(sweep_options(Arc::new(faulty.clone()), &clock)) {
-                acked = flushed_records(&db, &scope);
-                if faulty.failures() > 0 {
-                    assert!(
-                        acked < SWEEP_RECORDS,
-                        "call {call}: a failure was reported as success"
-                    );
-                }
-            }
-            if power_loss {
-                disk.power_loss();
-            } else {
-                disk.process_crash();
-            }
-            let db = Db::open(sweep_options(Arc::new(disk.clone()), &clock))
-                .unwrap_or_else(|err| panic!("call {call}: reopen failed: {err}"));
+    let clock = manual_clock();
+    crate::support::sweep_faults(
+        calls,
+        |storage| Db::open(sweep_options(storage, &clock)),
+        (|db: &Db| flushed_records(db, &scope), SWEEP_RECORDS),
+        |db, acked, round| {
             for n in 0..acked {
                 match db.reserve(&scope, &key(n), b"req").unwrap() {
                     Reservation::Completed(record) => {
-                        assert_eq!(record.response(), Some(&response_of(n)[..]), "call {call}");
+                        assert_eq!(record.response(), Some(&response_of(n)[..]), "{round}");
                     }
-                    other => panic!("call {call} (power loss {power_loss}): record {n}: {other:?}"),
+                    other => panic!("{round}: acknowledged record {n}: {other:?}"),
                 }
             }
-        }
-    }
+        },
+    );
 }
 
 /// While a record seal is held inside its run's fsync, a writer goes on finishing records

@@ -312,37 +312,20 @@ fn clean_calls() -> u64 {
 fn a_fault_at_any_step_of_sealing_loses_no_acknowledged_key() {
     let calls = clean_calls();
     assert!(calls > 10, "the workload makes {calls} calls");
-    for call in 1..=calls + 1 {
-        for power_loss in [false, true] {
-            let disk = MemStorage::new();
-            let faulty = FaultyStorage::new(Arc::new(disk.clone()));
-            faulty.fail_at(call, false);
-            let clock = manual_clock();
-            let mut acked = 0u32;
-            if let Ok(db) = Db::open(sweep_options(Arc::new(faulty.clone()), &clock)) {
-                acked = flushed_batches(&db);
-                if faulty.failures() > 0 {
-                    assert!(
-                        acked < SWEEP_KEYS,
-                        "call {call}: a failure was reported as success"
-                    );
-                }
-            }
-            if power_loss {
-                disk.power_loss();
-            } else {
-                disk.process_crash();
-            }
-            let db = Db::open(sweep_options(Arc::new(disk.clone()), &clock))
-                .unwrap_or_else(|err| panic!("call {call}: reopen failed: {err}"));
+    let clock = manual_clock();
+    crate::support::sweep_faults(
+        calls,
+        |storage| Db::open(sweep_options(storage, &clock)),
+        (flushed_batches, SWEEP_KEYS),
+        |db, acked, round| {
             for n in 0..acked {
                 assert!(
                     db.contains(&key(n)).unwrap(),
-                    "call {call} (power loss {power_loss}): acknowledged key {n} lost"
+                    "{round}: acknowledged key {n} lost"
                 );
             }
-        }
-    }
+        },
+    );
 }
 
 /// Flipped bytes anywhere in a run: open says `Corrupted`, or a lookup that reads the

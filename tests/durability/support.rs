@@ -1,7 +1,7 @@
 //! What the modules of this binary share: the test window and a manual clock (from
 //! `oncedb_testkit::fixtures`), the lock that keeps the crash tests' child processes
-//! from holding on to the lock files of stores that other tests reopen, and the storage
-//! that stops a crash test's child right after a chosen step.
+//! from holding on to the lock files of stores that other tests reopen, the storage
+//! that stops a crash test's child right after a chosen step, and the fault sweep.
 
 pub use oncedb_testkit::fixtures::*;
 
@@ -154,5 +154,47 @@ impl Storage for PausingStorage {
     }
     fn lock(&self, path: &Path) -> std::io::Result<Box<dyn Any + Send + Sync>> {
         StdStorage.lock(path)
+    }
+}
+
+/// The fault sweep: for each I/O call `1..=calls + 1` of a workload, and after each of a
+/// process crash and a power loss, opens a store (`open`) on a storage whose `call`th
+/// call fails, runs `workload` on it (which returns how many of its `all` writes it saw
+/// acknowledged), checks that a failure was reported, crashes the disk, reopens the store
+/// and hands it, with the acknowledged count and a label naming the round, to `check`.
+pub fn sweep_faults(
+    calls: u64,
+    open: impl Fn(Arc<dyn Storage>) -> oncedb::Result<oncedb::Db>,
+    (workload, all): (impl Fn(&oncedb::Db) -> u32, u32),
+    check: impl Fn(&oncedb::Db, u32, &str),
+) {
+    for call in 1..=calls + 1 {
+        for power_loss in [false, true] {
+            let disk = oncedb::io::MemStorage::new();
+            let faulty = oncedb::io::FaultyStorage::new(Arc::new(disk.clone()));
+            faulty.fail_at(call, false);
+            let mut acked = 0;
+            if let Ok(db) = open(Arc::new(faulty.clone())) {
+                acked = workload(&db);
+                if faulty.failures() > 0 {
+                    assert!(
+                        acked < all,
+                        "call {call}: a failure was reported as success"
+                    );
+                }
+            }
+            if power_loss {
+                disk.power_loss();
+            } else {
+                disk.process_crash();
+            }
+            let db = open(Arc::new(disk.clone()))
+                .unwrap_or_else(|err| panic!("call {call}: reopen failed: {err}"));
+            check(
+                &db,
+                acked,
+                &format!("call {call} (power loss {power_loss})"),
+            );
+        }
     }
 }

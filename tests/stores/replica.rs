@@ -652,6 +652,20 @@ fn run_subjects(url: &str, name: &str) -> Vec<(String, usize)> {
     })
 }
 
+/// How many files of `dir` have `extension`.
+fn files_with_extension(dir: &Path, extension: &str) -> usize {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .path()
+                .extension()
+                .is_some_and(|x| x == extension)
+        })
+        .count()
+}
+
 /// A store under a memory budget whose runs are all on the replica (whole: their last
 /// chunk reaches their length), every one of its keys admitted.
 fn budgeted_store_shipped(server: &NatsServer, dir: &Path, name: &str, keys: u64) -> Db {
@@ -665,18 +679,7 @@ fn budgeted_store_shipped(server: &NatsServer, dir: &Path, name: &str, keys: u64
         assert!(db.insert_many(batch).unwrap().iter().all(|&new| new));
     }
     db.flush().unwrap();
-    let runs = || -> usize {
-        std::fs::read_dir(dir)
-            .unwrap()
-            .filter(|e| {
-                e.as_ref()
-                    .unwrap()
-                    .path()
-                    .extension()
-                    .is_some_and(|x| x == "keys")
-            })
-            .count()
-    };
+    let runs = || files_with_extension(dir, "keys");
     assert!(runs() >= 1, "the budget sealed no run");
     // The shipper lists the directory twice a second: wait until the store says the
     // replica holds every live run whole, then check the stream does.
@@ -878,16 +881,7 @@ fn record_runs_are_shipped_and_restored_whole() {
     drop(db);
     let (restored, report) = Db::restore(budgeted("restored"), &mut |_, _| {}).unwrap();
     assert!(report.runs >= 1, "{report:?}");
-    let records_restored = std::fs::read_dir(work.path().join("restored"))
-        .unwrap()
-        .filter(|e| {
-            e.as_ref()
-                .unwrap()
-                .path()
-                .extension()
-                .is_some_and(|x| x == "records")
-        })
-        .count();
+    let records_restored = files_with_extension(&work.path().join("restored"), "records");
     assert!(records_restored >= 1, "no record run was restored");
     assert_eq!(restored.stats().sealed_records, sealed);
     for n in 0..RECORDS {
