@@ -993,9 +993,9 @@ impl Engine {
         };
         let (runs, poisoner) = (Arc::clone(&sealer.runs), journal.poisoner());
         sealer.runs.progress.set(Phase::Sealing);
-        let thread = std::thread::Builder::new()
-            .name("oncedb-sealer".to_owned())
-            .spawn(move || {
+        self.spawn_seal_task(
+            sealer,
+            move || {
                 // Ended even if the task panics, so that no writer waits for it forever.
                 let runs = EndsTask(runs);
                 let sealed = runs.write_sealed(summary, &frozen);
@@ -1009,15 +1009,26 @@ impl Engine {
                 // tables still frozen, or a merge's inputs unread) is never built on.
                 let result = result.map_err(|err| poisoner.poison_with(err));
                 TaskEnd { published, result }
-            })
+            },
+            false,
+        )
+    }
+
+    /// Starts `task` on the `oncedb-sealer` thread; `released` if it freezes no tables.
+    fn spawn_seal_task(
+        &self,
+        sealer: &Sealer,
+        task: impl FnOnce() -> TaskEnd + Send + 'static,
+        released: bool,
+    ) -> Result<Option<SealTask>> {
+        let thread = std::thread::Builder::new()
+            .name("oncedb-sealer".to_owned())
+            .spawn(task)
             .map_err(|err| {
                 sealer.runs.progress.set(Phase::Ended);
                 self.fail(Error::Io(err))
             })?;
-        Ok(Some(SealTask {
-            thread,
-            released: false,
-        }))
+        Ok(Some(SealTask { thread, released }))
     }
 
     /// Starts the task that seals every live settled record into a new record run, then
@@ -1056,9 +1067,9 @@ impl Engine {
         let span = self.window.span;
         // No tables are frozen: writers wait at the budget's whole bound, if at all.
         sealer.runs.progress.set(Phase::Published);
-        let thread = std::thread::Builder::new()
-            .name("oncedb-sealer".to_owned())
-            .spawn(move || {
+        self.spawn_seal_task(
+            sealer,
+            move || {
                 let runs = EndsTask(runs);
                 let result = runs
                     .seal_records(summary, &index)
@@ -1068,15 +1079,9 @@ impl Engine {
                     published: result.is_ok(),
                     result,
                 }
-            })
-            .map_err(|err| {
-                sealer.runs.progress.set(Phase::Ended);
-                self.fail(Error::Io(err))
-            })?;
-        Ok(Some(SealTask {
-            thread,
-            released: true,
-        }))
+            },
+            true,
+        )
     }
 
     /// A failed seal or run removal: an I/O error poisons the store like a failed write.
