@@ -103,19 +103,28 @@ impl Options {
         self
     }
 
-    /// Bounds the memory of the dedup keys to `bytes`: once the dedup tables reach half
-    /// of it, every key in memory is sealed into an immutable run on disk (sorted, with
-    /// fence pointers and one binary fuse filter per shard kept in memory, about 1.1
-    /// bytes a key) and the tables start empty. A lookup that misses reads nothing from
-    /// disk except on a filter false positive (about 1 in 256 per run); a hit costs one
-    /// page read. Answers stay exact. A seal (and any merge of runs it makes due) runs on
-    /// a thread of its own while writers go on. Writers that find the tables at the whole
-    /// budget (half of it while a merge runs, which holds old and new filters together)
-    /// wait for the task to move on ([`Stats::budget_waits`](crate::Stats)); [`Db::flush`](crate::Db::flush)
-    /// and closing the store wait for it to end. Runs are removed (or archived, with
+    /// Bounds the memory of the dedup keys and the idempotency records to `bytes`.
+    ///
+    /// Once the dedup tables reach half of what the runs' filters leave of it, every key
+    /// in memory is sealed into an immutable run on disk (sorted, with fence pointers and
+    /// one binary fuse filter per shard kept in memory, about 1.1 bytes a key) and the
+    /// tables start empty. Once the records memory holds reach a quarter of it, every
+    /// settled record (finished, its response and key in the log) is sealed into a record
+    /// run the same way (about 1.5 bytes a record stay in memory); records in flight stay
+    /// in memory. A lookup that misses reads nothing from disk except on a filter false
+    /// positive (about 1 in 256 per run); a hit costs one page read (and, for a record,
+    /// the reads of its key and response from the log, as for any finished record).
+    /// Answers stay exact.
+    ///
+    /// A seal (and any merge of runs it makes due) runs on a thread of its own while
+    /// writers go on. Writers that find the tables at the whole budget (half of it while
+    /// a merge of key runs runs, which holds old and new filters together), or the
+    /// records at half of it, wait for the task to move on
+    /// ([`Stats::budget_waits`](crate::Stats)); [`Db::flush`](crate::Db::flush) and
+    /// closing the store wait for it to end. Runs are removed (or archived, with
     /// [`archive_dir`](Self::archive_dir)) whole once their newest bucket leaves the
-    /// window. Records are not sealed. Durable stores only, and not with
-    /// [`max_keys`](Self::max_keys). Default: no budget (every key in memory).
+    /// window. Durable stores only, and not with [`max_keys`](Self::max_keys). Default:
+    /// no budget (every key and record in memory).
     pub fn memory_budget(mut self, bytes: u64) -> Self {
         self.config.memory_budget_bytes = Some(bytes);
         self

@@ -124,28 +124,45 @@ fn budgeted(dir: &str, disk: &Arc<MemStorage>, clock: &ManualClock) -> Options {
         .storage(Arc::clone(disk) as Arc<dyn Storage>)
 }
 
-/// A store whose keys were sealed into runs (and runs merged), some of whose buckets
-/// expired: its checkpoint, on a storage that cannot link, answers every key as the
-/// store does.
+/// A store whose keys and records were sealed into runs (and runs merged), some of whose
+/// buckets expired: its checkpoint, on a storage that cannot link, answers every key and
+/// every record as the store does.
 #[test]
 fn a_checkpoint_of_sealed_runs_and_expired_buckets_answers_as_the_store() {
+    const RECORDS_A_MINUTE: u32 = 100;
     let disk = Arc::new(MemStorage::new());
     let clock = manual_clock();
     let db = Db::open(budgeted("/db", &disk, &clock)).unwrap();
     let keys = |range: std::ops::Range<u32>| -> Vec<Vec<u8>> {
         range.map(|n| format!("k{n}").into_bytes()).collect()
     };
+    let scope = oncedb::Scope::new("org", "pay");
     for minute in 0..90u32 {
         let batch = keys(minute * 400..minute * 400 + 400);
         db.insert_many(&batch).unwrap();
+        for record in keys(minute * RECORDS_A_MINUTE..(minute + 1) * RECORDS_A_MINUTE) {
+            let oncedb::Reservation::Acquired(lease) = db.reserve(&scope, &record, b"r").unwrap()
+            else {
+                panic!("a new record");
+            };
+            lease.complete(&record).unwrap();
+        }
         clock.forward(BUCKET);
     }
     db.flush().unwrap();
-    assert!(db.stats().runs_sealed > 0, "runs were sealed");
+    assert!(db.stats().sealed_runs > 0, "key runs were sealed");
+    assert!(db.stats().sealed_record_runs > 0, "record runs were sealed");
     let checkpoint = db.checkpoint("/copy").unwrap();
     assert_eq!(checkpoint.files_linked, 0, "MemStorage cannot link");
     assert!(checkpoint.files_copied > 1);
     let copy = Db::open(budgeted("/copy", &disk, &clock)).unwrap();
+    // The copy holds the runs: it does not rebuild their keys and records from the log.
+    let (held, copied) = (db.stats(), copy.stats());
+    assert_eq!(
+        copied.sealed_record_runs, held.sealed_record_runs,
+        "{copied:?}"
+    );
+    assert_eq!(copied.sealed_records, held.sealed_records, "{copied:?}");
     let mut live = 0;
     for probe in keys(0..90 * 400) {
         let expected = db.contains(&probe).unwrap();
@@ -156,6 +173,18 @@ fn a_checkpoint_of_sealed_runs_and_expired_buckets_answers_as_the_store() {
         live > 0 && live < 90 * 400,
         "some buckets expired, some live"
     );
+    let response = |db: &Db, record: &[u8]| {
+        db.get(&scope, record)
+            .unwrap()
+            .map(|got| got.response().map(<[u8]>::to_vec))
+    };
+    for record in keys(0..90 * RECORDS_A_MINUTE) {
+        assert_eq!(
+            response(&copy, &record),
+            response(&db, &record),
+            "{record:?}"
+        );
+    }
 }
 
 #[test]

@@ -372,3 +372,33 @@ fn writers_wait_for_a_record_seal_at_half_the_budget() {
     assert_eq!(stats.budget_waiters, 0, "{stats:?}");
     answers_all(&db, &scope, 0..finished);
 }
+
+/// With a response retention shorter than the window, a sealed record past the retention
+/// answers `Expired` (the operation happened, its response aged out) and keeps doing so
+/// until the window ends, as a record in memory does.
+#[test]
+fn a_sealed_record_past_the_response_retention_is_expired() {
+    let disk = MemStorage::new();
+    let clock = manual_clock();
+    let scope = Scope::new("org", "pay");
+    let options = || options(Arc::new(disk.clone()), &clock).response_retention(WINDOW / 4);
+    let db = Db::open(options()).unwrap();
+    finish_all(&db, &scope, 0..RECORDS);
+    db.flush().unwrap();
+    assert!(db.stats().sealed_records > 0, "{:?}", db.stats());
+    clock.forward(WINDOW / 2);
+    let expired_all = |db: &Db| {
+        for n in (0..RECORDS).step_by(7) {
+            match db.reserve(&scope, &key(n), b"req").unwrap() {
+                Reservation::Expired(record) => assert_eq!(record.response(), None),
+                other => panic!("record {n}: {other:?}"),
+            }
+            let got = db.get(&scope, &key(n)).unwrap().unwrap();
+            assert_eq!(got.response(), None, "record {n}");
+        }
+    };
+    expired_all(&db);
+    drop(db);
+    disk.process_crash();
+    expired_all(&Db::open(options()).unwrap());
+}
