@@ -156,13 +156,11 @@ fn a_checkpoint_of_sealed_runs_and_expired_buckets_answers_as_the_store() {
     assert_eq!(checkpoint.files_linked, 0, "MemStorage cannot link");
     assert!(checkpoint.files_copied > 1);
     let copy = Db::open(budgeted("/copy", &disk, &clock)).unwrap();
-    // The copy holds the runs: it does not rebuild their keys and records from the log.
-    let (held, copied) = (db.stats(), copy.stats());
-    assert_eq!(
-        copied.sealed_record_runs, held.sealed_record_runs,
-        "{copied:?}"
-    );
-    assert_eq!(copied.sealed_records, held.sealed_records, "{copied:?}");
+    // The copy holds the runs (those whose window has not passed: the source retires
+    // the others at its next look), so it does not rebuild their records from the log.
+    let copied = copy.stats();
+    assert!(copied.sealed_record_runs > 0, "{copied:?}");
+    assert!(copied.live_records < copied.sealed_records, "{copied:?}");
     let mut live = 0;
     for probe in keys(0..90 * 400) {
         let expected = db.contains(&probe).unwrap();
