@@ -946,7 +946,7 @@ mod tests {
         assert_eq!(done.snapshot(None, 0).logged, None, "aged out");
     }
 
-    /// SettledRecord records (finished, response and key in the log) take the dense tier's
+    /// Settled records (finished, response and key in the log) take the dense tier's
     /// 76-byte slots and a 4-byte index position each, not a 128-byte map slot and a
     /// queue entry: at most 96 bytes a record with the containers' spare capacity.
     #[test]
