@@ -290,9 +290,26 @@ impl DenseRecords {
         let slot = self.ring.slot_mut(position)?;
         let record = slot.unpack(window);
         slot.lease = 0;
-        // The newest slot goes at once (as when a replay drops a record it just settled,
-        // which a record run holds); an older one waits, vacant, for expiry.
-        if position == self.ring.tail.wrapping_sub(1) {
+        Some(record)
+    }
+
+    /// [`DenseRecords::remove`], and if the record held the newest slot, that slot goes
+    /// at once (an older one waits, vacant, for expiry). For replay, which drops each
+    /// record a record run holds right after settling it: no seal is under way then, so
+    /// no seal's mark (`live_records`) names the position a later record takes again.
+    pub(super) fn remove_reclaiming(
+        &mut self,
+        fingerprint: u128,
+        window: Window,
+    ) -> Option<SettledRecord> {
+        let newest = self.ring.tail.wrapping_sub(1);
+        let reclaims = self.ring.tail != self.ring.head
+            && self
+                .ring
+                .slot(newest)
+                .is_some_and(|slot| join(slot.fingerprint) == fingerprint && !slot.is_vacant());
+        let record = self.remove(fingerprint, window)?;
+        if reclaims {
             self.ring.pop_back();
         }
         Some(record)
@@ -472,6 +489,31 @@ mod tests {
             assert_eq!(dense.add(9, record, window), Err(record));
         }
         assert_eq!(dense.len(), 0);
+    }
+
+    /// A seal marks the ring's end when it takes the live records and drops the slots
+    /// before that mark once its run holds them. A record removed from the newest slot
+    /// meanwhile (replaced after it expired) leaves that slot vacant, so a record that
+    /// settles after the mark never takes a position before it and is never dropped.
+    #[test]
+    fn a_seal_mark_never_covers_a_record_settled_after_it() {
+        let window = Window::new(4_000, 1_000);
+        let mut dense = DenseRecords::default();
+        for fingerprint in 1..=3u128 {
+            dense.add(fingerprint, settled(2, 1), window).unwrap();
+        }
+        let (taken, end) = dense.live_records(window, 2);
+        assert_eq!(taken.len(), 3);
+        assert!(dense.remove(3, window).is_some());
+        dense.add(4, settled(2, 2), window).unwrap();
+        let mut dropped = 0;
+        dense.drop_before(end, window, |_| dropped += 1);
+        assert_eq!(dropped, 2, "the vacated slot counts no record");
+        assert_eq!(dense.get(4, window, 2), Some(settled(2, 2)));
+        assert_eq!(dense.get(1, window, 2), None);
+        // Replay reclaims the newest slot: the ring holds one record again.
+        assert!(dense.remove_reclaiming(4, window).is_some());
+        assert_eq!(dense.ring.tail.wrapping_sub(dense.ring.head), 0);
     }
 
     #[test]

@@ -717,7 +717,8 @@ impl RecordMap {
         }
     }
 
-    /// Drops the record of `fingerprint` if it is settled; returns its bucket.
+    /// Drops the record of `fingerprint` if it is settled; returns its bucket. For replay
+    /// only (see `DenseRecords::remove_reclaiming`).
     pub(crate) fn drop_settled(&mut self, fingerprint: u128, window: Window) -> Option<u64> {
         match self.map.get(&fingerprint) {
             Some(record) if record.settled().is_some() => {
@@ -726,7 +727,7 @@ impl RecordMap {
             Some(_) => None,
             None => self
                 .dense
-                .remove(fingerprint, window)
+                .remove_reclaiming(fingerprint, window)
                 .map(|record| record.bucket),
         }
     }
