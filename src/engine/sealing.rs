@@ -863,8 +863,9 @@ impl Engine {
             .map_err(|err| self.fail(err))?;
         // Of the dedup tables and the records, the one further past its threshold seals
         // first (so that neither waits behind the other for ever).
-        let keys = (self.index.table_bytes(), sealer.runs.threshold());
-        let records = (self.index.record_bytes(), sealer.runs.record_threshold());
+        let held = self.index.budget_bytes();
+        let keys = (held.tables, sealer.runs.threshold());
+        let records = (held.records, sealer.runs.record_threshold());
         let past =
             |(bytes, threshold): (u64, u64)| (bytes >= threshold).then_some((bytes, threshold));
         *task = match (past(keys), past(records)) {
@@ -911,8 +912,8 @@ impl Engine {
     /// tables at [`SealedRuns::bound`], or the records memory holds at twice their
     /// threshold (half the budget: records keep arriving while a record seal writes).
     fn over_bound(&self, sealer: &Sealer) -> bool {
-        self.index.table_bytes() >= sealer.runs.bound()
-            || self.index.record_bytes() >= 2 * sealer.runs.record_threshold()
+        let held = self.index.budget_bytes();
+        held.tables >= sealer.runs.bound() || held.records >= 2 * sealer.runs.record_threshold()
     }
 
     /// Joins the task in `slot` if it ended; otherwise drops the frozen tables once its
@@ -978,19 +979,7 @@ impl Engine {
         // is at least its position's.
         let newest = currents.clone().max().unwrap_or(0).max(covers.bucket);
         let oldest = currents.min().unwrap_or(0).saturating_sub(span);
-        let run_id = sealer.runs.next_run_id.fetch_add(1, Ordering::Relaxed);
-        let summary = RunSummary {
-            database_id: sealer.runs.database_id,
-            run_id,
-            shard_bits: self.index.shard_bits(),
-            kind: RunKind::Keys,
-            entries: 0,
-            oldest_bucket: oldest,
-            newest_bucket: newest,
-            covers,
-            level: 0,
-            replaces_from: run_id,
-        };
+        let summary = self.new_run(sealer, RunKind::Keys, (oldest, newest), covers);
         let (runs, poisoner) = (Arc::clone(&sealer.runs), journal.poisoner());
         sealer.runs.progress.set(Phase::Sealing);
         self.spawn_seal_task(
@@ -1012,6 +1001,30 @@ impl Engine {
             },
             false,
         )
+    }
+
+    /// The summary of a new run sealed from memory (level 0, replacing no other run),
+    /// under the next run id, before its entries are written.
+    fn new_run(
+        &self,
+        sealer: &Sealer,
+        kind: RunKind,
+        (oldest_bucket, newest_bucket): (u64, u64),
+        covers: LogPosition,
+    ) -> RunSummary {
+        let run_id = sealer.runs.next_run_id.fetch_add(1, Ordering::Relaxed);
+        RunSummary {
+            database_id: sealer.runs.database_id,
+            run_id,
+            shard_bits: self.index.shard_bits(),
+            kind,
+            entries: 0,
+            oldest_bucket,
+            newest_bucket,
+            covers,
+            level: 0,
+            replaces_from: run_id,
+        }
     }
 
     /// Starts `task` on the `oncedb-sealer` thread; `released` if it freezes no tables.
@@ -1046,19 +1059,8 @@ impl Engine {
             return Ok(None);
         };
         reserve_run_ids(sealer, journal)?;
-        let run_id = sealer.runs.next_run_id.fetch_add(1, Ordering::Relaxed);
-        let summary = RunSummary {
-            database_id: sealer.runs.database_id,
-            run_id,
-            shard_bits: self.index.shard_bits(),
-            kind: RunKind::Records,
-            entries: 0,
-            oldest_bucket: 0,
-            newest_bucket: 0,
-            covers: journal.position(),
-            level: 0,
-            replaces_from: run_id,
-        };
+        // The bucket range is the records', set once they are written.
+        let summary = self.new_run(sealer, RunKind::Records, (0, 0), journal.position());
         let (runs, index, poisoner) = (
             Arc::clone(&sealer.runs),
             Arc::clone(&self.index),

@@ -59,6 +59,15 @@ use parking_lot::{Mutex, MutexGuard};
 use crate::base::{Fingerprint, FullPolicy, Window, prefetch_address};
 use counters::Counters;
 
+/// The memory the budget weighs ([`Index::budget_bytes`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct BudgetBytes {
+    /// The dedup tables, frozen ones included.
+    pub(crate) tables: u64,
+    /// The idempotency records memory holds.
+    pub(crate) records: u64,
+}
+
 /// Keeps each shard lock on its own cache lines so that shards do not false-share.
 #[repr(align(128))]
 struct Padded<T>(T);
@@ -191,18 +200,16 @@ impl Index {
         self.lock_index(index).drop_sealed_records(mark);
     }
 
-    /// Heap bytes of the records every shard holds.
-    pub(crate) fn record_bytes(&self) -> u64 {
-        (0..self.shards.len())
-            .map(|index| self.lock_index(index).record_bytes() as u64)
-            .sum()
-    }
-
-    /// Bytes of every shard's dedup tables, frozen ones included.
-    pub(crate) fn table_bytes(&self) -> u64 {
-        (0..self.shards.len())
-            .map(|index| self.lock_index(index).table_bytes() as u64)
-            .sum()
+    /// What the memory budget weighs, in one pass over the shards (each locked once):
+    /// the bytes of every dedup table (frozen ones included), and of the records held.
+    pub(crate) fn budget_bytes(&self) -> BudgetBytes {
+        let mut bytes = BudgetBytes::default();
+        for index in 0..self.shards.len() {
+            let shard = self.lock_index(index);
+            bytes.tables += shard.table_bytes() as u64;
+            bytes.records += shard.record_bytes() as u64;
+        }
+        bytes
     }
 
     /// Shards, as a power of two.
