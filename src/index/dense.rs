@@ -345,16 +345,17 @@ impl DenseRecords {
     /// stopping at the first live one: records settle nearly in bucket order, so an
     /// expired record behind a live one (which settled first, from a newer bucket) waits
     /// at most as long as it was itself in flight (lookups already answer it absent).
-    pub(super) fn expire(&mut self, budget: usize, window: Window, current: u64) {
+    pub(super) fn expire(&mut self, budget: usize, window: Window, current: u64) -> bool {
         for _ in 0..budget {
             let Some(front) = self.ring.slot(self.ring.head).copied() else {
-                return;
+                return true;
             };
             if !front.is_vacant() && window.is_live(front.bucket(window), current) {
-                return;
+                return true;
             }
             self.pop_front(window);
         }
+        false
     }
 
     /// Drops the front slot and its table entry; returns its record's bucket if it

@@ -99,7 +99,7 @@ impl MarkMap {
     }
 
     /// Removes up to `budget` marks whose bucket has left the window.
-    pub(crate) fn expire(&mut self, budget: usize, window: Window, current: u64) {
+    pub(crate) fn expire(&mut self, budget: usize, window: Window, current: u64) -> bool {
         expire_queue(
             &mut self.map,
             &mut self.expiry,
@@ -107,7 +107,13 @@ impl MarkMap {
             window,
             current,
             |m| m.bucket,
-        );
+        )
+    }
+
+    /// Marks held, live or expired but not yet removed.
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.map.len()
     }
 
     /// Approximate heap bytes held.

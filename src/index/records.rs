@@ -550,7 +550,9 @@ pub(crate) fn live_entry<'a, V>(
 
 /// Drains up to `budget` entries of an expiry `queue` (in stamping order) whose bucket has
 /// left the window, removing each key from `map` only if it still carries that bucket: a
-/// key released and stored again, or re-stamped, lives on.
+/// key released and stored again, or re-stamped, lives on. True if it stopped with
+/// nothing due (the queue empty, or its front live at `current`), false if the budget
+/// ran out first.
 pub(crate) fn expire_queue<V>(
     map: &mut FingerprintMap<V>,
     queue: &mut VecDeque<(u64, u128)>,
@@ -558,13 +560,13 @@ pub(crate) fn expire_queue<V>(
     window: Window,
     current: u64,
     bucket_of: impl Fn(&V) -> u64,
-) {
+) -> bool {
     for _ in 0..budget {
         let Some(&(bucket, fingerprint)) = queue.front() else {
-            return;
+            return true;
         };
         if window.is_live(bucket, current) {
-            return;
+            return true;
         }
         queue.pop_front();
         if map
@@ -574,6 +576,7 @@ pub(crate) fn expire_queue<V>(
             map.remove(&fingerprint);
         }
     }
+    false
 }
 
 /// Records in two tiers: the settled ones (finished, response and key in the log, no
@@ -832,9 +835,10 @@ impl RecordMap {
             .collect()
     }
 
-    /// Removes up to `budget` records whose bucket has left the window.
-    pub(crate) fn expire(&mut self, budget: usize, window: Window, current: u64) {
-        expire_queue(
+    /// Removes up to `budget` records of each tier whose bucket has left the window.
+    /// True if nothing more was due at `current` ([`expire_queue`]).
+    pub(crate) fn expire(&mut self, budget: usize, window: Window, current: u64) -> bool {
+        let map_idle = expire_queue(
             &mut self.map,
             &mut self.expiry,
             budget,
@@ -842,21 +846,22 @@ impl RecordMap {
             current,
             |r| r.bucket,
         );
-        self.dense.expire(budget, window, current);
+        self.dense.expire(budget, window, current) && map_idle
     }
 
     /// Drops the responses of up to `budget` records whose bucket has left `retention`
     /// (keeping the records, which say the operation happened, to the window's end).
-    pub(crate) fn age(&mut self, budget: usize, retention: Window, current: u64) {
+    /// True if nothing more was due at `current`, as [`RecordMap::expire`].
+    pub(crate) fn age(&mut self, budget: usize, retention: Window, current: u64) -> bool {
         let Some(aging) = &mut self.aging else {
-            return;
+            return true;
         };
         for _ in 0..budget {
             let Some(&(bucket, fingerprint)) = aging.front() else {
-                return;
+                return true;
             };
             if retention.is_live(bucket, current) {
-                return;
+                return true;
             }
             aging.pop_front();
             if let Some(record) = self.map.get_mut(&fingerprint)
@@ -865,6 +870,7 @@ impl RecordMap {
                 record.drop_response();
             }
         }
+        false
     }
 
     /// Records held in memory, live or expired but not yet removed.

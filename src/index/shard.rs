@@ -111,6 +111,13 @@ pub(crate) struct Shard {
     oldest_bucket: u64,
     /// `current` when the running sweep pass started.
     sweep_started: u64,
+    /// A `current` at which every expiry queue (records, their aging, marks) was found
+    /// with nothing due; `u64::MAX` when none was (or an eviction narrowed the window
+    /// since). While `current` stays there the queues need no look: their fronts were live at it, and an entry queued since
+    /// is stamped at it or carries the bucket of a record that was live at it. (A
+    /// record that settles after its bucket left the window, onto an empty queue, waits
+    /// for the next bucket to be reclaimed; lookups answer it absent meanwhile.)
+    expiry_idle_at: u64,
     /// Buckets below this were evicted early by `FullPolicy::EvictOldest`.
     evicted_below: u64,
     /// Most live keys plus records this shard holds (`None`: unbounded).
@@ -150,6 +157,7 @@ impl Shard {
             marks: MarkMap::default(),
             oldest_bucket: current,
             sweep_started: current,
+            expiry_idle_at: u64::MAX,
             evicted_below: 0,
             capacity,
             policy,
@@ -214,6 +222,8 @@ impl Shard {
             evicted += u64::from(count.keys) + u64::from(count.records) + u64::from(count.marks);
         }
         self.evicted_below = oldest + 1;
+        // The window narrowed under the queues: entries may be due at this `current`.
+        self.expiry_idle_at = u64::MAX;
         self.counters.buckets_evicted += 1;
         self.counters.keys_evicted += evicted;
         log::warn!("oncedb: shard full, evicted bucket {oldest} early ({evicted} entries)");
@@ -295,14 +305,18 @@ impl Shard {
             }
         }
         let (window, current) = (self.view(), self.current);
-        self.records
-            .expire(EXPIRE_RECORDS_PER_WRITE * writes, window, current);
-        if let Some(retention) = self.retention {
-            self.records
-                .age(EXPIRE_RECORDS_PER_WRITE * writes, retention, current);
+        if self.expiry_idle_at == current {
+            return;
         }
-        self.marks
-            .expire(EXPIRE_RECORDS_PER_WRITE * writes, window, current);
+        let budget = EXPIRE_RECORDS_PER_WRITE * writes;
+        let records_idle = self.records.expire(budget, window, current);
+        let aging_idle = self
+            .retention
+            .is_none_or(|retention| self.records.age(budget, retention, current));
+        let marks_idle = self.marks.expire(budget, window, current);
+        if records_idle && aging_idle && marks_idle {
+            self.expiry_idle_at = current;
+        }
     }
 
     /// Where the dedup table's slots are: (address of the first, count).
@@ -1072,5 +1086,67 @@ impl Shard {
 
     pub(crate) fn table_slots_used(&self) -> usize {
         self.table.used()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shard_with_marks(count: u64) -> Shard {
+        let window = Window::new(4, 1);
+        let mut shard = Shard::new(
+            (window, None),
+            0,
+            0,
+            Some(8),
+            FullPolicy::EvictOldest,
+            false,
+        )
+        .unwrap();
+        for n in 0..count {
+            let key = n.to_le_bytes();
+            let fingerprint = Fingerprint(u128::from(n) + 1);
+            shard.advance_version(fingerprint, &key, 1).unwrap();
+        }
+        shard
+    }
+
+    /// Expiry skips its queues while the bucket stays where it last found nothing due,
+    /// and looks again once the bucket moves on.
+    #[test]
+    fn expiry_looks_again_once_the_bucket_moves() {
+        let mut shard = shard_with_marks(8);
+        shard.after_writes(1);
+        assert_eq!(shard.marks.len(), 8, "nothing is due inside the window");
+        shard.rotate_to(5);
+        shard.after_writes(1);
+        shard.after_writes(1);
+        assert_eq!(
+            shard.marks.len(),
+            0,
+            "bucket 0 left the window: all drained"
+        );
+    }
+
+    /// An eviction narrows the window under the queues without moving the bucket:
+    /// expiry looks again at once.
+    #[test]
+    fn expiry_looks_again_after_an_eviction() {
+        let mut shard = shard_with_marks(6);
+        shard.rotate_to(1);
+        for n in 6..8u64 {
+            let fingerprint = Fingerprint(u128::from(n) + 1);
+            shard
+                .advance_version(fingerprint, &n.to_le_bytes(), 1)
+                .unwrap();
+        }
+        assert_eq!(shard.marks.len(), 8, "nothing is due inside the window");
+        // A ninth mark finds the shard full: bucket 0 is evicted early.
+        shard
+            .advance_version(Fingerprint(100), b"ninth", 1)
+            .unwrap();
+        shard.after_writes(1);
+        assert_eq!(shard.marks.len(), 3, "bucket 0's six marks were drained");
     }
 }
