@@ -10,7 +10,9 @@
 //! ```
 //!
 //! `--without-layer` serves the same routes with no idempotency at all (every request
-//! charges): the baseline for the layer's cost in `docs/http.md`.
+//! charges): the baseline for the layer's cost in `docs/http.md`. `--durability
+//! interval:MS` commits the embedded store every MS milliseconds instead of at each
+//! write (`sync`, the default).
 //!
 //! `payment_method_id` picks the provider's behaviour: `pm_card_declined` declines
 //! (`422`, stored and replayed), `pm_slow` takes about a second, `pm_timeout` charges but
@@ -344,13 +346,27 @@ struct Args {
     addr: SocketAddr,
     dir: PathBuf,
     backend: Option<String>,
+    durability: Durability,
     with_layer: bool,
+}
+
+/// `sync`, or `interval:MS`.
+fn durability(value: &str) -> Result<Durability, String> {
+    match value.split_once(':') {
+        None if value == "sync" => Ok(Durability::Sync),
+        Some(("interval", ms)) => ms
+            .parse()
+            .map(|ms| Durability::Interval(Duration::from_millis(ms)))
+            .map_err(|e| format!("--durability interval:MS: {e}")),
+        _ => Err(format!("--durability {value}: sync or interval:MS")),
+    }
 }
 
 fn args() -> Result<Args, String> {
     let mut addr = None;
     let mut dir = None;
     let mut backend = None;
+    let mut durability_mode = Durability::Sync;
     let mut with_layer = true;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -363,6 +379,7 @@ fn args() -> Result<Args, String> {
             "--addr" => addr = Some(value.parse().map_err(|e| format!("--addr: {e}"))?),
             "--dir" => dir = Some(PathBuf::from(value)),
             "--backend" => backend = Some(value),
+            "--durability" => durability_mode = durability(&value)?,
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -370,6 +387,7 @@ fn args() -> Result<Args, String> {
         addr: addr.ok_or("--addr HOST:PORT is required")?,
         dir: dir.ok_or("--dir DIR is required")?,
         backend,
+        durability: durability_mode,
         with_layer,
     })
 }
@@ -380,7 +398,7 @@ async fn main() {
         Ok(args) => args,
         Err(err) => {
             eprintln!(
-                "payments: {err}\nusage: payments --addr HOST:PORT --dir DIR [--backend URL] [--without-layer]"
+                "payments: {err}\nusage: payments --addr HOST:PORT --dir DIR [--backend URL] [--durability sync|interval:MS] [--without-layer]"
             );
             std::process::exit(2);
         }
@@ -390,7 +408,7 @@ async fn main() {
         None => {
             let db = Db::open(
                 Options::new(&args.dir)
-                    .durability(Durability::Sync)
+                    .durability(args.durability)
                     .window(window),
             )
             .expect("cannot open the store in --dir");

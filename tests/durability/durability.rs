@@ -251,7 +251,7 @@ fn a_batch_costs_one_fsync_and_writers_share_fsyncs() {
     assert_eq!(db.stats().fsyncs - before, 1);
 
     let threads = 16;
-    let per_thread = 200u32;
+    let per_thread = 60u32;
     let before = db.stats().fsyncs;
     std::thread::scope(|s| {
         for t in 0..threads {

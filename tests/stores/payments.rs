@@ -298,16 +298,19 @@ async fn a_timeout_is_settled_by_reconciliation() {
 }
 
 /// Requests per second through the example with and without the layer (docs/http.md):
-/// `cargo build --release --example payments && cargo test --release --all-features
-/// --test payments -- --ignored --nocapture`.
+/// `cargo build --release --all-features --example payments && cargo test --release
+/// --all-features --test stores -- --ignored --nocapture requests_per_second`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "measurement, run by hand"]
 async fn requests_per_second_with_and_without_the_layer() {
     const REQUESTS: usize = 20_000;
     const CLIENTS: usize = 32;
-    let runs: [(&str, &[&str], bool); 3] = [
-        ("layer, new keys", &[], false),
-        ("layer, replays", &[], true),
+    let interval: &[&str] = &["--durability", "interval:10"];
+    let runs: [(&str, &[&str], bool); 5] = [
+        ("layer, Sync, new keys", &[], false),
+        ("layer, Sync, replays", &[], true),
+        ("layer, Interval(10 ms), new keys", interval, false),
+        ("layer, Interval(10 ms), replays", interval, true),
         ("no layer", &["--without-layer"], false),
     ];
     for round in 0..3 {
