@@ -1,5 +1,8 @@
 //! The default request fingerprint: method, path and query, and a canonical body.
 
+use std::borrow::Cow;
+use std::ops::Range;
+
 use axum::http::header::CONTENT_TYPE;
 use axum::http::request::Parts;
 
@@ -14,11 +17,7 @@ use axum::http::request::Parts;
 /// stay distinct; `1` and `1.0` are two requests); no insignificant whitespace. A body
 /// that is not one JSON value, or nests deeper than 128 levels, is compared by its bytes.
 pub fn canonical_request(parts: &Parts, body: &[u8]) -> Vec<u8> {
-    let target = parts
-        .uri
-        .path_and_query()
-        .map_or_else(|| parts.uri.path(), |pq| pq.as_str());
-    let mut out = format!("{} {target}\n", parts.method).into_bytes();
+    let mut out = request_line(parts, body.len());
     let json = parts
         .headers
         .get(CONTENT_TYPE)
@@ -27,10 +26,24 @@ pub fn canonical_request(parts: &Parts, body: &[u8]) -> Vec<u8> {
             let essence = ct.split(';').next().unwrap_or("").trim();
             essence.eq_ignore_ascii_case("application/json") || essence.ends_with("+json")
         });
-    match json.then(|| canonical_json(body)).flatten() {
-        Some(canonical) => out.extend_from_slice(&canonical),
-        None => out.extend_from_slice(body),
+    if !(json && canonical_json_into(body, &mut out)) {
+        out.extend_from_slice(body);
     }
+    out
+}
+
+/// `METHOD path?query` and a newline, in a buffer with room for `more` bytes after it.
+fn request_line(parts: &Parts, more: usize) -> Vec<u8> {
+    let target = parts
+        .uri
+        .path_and_query()
+        .map_or_else(|| parts.uri.path(), |pq| pq.as_str());
+    let method = parts.method.as_str();
+    let mut out = Vec::with_capacity(method.len() + 2 + target.len() + more);
+    out.extend_from_slice(method.as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(target.as_bytes());
+    out.push(b'\n');
     out
 }
 
@@ -44,11 +57,7 @@ pub fn fields_request(parts: &Parts, body: &[u8], pointers: &[String]) -> Vec<u8
     let Some(canonical) = canonical_json(body) else {
         return canonical_request(parts, body);
     };
-    let target = parts
-        .uri
-        .path_and_query()
-        .map_or_else(|| parts.uri.path(), |pq| pq.as_str());
-    let mut out = format!("{} {target}\n", parts.method).into_bytes();
+    let mut out = request_line(parts, 0);
     for pointer in pointers {
         out.extend_from_slice(pointer.as_bytes());
         out.push(b'=');
@@ -71,7 +80,8 @@ pub(crate) fn pointer_text(body: &[u8], pointer: &str) -> Option<String> {
             text: &value,
             at: 0,
         }
-        .string(),
+        .string()
+        .map(Cow::into_owned),
         b'-' | b'0'..=b'9' => String::from_utf8(value).ok(),
         _ => None,
     }
@@ -136,11 +146,23 @@ const MAX_DEPTH: usize = 128;
 /// The canonical form of the JSON value `text` (see [`canonical_request`]), or `None` if
 /// it is not exactly one JSON value.
 fn canonical_json(text: &[u8]) -> Option<Vec<u8>> {
-    let mut reader = Reader { text, at: 0 };
     let mut out = Vec::with_capacity(text.len());
-    reader.value(&mut out, 0)?;
-    reader.space();
-    (reader.at == text.len()).then_some(out)
+    canonical_json_into(text, &mut out).then_some(out)
+}
+
+/// Appends the canonical form of the JSON value `text` to `out` and returns true, or
+/// leaves `out` as it was and returns false if `text` is not exactly one JSON value.
+fn canonical_json_into(text: &[u8], out: &mut Vec<u8>) -> bool {
+    let start = out.len();
+    let mut reader = Reader { text, at: 0 };
+    let whole = reader.value(out, 0).is_some() && {
+        reader.space();
+        reader.at == text.len()
+    };
+    if !whole {
+        out.truncate(start);
+    }
+    whole
 }
 
 struct Reader<'a> {
@@ -148,7 +170,7 @@ struct Reader<'a> {
     at: usize,
 }
 
-impl Reader<'_> {
+impl<'a> Reader<'a> {
     fn peek(&self) -> Option<u8> {
         self.text.get(self.at).copied()
     }
@@ -194,15 +216,18 @@ impl Reader<'_> {
 
     fn object(&mut self, out: &mut Vec<u8>, depth: usize) -> Option<()> {
         self.at += 1;
-        let mut members: Vec<(String, Vec<u8>)> = Vec::new();
+        // Each member's canonical value goes to one buffer, named by its range there:
+        // an object costs two allocations whatever its members.
+        let mut values = Vec::new();
+        let mut members: Vec<(Cow<'a, str>, Range<usize>)> = Vec::new();
         if self.eat(b'}').is_none() {
             loop {
                 self.space();
                 let name = self.string()?;
                 self.eat(b':')?;
-                let mut value = Vec::new();
-                self.value(&mut value, depth + 1)?;
-                members.push((name, value));
+                let start = values.len();
+                self.value(&mut values, depth + 1)?;
+                members.push((name, start..values.len()));
                 if self.eat(b',').is_none() {
                     self.eat(b'}')?;
                     break;
@@ -219,13 +244,13 @@ impl Reader<'_> {
             same
         });
         out.push(b'{');
-        for (index, (name, value)) in members.iter().enumerate() {
+        for (index, (name, range)) in members.into_iter().enumerate() {
             if index > 0 {
                 out.push(b',');
             }
-            write_string(name, out);
+            write_string(&name, out);
             out.push(b':');
-            out.extend_from_slice(value);
+            out.extend_from_slice(values.get(range)?);
         }
         out.push(b'}');
         Some(())
@@ -238,7 +263,7 @@ impl Reader<'_> {
         if self.eat(b'}').is_none() {
             loop {
                 self.space();
-                let name = self.string()?;
+                let name = self.string()?.into_owned();
                 self.eat(b':')?;
                 let mut value = Vec::new();
                 self.value(&mut value, 1)?;
@@ -320,18 +345,31 @@ impl Reader<'_> {
         Some(())
     }
 
-    /// A string at the cursor, unescaped.
-    fn string(&mut self) -> Option<String> {
+    /// A string at the cursor, unescaped: borrowed from the text if it holds no escape.
+    fn string(&mut self) -> Option<Cow<'a, str>> {
         if self.peek() != Some(b'"') {
             return None;
         }
         self.at += 1;
-        let mut bytes = Vec::new();
+        let start = self.at;
+        loop {
+            match self.peek()? {
+                b'"' => {
+                    let text = std::str::from_utf8(self.text.get(start..self.at)?).ok()?;
+                    self.at += 1;
+                    return Some(Cow::Borrowed(text));
+                }
+                b'\\' => break,
+                0..=0x1f => return None,
+                _ => self.at += 1,
+            }
+        }
+        let mut bytes = self.text.get(start..self.at)?.to_vec();
         loop {
             let byte = self.peek()?;
             self.at += 1;
             match byte {
-                b'"' => return String::from_utf8(bytes).ok(),
+                b'"' => return String::from_utf8(bytes).ok().map(Cow::Owned),
                 b'\\' => {
                     let escaped = self.peek()?;
                     self.at += 1;
@@ -384,20 +422,36 @@ impl Reader<'_> {
 
 /// `text` as a JSON string with the fewest escapes: `"`, `\\` and control characters.
 fn write_string(text: &str, out: &mut Vec<u8>) {
+    out.reserve(text.len() + 2);
     out.push(b'"');
-    for c in text.chars() {
-        match c {
-            '"' => out.extend_from_slice(b"\\\""),
-            '\\' => out.extend_from_slice(b"\\\\"),
-            c if u32::from(c) < 0x20 => {
-                out.extend_from_slice(format!("\\u{:04x}", u32::from(c)).as_bytes());
-            }
-            c => {
-                let mut buffer = [0u8; 4];
-                out.extend_from_slice(c.encode_utf8(&mut buffer).as_bytes());
-            }
+    // Runs of bytes that need no escape are copied whole (every byte of a multi-byte
+    // UTF-8 character is at least 0x80, so it is never mistaken for one that does).
+    let bytes = text.as_bytes();
+    let mut run = 0;
+    for (at, &byte) in bytes.iter().enumerate() {
+        let escaped: &[u8] = match byte {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            0..=0x1f => &[],
+            _ => continue,
+        };
+        out.extend_from_slice(bytes.get(run..at).unwrap_or_default());
+        if escaped.is_empty() {
+            // A control character: `\u00XX`, lower-case hex (the high digit is 0 or 1).
+            let low = byte & 0xf;
+            out.extend_from_slice(b"\\u00");
+            out.push(b'0' + (byte >> 4));
+            out.push(if low < 10 {
+                b'0' + low
+            } else {
+                b'a' + low - 10
+            });
+        } else {
+            out.extend_from_slice(escaped);
         }
+        run = at + 1;
     }
+    out.extend_from_slice(bytes.get(run..).unwrap_or_default());
     out.push(b'"');
 }
 
@@ -469,6 +523,12 @@ mod tests {
         let canonical = |text: &[u8]| super::canonical_json(text);
         // Escapes decode: one string, however it is written.
         assert_eq!(canonical(br#""\u0061\n""#), canonical(b"\"a\\n\""));
+        // Written back with the fewest escapes: quotes, backslashes and control
+        // characters only, the last as lower-case `\u00XX`.
+        assert_eq!(
+            canonical(br#""a\n\u001F\"\\\u00e9/""#).unwrap(),
+            "\"a\\u000a\\u001f\\\"\\\\\u{e9}/\"".as_bytes()
+        );
         assert_eq!(
             canonical(br#""\ud83d\ude00""#).unwrap(),
             "\"\u{1f600}\"".as_bytes()
@@ -486,6 +546,11 @@ mod tests {
             br#"{"a":[{"y":2,"z":1}],"b":{"c":2,"d":1}}"#
         );
         assert_eq!(canonical(br#"{"a":1,"a":2}"#).unwrap(), br#"{"a":2}"#);
+        // Names decode before they sort, escaped or not.
+        assert_eq!(
+            canonical(br#"{"\u0062":1,"a":"\u00e9","\u0061b":[]}"#).unwrap(),
+            "{\"a\":\"\u{e9}\",\"ab\":[],\"b\":1}".as_bytes()
+        );
         // Not one JSON value, or too deep: no canonical form.
         for bad in [&b"{x"[..], b"1 2", b"01", b"[1,]", b"\"\\x\"", b"-", b"1."] {
             assert_eq!(canonical(bad), None, "{}", String::from_utf8_lossy(bad));
@@ -540,10 +605,15 @@ mod tests {
         let a = fingerprint("POST", "/u", "text/plain", b"a b");
         assert_eq!(a, b"POST /u\na b");
         assert_ne!(a, fingerprint("POST", "/u", "text/plain", b"a  b"));
-        // Broken JSON falls back to the bytes.
+        // Broken JSON falls back to the bytes, also where it breaks after a part of its
+        // canonical form was written.
         assert_eq!(
             fingerprint("POST", "/u", "application/json", b"{x"),
             b"POST /u\n{x"
+        );
+        assert_eq!(
+            fingerprint("POST", "/u", "application/json", b"[1, {\"a\": 2},"),
+            b"POST /u\n[1, {\"a\": 2},"
         );
     }
 }

@@ -64,19 +64,24 @@ impl StoredResponse {
 
     /// The stored form.
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(16 + self.body.len());
+        let headers = || {
+            self.headers
+                .iter()
+                .filter(|(name, value)| {
+                    name.as_str().len() <= usize::from(u8::MAX)
+                        && value.len() <= MAX_HEADER_VALUE_BYTES
+                })
+                .take(MAX_HEADERS)
+        };
+        // Sized once: version, status, count, each header's lengths and bytes, the body's.
+        let header_bytes: usize = headers()
+            .map(|(name, value)| 3 + name.as_str().len() + value.len())
+            .sum();
+        let mut out = Vec::with_capacity(8 + header_bytes + self.body.len());
         out.push(VERSION);
         out.extend_from_slice(&self.status.as_u16().to_le_bytes());
-        let headers: Vec<_> = self
-            .headers
-            .iter()
-            .filter(|(name, value)| {
-                name.as_str().len() <= usize::from(u8::MAX) && value.len() <= MAX_HEADER_VALUE_BYTES
-            })
-            .take(MAX_HEADERS)
-            .collect();
-        out.push(u8::try_from(headers.len()).unwrap_or(0));
-        for (name, value) in headers {
+        out.push(u8::try_from(headers().count()).unwrap_or(0));
+        for (name, value) in headers() {
             let name = name.as_str().as_bytes();
             out.push(u8::try_from(name.len()).unwrap_or(0));
             out.extend_from_slice(name);

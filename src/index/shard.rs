@@ -1107,7 +1107,10 @@ mod tests {
         for n in 0..count {
             let key = n.to_le_bytes();
             let fingerprint = Fingerprint(u128::from(n) + 1);
-            shard.advance_version(fingerprint, &key, 1).unwrap();
+            assert_eq!(
+                shard.advance_version(fingerprint, &key, 1).unwrap(),
+                Advance::Applied
+            );
         }
         shard
     }
@@ -1137,15 +1140,13 @@ mod tests {
         shard.rotate_to(1);
         for n in 6..8u64 {
             let fingerprint = Fingerprint(u128::from(n) + 1);
-            shard
-                .advance_version(fingerprint, &n.to_le_bytes(), 1)
-                .unwrap();
+            let applied = shard.advance_version(fingerprint, &n.to_le_bytes(), 1);
+            assert_eq!(applied.unwrap(), Advance::Applied);
         }
         assert_eq!(shard.marks.len(), 8, "nothing is due inside the window");
         // A ninth mark finds the shard full: bucket 0 is evicted early.
-        shard
-            .advance_version(Fingerprint(100), b"ninth", 1)
-            .unwrap();
+        let applied = shard.advance_version(Fingerprint(100), b"ninth", 1);
+        assert_eq!(applied.unwrap(), Advance::Applied);
         shard.after_writes(1);
         assert_eq!(shard.marks.len(), 3, "bucket 0's six marks were drained");
     }
