@@ -115,8 +115,9 @@ pub(crate) struct Shard {
     /// with nothing due; `u64::MAX` when none was (or an eviction narrowed the window
     /// since). While `current` stays there the queues need no look: their fronts were live at it, and an entry queued since
     /// is stamped at it or carries the bucket of a record that was live at it. (A
-    /// record that settles after its bucket left the window, onto an empty queue, waits
-    /// for the next bucket to be reclaimed; lookups answer it absent meanwhile.)
+    /// record that settles after its bucket left the window, or its response's
+    /// retention, onto an empty queue waits for the next bucket to be reclaimed or
+    /// aged; lookups answer it absent, or its response expired, meanwhile.)
     expiry_idle_at: u64,
     /// Buckets below this were evicted early by `FullPolicy::EvictOldest`.
     evicted_below: u64,
