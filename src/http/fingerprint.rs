@@ -616,4 +616,100 @@ mod tests {
             b"POST /u\n[1, {\"a\": 2},"
         );
     }
+
+    use proptest::prelude::*;
+    use serde_json::Value;
+
+    /// JSON values: literals, integers, strings with any characters (control ones and
+    /// those beyond the basic plane included), arrays and objects, a few levels deep.
+    fn json_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            "(\\PC|[\u{0}-\u{1f}\"\\\\/\u{10000}-\u{10ffff}]){0,6}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 48, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
+                prop::collection::btree_map("[a-zé\"\\\\\u{1}]{0,3}", inner, 0..5)
+                    .prop_map(|members| Value::Object(members.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// `value` as JSON text: members in reverse order or not, every character escaped
+    /// as `\uXXXX` (surrogate pairs beyond the basic plane) or the fewest, with spaces
+    /// between tokens or not.
+    fn write(value: &Value, other_way: bool, out: &mut String) {
+        let gap = if other_way { " \n " } else { "" };
+        match value {
+            Value::String(text) => write_text(text, other_way, out),
+            Value::Array(elements) => {
+                out.push('[');
+                for (index, element) in elements.iter().enumerate() {
+                    if index > 0 {
+                        out.push_str(gap);
+                        out.push(',');
+                    }
+                    write(element, other_way, out);
+                }
+                out.push(']');
+            }
+            Value::Object(members) => {
+                let mut members: Vec<_> = members.iter().collect();
+                if other_way {
+                    members.reverse();
+                }
+                out.push('{');
+                for (index, (name, member)) in members.into_iter().enumerate() {
+                    if index > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(gap);
+                    write_text(name, other_way, out);
+                    out.push_str(gap);
+                    out.push(':');
+                    write(member, other_way, out);
+                }
+                out.push('}');
+            }
+            literal => out.push_str(&literal.to_string()),
+        }
+    }
+
+    fn write_text(text: &str, escape_all: bool, out: &mut String) {
+        out.push('"');
+        for c in text.chars() {
+            if escape_all {
+                let mut units = [0u16; 2];
+                for unit in c.encode_utf16(&mut units) {
+                    out.push_str(&format!("\\u{unit:04X}"));
+                }
+            } else if c == '"' || c == '\\' {
+                out.push('\\');
+                out.push(c);
+            } else if u32::from(c) < 0x20 {
+                out.push_str(&format!("\\u{:04x}", u32::from(c)));
+            } else {
+                out.push(c);
+            }
+        }
+        out.push('"');
+    }
+
+    proptest! {
+        /// One value written two ways has one canonical form, and that form is JSON
+        /// that reads back as the value.
+        #[test]
+        fn one_value_written_two_ways_has_one_canonical_form(value in json_value()) {
+            let (mut plain, mut other) = (String::new(), String::new());
+            write(&value, false, &mut plain);
+            write(&value, true, &mut other);
+            let canonical = super::canonical_json(plain.as_bytes()).unwrap();
+            prop_assert_eq!(&canonical, &super::canonical_json(other.as_bytes()).unwrap());
+            let read: Value = serde_json::from_slice(&canonical).unwrap();
+            prop_assert_eq!(read, value);
+        }
+    }
 }
