@@ -343,15 +343,12 @@ fn writers_wait_for_a_record_seal_at_half_the_budget() {
             gate.await_held_within(1, limit),
             "no record seal reached its fsync"
         );
-        let deadline = std::time::Instant::now() + limit;
-        while db.stats().budget_waiters == 0 && std::time::Instant::now() < deadline {
-            assert!(
-                !writer.is_finished(),
-                "the writer never waited for the seal"
-            );
-            std::thread::yield_now();
-        }
-        let stats = db.stats();
+        let stats = crate::support::until_the_writer_waits(
+            &db,
+            &writer,
+            limit,
+            ("the seal", |stats| stats.budget_waiters > 0),
+        );
         assert_eq!(stats.budget_waiters, 1, "{stats:?}");
         assert_eq!(
             stats.sealed_record_runs, 0,

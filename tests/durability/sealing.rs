@@ -216,17 +216,14 @@ fn a_merge_under_way_holds_no_frozen_table_and_writers_at_half_the_budget() {
         assert_eq!((stats.runs_sealed, stats.runs_merged), (4, 0), "{stats:?}");
         // The writer may still be waiting from the seal (its frozen tables held) until it
         // looks again: it then lets them go, and waits for the merge.
-        let deadline = std::time::Instant::now() + limit;
-        let waiting_for_the_merge =
-            |stats: oncedb::Stats| stats.budget_waiters > 0 && stats.frozen_table_bytes == 0;
-        while !waiting_for_the_merge(db.stats()) && std::time::Instant::now() < deadline {
-            assert!(
-                !writer.is_finished(),
-                "the writer never waited for the merge"
-            );
-            std::thread::yield_now();
-        }
-        let stats = db.stats();
+        let stats = crate::support::until_the_writer_waits(
+            &db,
+            &writer,
+            limit,
+            ("the merge", |stats| {
+                stats.budget_waiters > 0 && stats.frozen_table_bytes == 0
+            }),
+        );
         assert_eq!(stats.budget_waiters, 1, "{stats:?}");
         assert_eq!(stats.frozen_table_bytes, 0, "{stats:?}");
         // Outside a merge, writers wait at what the filters leave of the budget.

@@ -157,6 +157,26 @@ impl Storage for PausingStorage {
     }
 }
 
+/// Polls `db`'s stats until `waiting` holds of them, or `limit` has passed (the caller's
+/// assertions on the stats then fail), while `writer` must stay blocked: a writer that
+/// returned first never waited for what it should have (`what`).
+pub fn until_the_writer_waits<T>(
+    db: &oncedb::Db,
+    writer: &std::thread::ScopedJoinHandle<'_, T>,
+    limit: std::time::Duration,
+    (what, waiting): (&str, impl Fn(&oncedb::Stats) -> bool),
+) -> oncedb::Stats {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        let stats = db.stats();
+        if waiting(&stats) || std::time::Instant::now() >= deadline {
+            return stats;
+        }
+        assert!(!writer.is_finished(), "the writer never waited for {what}");
+        std::thread::yield_now();
+    }
+}
+
 /// The fault sweep: for each I/O call `1..=calls + 1` of a workload, and after each of a
 /// process crash and a power loss, opens a store (`open`) on a storage whose `call`th
 /// call fails, runs `workload` on it (which returns how many of its `all` writes it saw

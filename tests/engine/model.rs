@@ -263,17 +263,21 @@ impl Harness {
     }
 }
 
-proptest! {
-    // Failures are kept beside this file, in `model.proptest-regressions`. The default
-    // (`SourceParallel`) would look in `tests/proptest-regressions/model.txt`, since this
-    // binary's directory holds a `main.rs`.
-    #![proptest_config(ProptestConfig {
-        cases: 256,
+/// `cases` runs, failures kept beside this file, in `model.proptest-regressions`. The
+/// default (`SourceParallel`) would look in `tests/proptest-regressions/model.txt`, since
+/// this binary's directory holds a `main.rs`.
+fn config(cases: u32) -> ProptestConfig {
+    ProptestConfig {
+        cases,
         failure_persistence: Some(Box::new(FileFailurePersistence::WithSource(
             "proptest-regressions",
         ))),
         ..ProptestConfig::default()
-    })]
+    }
+}
+
+proptest! {
+    #![proptest_config(config(256))]
 
     #[test]
     fn engine_matches_the_model(ops in prop::collection::vec(op(), 1..200)) {
@@ -296,13 +300,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: 10,
-        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource(
-            "proptest-regressions",
-        ))),
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(config(10))]
 
     /// The same under a memory budget, with a burst of filler records after each of three
     /// runs of operations: each burst brings the records memory holds to a seal, which
