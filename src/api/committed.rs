@@ -7,7 +7,7 @@ use super::db::{Db, with_scoped_key};
 use super::observe;
 use super::record::{Lease, Reservation, Scope};
 use crate::base::{Advance, Finish, Result};
-use crate::engine::Settle;
+use crate::engine::{Concluded, Settle, merge_answers, seen_keys};
 
 impl Db {
     /// Whether a write carrying `bytes` of keys and requests, admitting at most `keys`
@@ -17,24 +17,45 @@ impl Db {
         self.engine.may_block_on_files(bytes, keys, leases)
     }
 
+    /// Makes `write` with its wait deferred and awaits its commit; asks again while an
+    /// answer that depended on another call's write lost it (taken back meanwhile).
+    async fn deferred<T>(&self, mut write: impl FnMut(&mut Settle) -> Result<T>) -> Result<T> {
+        loop {
+            let mut settle = Settle::deferred();
+            let answer = write(&mut settle)?;
+            if self.engine.committed(settle).await? == Concluded::Stands {
+                return Ok(answer);
+            }
+        }
+    }
+
     /// [`Db::insert_if_absent`], awaiting the commit.
     pub(crate) async fn insert_if_absent_committed(&self, key: &[u8]) -> Result<bool> {
-        let mut settle = Settle::Defer(None);
-        let admitted = self.engine.insert_if_absent_settled(key, &mut settle)?;
-        self.engine.committed(settle).await?;
+        let admitted = self
+            .deferred(|settle| self.engine.insert_if_absent_settled(key, settle))
+            .await?;
         observe::keys(&[admitted]);
         Ok(admitted)
     }
 
-    /// [`Db::insert_many`], awaiting the commit.
+    /// [`Db::insert_many`], awaiting the commit. A batch whose "seen" answers lost the
+    /// writes they rested on asks again for those keys alone (its own admissions stand).
     pub(crate) async fn insert_many_committed<K: AsRef<[u8]>>(
         &self,
         keys: &[K],
     ) -> Result<Vec<bool>> {
-        let (mut admitted, mut settle) = (Vec::new(), Settle::Defer(None));
+        let (mut admitted, mut settle) = (Vec::new(), Settle::deferred());
         self.engine
             .insert_many_settled(keys, &mut admitted, &mut settle)?;
-        self.engine.committed(settle).await?;
+        let mut concluded = self.engine.committed(settle).await?;
+        while concluded == Concluded::Redo {
+            let (positions, again) = seen_keys(keys, &admitted);
+            let (mut answers, mut settle) = (Vec::new(), Settle::deferred());
+            self.engine
+                .insert_many_settled(&again, &mut answers, &mut settle)?;
+            concluded = self.engine.committed(settle).await?;
+            merge_answers(&mut admitted, &positions, &answers);
+        }
         observe::keys(&admitted);
         Ok(admitted)
     }
@@ -47,12 +68,33 @@ impl Db {
         request: &[u8],
     ) -> Result<Reservation> {
         self.engine.check_key(key)?;
-        let mut settle = Settle::Defer(None);
-        let reserved = with_scoped_key(scope, key, |scoped| {
-            self.engine.reserve_settled(scoped, request, &mut settle)
-        })?;
-        self.engine.committed(settle).await?;
+        let reserved = self
+            .deferred(|settle| {
+                with_scoped_key(scope, key, |scoped| {
+                    self.engine.reserve_settled(scoped, request, settle)
+                })
+            })
+            .await?;
         Ok(self.reservation(scope, key, reserved))
+    }
+
+    /// [`Db::get`], awaiting the acknowledgement of the write the record shows (reads
+    /// that rest on nothing unacknowledged return at once).
+    pub(crate) async fn get_committed(
+        &self,
+        scope: &Scope,
+        key: &[u8],
+    ) -> Result<Option<crate::base::Record>> {
+        self.engine.check_key(key)?;
+        loop {
+            let mut settle = Settle::deferred();
+            let record = with_scoped_key(scope, key, |scoped| {
+                self.engine.get_settled(scoped, &mut settle)
+            })?;
+            if !settle.waits() || self.engine.committed(settle).await? == Concluded::Stands {
+                return Ok(record);
+            }
+        }
     }
 
     /// [`Db::take_over`], awaiting the commit.
@@ -62,11 +104,13 @@ impl Db {
         key: &[u8],
     ) -> Result<Option<Lease>> {
         self.engine.check_key(key)?;
-        let mut settle = Settle::Defer(None);
-        let taken = with_scoped_key(scope, key, |scoped| {
-            self.engine.take_over_settled(scoped, &mut settle)
-        })?;
-        self.engine.committed(settle).await?;
+        let taken = self
+            .deferred(|settle| {
+                with_scoped_key(scope, key, |scoped| {
+                    self.engine.take_over_settled(scoped, settle)
+                })
+            })
+            .await?;
         Ok(self.taken_over(scope, key, taken))
     }
 
@@ -78,11 +122,13 @@ impl Db {
         version: u64,
     ) -> Result<Advance> {
         self.engine.check_key(aggregate_id)?;
-        let mut settle = Settle::Defer(None);
-        let answer = with_scoped_key(scope, aggregate_id, |scoped| {
-            self.engine.advance_settled(scoped, version, &mut settle)
-        })?;
-        self.engine.committed(settle).await?;
+        let answer = self
+            .deferred(|settle| {
+                with_scoped_key(scope, aggregate_id, |scoped| {
+                    self.engine.advance_settled(scoped, version, settle)
+                })
+            })
+            .await?;
         observe::version(scope, answer);
         Ok(answer)
     }
@@ -102,8 +148,16 @@ impl Db {
         let mut scoped = Vec::new();
         scope.encode_key_into(key, &mut scoped)?;
         loop {
-            let (watch, wake) = match self.engine.look_for_ending(&scoped, deadline) {
-                Ok(record) => return record,
+            let mut settle = Settle::deferred();
+            let (watch, wake) = match self.engine.look_for_ending(&scoped, deadline, &mut settle) {
+                Ok(record) => {
+                    let record = record?;
+                    // The ending it shows is acknowledged before it is answered.
+                    if self.engine.committed(settle).await? == Concluded::Stands {
+                        return Ok(record);
+                    }
+                    continue;
+                }
                 Err(waiting) => waiting,
             };
             let fired = std::future::poll_fn(|cx| watch.1.poll_fired(cx));
@@ -174,10 +228,10 @@ impl Lease {
         write: impl FnOnce(&mut Settle) -> Result<()>,
         ending: &'static str,
     ) -> Result<()> {
-        let mut settle = Settle::Defer(None);
+        let mut settle = Settle::deferred();
         let mut result = write(&mut settle);
         if result.is_ok() {
-            result = self.engine.committed(settle).await;
+            result = self.engine.committed(settle).await.map(|_| ());
         }
         self.observe(&result, ending);
         result

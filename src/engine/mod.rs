@@ -7,8 +7,11 @@ mod endings;
 mod recovery;
 mod responses;
 mod sealing;
+mod settle;
 
 pub(crate) use config::{ClockStep, Config};
+pub(crate) use settle::{Concluded, Settle};
+use settle::{Rests, Undo};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -41,17 +44,6 @@ const ROLL_OVER_SLACK_BYTES: u64 = 256 << 10;
 const SEAL_CHECK_SLACK_KEYS: u64 = 1024;
 #[cfg(feature = "async")]
 const LEASE_SLACK_IDS: u64 = 1 << 16;
-
-/// How a write waits for its log entries: here, blocking (the synchronous API), or by
-/// keeping the ticket to await through [`Engine::committed`] (the asynchronous API).
-#[derive(Debug)]
-pub(crate) enum Settle {
-    /// Wait in the call, leading a group commit if none is under way.
-    Block,
-    /// Keep the newest ticket the call logged up to.
-    #[cfg(feature = "async")]
-    Defer(Option<Ticket>),
-}
 
 /// What recovery (or a fresh in-memory open) assembles the engine from.
 pub(crate) struct Parts {
@@ -111,6 +103,9 @@ pub(crate) struct Engine {
     /// Responses memory holds until the log is written past them.
     unwritten: responses::UnwrittenQueue,
     recovery: Option<RecoveryReport>,
+    /// Take-backs of failed writes so far ([`settle`]): an answer that waited for
+    /// another call's write stands only if this did not move meanwhile.
+    revocations: AtomicU64,
 }
 
 /// Counts and sizes of every room, for the API's `Stats`.
@@ -188,6 +183,7 @@ impl Engine {
             #[cfg(feature = "replicate")]
             _shipper: parts.shipper,
             recovery: parts.recovery,
+            revocations: AtomicU64::new(0),
         }
     }
 
@@ -313,6 +309,7 @@ impl Engine {
         let bucket = self.high_water.load(Ordering::Acquire);
         let (ticket, span) = journal.enqueue_located(bucket, std::slice::from_ref(entry))?;
         shard.locate_key(grant.fingerprint, grant.lease_id, span);
+        shard.logged(ticket.position());
         Ok(Some(ticket))
     }
 
@@ -328,24 +325,21 @@ impl Engine {
         match settle {
             Settle::Block => self.wait(ticket),
             #[cfg(feature = "async")]
-            Settle::Defer(slot) => {
-                *slot = (*slot).max(ticket);
+            Settle::Defer(pending) => {
+                pending.ticket = pending.ticket.max(ticket);
                 Ok(())
             }
         }
     }
 
-    /// Completes a deferred write: resolves when the log covers its entries as the mode
-    /// asks (durable for `Sync`), without a thread blocked for it.
-    #[cfg(feature = "async")]
-    pub(crate) async fn committed(&self, settle: Settle) -> Result<()> {
-        let (Some(journal), Settle::Defer(Some(ticket))) = (&self.journal, settle) else {
-            return self.check_writable();
-        };
-        journal.commit(ticket).await?;
-        // Responses finished by deferred writes move to their frames once written.
-        self.log_responses(None);
-        Ok(())
+    /// Appends `entries` for a write of `shard` (locked), and has the shard remember how
+    /// far its writes are logged: an answer that depends on them waits for that.
+    fn enqueue_in(&self, shard: &mut Shard, entries: &[LogEntry<'_>]) -> Result<Option<Ticket>> {
+        let ticket = self.enqueue(entries)?;
+        if let Some(ticket) = ticket {
+            shard.logged(ticket.position());
+        }
+        Ok(ticket)
     }
 
     /// Whether a write made now may do blocking file work on the calling thread: a
@@ -376,27 +370,85 @@ impl Engine {
         self.insert_if_absent_settled(key, &mut Settle::Block)
     }
 
-    /// [`Engine::insert_if_absent`], waiting for the log as `settle` says.
+    /// [`Engine::insert_if_absent`], waiting for the log as `settle` says: for its own
+    /// write if it admitted the key, else (under `Sync`) for the write that did, which it
+    /// then finds again unless that write was taken back ([`settle`]).
     pub(crate) fn insert_if_absent_settled(&self, key: &[u8], settle: &mut Settle) -> Result<bool> {
         self.check_key(key)?;
-        self.check_writable()?;
         // Hash and prefetch before the clock: the home slot's miss overlaps the clock
         // read and the lock instead of following them.
         let fingerprint = self.hasher.key(key);
-        self.index.prefetch_home(fingerprint);
-        let bucket = self.current_bucket();
-        let (admitted, stamp) = self
+        loop {
+            self.check_writable()?;
+            let looked_at = self.looked_at();
+            self.index.prefetch_home(fingerprint);
+            let bucket = self.current_bucket();
+            let (admitted, ticket) = self.admit_one(fingerprint, bucket)?;
+            let rests = if admitted {
+                Rests {
+                    own: ticket,
+                    undo: self.undo_keys(ticket, || vec![fingerprint]),
+                    dependency: None,
+                    looked_at,
+                }
+            } else {
+                Rests {
+                    own: None,
+                    undo: Undo::Nothing,
+                    dependency: ticket,
+                    looked_at,
+                }
+            };
+            let concluded = self.settle_answer(rests, settle);
+            self.budget_after_logging(u64::from(admitted));
+            if concluded? == Concluded::Stands {
+                return Ok(admitted);
+            }
+        }
+    }
+
+    /// Admits one key and logs it under its shard's lock, so that whoever finds it
+    /// admitted finds its write logged: whether it was new, and the ticket its answer
+    /// waits for (its own write's, or for a duplicate the shard's newest unacknowledged
+    /// write). A write the log refuses leaves nothing admitted.
+    fn admit_one(&self, fingerprint: Fingerprint, bucket: u64) -> Result<(bool, Option<Ticket>)> {
+        let mut shard = self.index.lock(fingerprint, bucket);
+        if !self
             .index
-            .admit_one(fingerprint, bucket, self.sealed_keys())?;
-        if admitted {
-            let ticket = self.enqueue(&[LogEntry::Keys {
+            .admit_one(&mut shard, fingerprint, self.sealed_keys())?
+        {
+            return Ok((false, self.dependency(&shard)));
+        }
+        let stamp = shard.current();
+        let logged = self.enqueue_in(
+            &mut shard,
+            &[LogEntry::Keys {
                 bucket: stamp,
                 fingerprints: &[fingerprint],
-            }])?;
-            self.settle(ticket, settle)?;
+            }],
+        );
+        match logged {
+            Ok(ticket) => Ok((true, ticket)),
+            Err(err) => {
+                shard.revoke_key(fingerprint);
+                Err(err)
+            }
         }
-        self.budget_after_logging(u64::from(admitted));
-        Ok(admitted)
+    }
+
+    /// What a write that admitted keys (logged up to `ticket`) takes back if its wait
+    /// fails: under `Sync` only, where a wait can fail with the store still open.
+    fn undo_keys(
+        &self,
+        ticket: Option<Ticket>,
+        fingerprints: impl FnOnce() -> Vec<Fingerprint>,
+    ) -> Undo {
+        match (ticket, &self.journal) {
+            (Some(ticket), Some(journal)) if journal.answers_wait() => {
+                Undo::Keys(fingerprints(), ticket)
+            }
+            _ => Undo::Nothing,
+        }
     }
 
     /// Admits many keys: each shard locked once, one log append, at most one fsync.
@@ -429,7 +481,22 @@ impl Engine {
         self.check_writable()?;
         admitted.clear();
         admitted.resize(keys.len(), false);
-        Scratch::with(|scratch| self.insert_many_with(keys, admitted, scratch, settle))
+        let concluded =
+            Scratch::with(|scratch| self.insert_many_with(keys, admitted, scratch, settle))?;
+        if concluded == Concluded::Redo {
+            self.redo_duplicates(keys, admitted)?;
+        }
+        Ok(())
+    }
+
+    /// Asks again, blocking, for the keys of a batch answered "seen" whose answer lost
+    /// the write it rested on (taken back meanwhile): they may be new now.
+    fn redo_duplicates<K: AsRef<[u8]>>(&self, keys: &[K], admitted: &mut [bool]) -> Result<()> {
+        let (positions, again) = seen_keys(keys, admitted);
+        let mut answers = Vec::with_capacity(again.len());
+        self.insert_many_settled(&again, &mut answers, &mut Settle::Block)?;
+        merge_answers(admitted, &positions, &answers);
+        Ok(())
     }
 
     #[expect(
@@ -446,7 +513,8 @@ impl Engine {
         admitted: &mut [bool],
         scratch: &mut Scratch,
         settle: &mut Settle,
-    ) -> Result<()> {
+    ) -> Result<Concluded> {
+        let looked_at = self.looked_at();
         let Scratch {
             fingerprints,
             stamps,
@@ -492,11 +560,13 @@ impl Engine {
                 }
             }
         };
-        if self.index.bounded() || self.sealer.is_some() {
+        let answers_wait = self.journal.as_ref().is_some_and(Journal::answers_wait);
+        let (own, dependency) = if self.index.bounded() || self.sealer.is_some() || answers_wait {
             // Hold every shard of the batch (in ascending order, so batches cannot
-            // deadlock) until all have room and every run lookup the batch needs has
-            // been read: a full store, or a damaged run page, refuses the whole batch
-            // with nothing admitted. (This path allocates its lists.)
+            // deadlock) until all have room, every run lookup the batch needs has been
+            // read, and the admitted keys are logged: a full store, or a damaged run
+            // page, refuses the whole batch with nothing admitted, and whoever finds a
+            // key of the batch admitted finds its write logged. (This path allocates.)
             let mut shards = Vec::with_capacity(groups.len());
             for group in groups.iter() {
                 let mut shard = lock_group(group);
@@ -507,33 +577,72 @@ impl Engine {
             let absent =
                 absent_from_older_levels(&mut shards, groups, fingerprints, sealed, &mut found)
                     .map_err(|err| self.fail(err))?;
-            for ((group, mut shard), absent) in groups.iter().zip(shards).zip(absent) {
+            for ((group, shard), absent) in groups.iter().zip(shards.iter_mut()).zip(absent) {
                 let members = absent.map_or(group, |range| &found[range]);
-                insert(&mut shard, group, Some(members));
+                insert(shard, group, Some(members));
             }
-        } else if groups.len() > 0 {
-            // Start at a shard that depends on the batch, so that concurrent batches do
-            // not walk the shards in lockstep and queue behind each other.
-            let start = (fingerprints[0].tag() % groups.len() as u64) as usize;
-            let mut order = (start..groups.len()).chain(0..start).peekable();
-            self.index.prefetch_group(groups.get(start), fingerprints);
-            while let Some(n) = order.next() {
-                // The next shard's first home slots are on their way while this one works.
-                if let Some(&next) = order.peek() {
-                    self.index.prefetch_group(groups.get(next), fingerprints);
+            let dependency = groups
+                .iter()
+                .zip(shards.iter())
+                .filter(|(group, _)| group.iter().any(|&i| !admitted[i as usize]))
+                .filter_map(|(_, shard)| self.dependency(shard))
+                .max();
+            let own = if durable {
+                self.log_admitted(fingerprints, stamps, admitted, logged)
+                    .inspect_err(|_| revoke_held(&mut shards, groups, fingerprints, admitted))?
+            } else {
+                None
+            };
+            for shard in &mut shards {
+                shard.logged(own.map_or(0, Ticket::position));
+            }
+            (own, dependency)
+        } else {
+            if groups.len() > 0 {
+                // Start at a shard that depends on the batch, so that concurrent batches do
+                // not walk the shards in lockstep and queue behind each other.
+                let start = (fingerprints[0].tag() % groups.len() as u64) as usize;
+                let mut order = (start..groups.len()).chain(0..start).peekable();
+                self.index.prefetch_group(groups.get(start), fingerprints);
+                while let Some(n) = order.next() {
+                    // The next shard's first home slots are on their way while this one works.
+                    if let Some(&next) = order.peek() {
+                        self.index.prefetch_group(groups.get(next), fingerprints);
+                    }
+                    let group = groups.get(n);
+                    insert(&mut lock_group(group), group, None);
                 }
-                let group = groups.get(n);
-                insert(&mut lock_group(group), group, None);
             }
-        }
+            // Outside `Sync`, answers do not wait for the writes they depend on, and a
+            // write refused by the log (the store failed) is taken back after the fact.
+            let own = if durable && failed.is_none() {
+                self.log_admitted(fingerprints, stamps, admitted, logged)
+                    .inspect_err(|_| self.revoke_admitted(fingerprints, admitted))?
+            } else {
+                None
+            };
+            (own, None)
+        };
         if let Some(err) = failed {
             return Err(self.fail(err));
         }
-        if durable {
-            self.log_admitted(fingerprints, stamps, admitted, logged, settle)?;
-        }
-        self.budget_after_logging(admitted.iter().filter(|&&new| new).count() as u64);
-        Ok(())
+        let new_keys = admitted.iter().filter(|&&new| new).count() as u64;
+        let rests = Rests {
+            own,
+            undo: self.undo_keys(own, || admitted_fingerprints(fingerprints, admitted)),
+            dependency,
+            looked_at,
+        };
+        let concluded = self.settle_answer(rests, settle);
+        self.budget_after_logging(new_keys);
+        concluded
+    }
+
+    /// Takes back every key a batch admitted, whose write the log refused.
+    fn revoke_admitted(&self, fingerprints: &[Fingerprint], admitted: &[bool]) {
+        let taken = admitted_fingerprints(fingerprints, admitted);
+        self.index
+            .revoke_keys(&taken, self.current_bucket(), || true);
     }
 
     /// The memory budget's work after a write's keys are logged ([`Engine::after_inserts`]:
@@ -551,7 +660,8 @@ impl Engine {
         }
     }
 
-    /// Logs the admitted keys of a batch, one entry per bucket stamp (almost always one).
+    /// Logs the admitted keys of a batch, one entry per bucket stamp (almost always one);
+    /// the ticket to wait for, if any was admitted.
     #[expect(
         clippy::indexing_slicing,
         reason = "every index is below a length fixed at construction (shard count, table capacity, batch size)"
@@ -562,8 +672,7 @@ impl Engine {
         stamps: &[u64],
         admitted: &[bool],
         logged: &mut Vec<(u64, Fingerprint)>,
-        settle: &mut Settle,
-    ) -> Result<()> {
+    ) -> Result<Option<Ticket>> {
         logged.clear();
         logged.extend(
             fingerprints
@@ -574,11 +683,11 @@ impl Engine {
                 .map(|((&fp, &stamp), _)| (stamp, fp)),
         );
         let Some(&(first_stamp, _)) = logged.first() else {
-            return Ok(());
+            return Ok(None);
         };
-        let ticket = if logged.iter().all(|&(stamp, _)| stamp == first_stamp) {
+        if logged.iter().all(|&(stamp, _)| stamp == first_stamp) {
             // The common case: one stamp, one entry, nothing to sort or copy out.
-            self.enqueue_keys(first_stamp, logged)?
+            self.enqueue_keys(first_stamp, logged)
         } else {
             // A batch that met a bucket boundary (rare): one entry per stamp.
             logged.sort_by_key(|&(stamp, _)| stamp);
@@ -592,9 +701,8 @@ impl Engine {
                 });
                 start += run.len();
             }
-            self.enqueue(&entries)?
-        };
-        self.settle(ticket, settle)
+            self.enqueue(&entries)
+        }
     }
 
     /// Logs one `Keys` entry for `logged`, all stamped `stamp`.
@@ -612,15 +720,29 @@ impl Engine {
         })
     }
 
-    /// Whether `key` is live. Read only.
+    /// Whether `key` is live, once the write that admitted it is acknowledged. Read only.
     pub(crate) fn contains(&self, key: &[u8]) -> Result<bool> {
         self.check_key(key)?;
         let fingerprint = self.hasher.key(key);
-        self.index.prefetch_home(fingerprint);
-        let bucket = self.current_bucket();
-        self.index
-            .lock(fingerprint, bucket)
-            .contains_key_anywhere(fingerprint, self.sealed_keys())
+        loop {
+            let looked_at = self.looked_at();
+            self.index.prefetch_home(fingerprint);
+            let bucket = self.current_bucket();
+            let (live, dependency) = {
+                let mut shard = self.index.lock(fingerprint, bucket);
+                let live = shard.contains_key_anywhere(fingerprint, self.sealed_keys())?;
+                (live, live.then(|| self.dependency(&shard)).flatten())
+            };
+            let rests = Rests {
+                own: None,
+                undo: Undo::Nothing,
+                dependency,
+                looked_at,
+            };
+            if self.settle_answer(rests, &mut Settle::Block)? == Concluded::Stands {
+                return Ok(live);
+            }
+        }
     }
 
     /// Looks up or creates the record of `scoped_key`. A new record is logged under the
@@ -638,7 +760,12 @@ impl Engine {
     ) -> Result<Reserved> {
         let fingerprint = self.hasher.record(scoped_key);
         loop {
-            match self.reserve_once(fingerprint, scoped_key, request, settle)? {
+            // `None`: the answer found lost the write it rested on; look again.
+            let Some(reserved) = self.reserve_once(fingerprint, scoped_key, request, settle)?
+            else {
+                continue;
+            };
+            match reserved {
                 Reserved::Existing(record) => {
                     if let Some(record) = self.read_back(fingerprint, scoped_key, record)? {
                         return Ok(Reserved::Existing(record));
@@ -658,18 +785,21 @@ impl Engine {
         }
     }
 
+    /// One look of [`Engine::reserve_settled`]: the answer, or `None` if it depended on
+    /// another call's write that was taken back meanwhile.
     fn reserve_once(
         &self,
         fingerprint: Fingerprint,
         scoped_key: &[u8],
         request: &[u8],
         settle: &mut Settle,
-    ) -> Result<Reserved> {
+    ) -> Result<Option<Reserved>> {
         self.check_writable()?;
+        let looked_at = self.looked_at();
         let request_hash = self.hasher.request(request);
         let now_ms = self.clock.now_ms();
         let bucket = self.bucket_at(now_ms);
-        let (reserved, ticket) = {
+        let (reserved, rests) = {
             let mut shard = self.index.lock(fingerprint, bucket);
             let reserved = shard.reserve(
                 fingerprint,
@@ -678,7 +808,7 @@ impl Engine {
                 (now_ms, self.lease_timeout_ms),
                 (self.sealed_records(), || self.next_lease_id()),
             )?;
-            let ticket = match reserved {
+            let (own, undo, dependency) = match reserved {
                 Reserved::Acquired(grant) => {
                     let entry = LogEntry::Reserve {
                         fingerprint,
@@ -688,40 +818,90 @@ impl Engine {
                         bucket: shard.current(),
                         scoped_key,
                     };
-                    self.enqueue_reserve(&mut shard, grant, &entry)?
+                    let ticket = self
+                        .enqueue_reserve(&mut shard, grant, &entry)
+                        .inspect_err(|_| {
+                            // The log refused it: the record was never there.
+                            let _ =
+                                shard.finish(fingerprint, grant.lease_id, &Finish::Release, now_ms);
+                        })?;
+                    (ticket, self.undo_record(grant, ticket), None)
                 }
-                Reserved::TakenOver { grant, old } => self.enqueue(&[LogEntry::TakeOver {
-                    fingerprint,
-                    old,
-                    new: grant.lease_id,
-                    at_ms: now_ms,
-                }])?,
+                Reserved::TakenOver { grant, old } => {
+                    let entry = LogEntry::TakeOver {
+                        fingerprint,
+                        old,
+                        new: grant.lease_id,
+                        at_ms: now_ms,
+                    };
+                    (self.enqueue_in(&mut shard, &[entry])?, Undo::Nothing, None)
+                }
                 Reserved::InFlight { .. } | Reserved::Existing(_) | Reserved::Mismatch { .. } => {
-                    None
+                    (None, Undo::Nothing, self.dependency(&shard))
                 }
             };
-            (reserved, ticket)
+            let rests = Rests {
+                own,
+                undo,
+                dependency,
+                looked_at,
+            };
+            (reserved, rests)
         };
-        self.settle(ticket, settle)?;
+        let concluded = self.settle_answer(rests, settle)?;
         if matches!(reserved, Reserved::Acquired(_)) {
             // A new record may bring the records memory holds to the budget's share.
             self.budget_after_logging(1);
         }
-        Ok(reserved)
+        Ok((concluded == Concluded::Stands).then_some(reserved))
     }
 
-    /// The live record of `scoped_key`, if any.
+    /// What a new record's reserve (logged up to `ticket`) takes back if its wait
+    /// fails: under `Sync` only, where a wait can fail with the store still open.
+    fn undo_record(&self, grant: Grant, ticket: Option<Ticket>) -> Undo {
+        match (ticket, &self.journal) {
+            (Some(ticket), Some(journal)) if journal.answers_wait() => {
+                Undo::Record(grant.fingerprint, grant.lease_id, ticket)
+            }
+            _ => Undo::Nothing,
+        }
+    }
+
+    /// The live record of `scoped_key`, if any, once the write it shows is acknowledged.
     pub(crate) fn get(&self, scoped_key: &[u8]) -> Result<Option<Record>> {
+        self.get_settled(scoped_key, &mut Settle::Block)
+    }
+
+    /// [`Engine::get`], waiting for the write the record shows as `settle` says (a
+    /// deferred caller awaits [`Engine::committed`] and asks again on `Redo`).
+    pub(crate) fn get_settled(
+        &self,
+        scoped_key: &[u8],
+        settle: &mut Settle,
+    ) -> Result<Option<Record>> {
         let fingerprint = self.hasher.record(scoped_key);
-        let bucket = self.current_bucket();
-        let record = self.index.lock(fingerprint, bucket).get(
-            fingerprint,
-            scoped_key,
-            self.sealed_records(),
-        )?;
-        match record {
-            Some(record) => self.read_back(fingerprint, scoped_key, record),
-            None => Ok(None),
+        loop {
+            let looked_at = self.looked_at();
+            let bucket = self.current_bucket();
+            let (record, dependency) = {
+                let mut shard = self.index.lock(fingerprint, bucket);
+                let record = shard.get(fingerprint, scoped_key, self.sealed_records())?;
+                let dependency = record.as_ref().and_then(|_| self.dependency(&shard));
+                (record, dependency)
+            };
+            let rests = Rests {
+                own: None,
+                undo: Undo::Nothing,
+                dependency,
+                looked_at,
+            };
+            if self.settle_answer(rests, settle)? == Concluded::Redo {
+                continue;
+            }
+            return match record {
+                Some(record) => self.read_back(fingerprint, scoped_key, record),
+                None => Ok(None),
+            };
         }
     }
 
@@ -772,9 +952,10 @@ impl Engine {
         &self,
         scoped_key: &[u8],
         deadline: std::time::Instant,
+        settle: &mut Settle,
     ) -> std::result::Result<Result<Option<Record>>, (Watch, std::time::Instant)> {
         let watch = self.watch_ending(scoped_key);
-        let record = self.get(scoped_key);
+        let record = self.get_settled(scoped_key, settle);
         let now = std::time::Instant::now();
         let in_flight = matches!(&record, Ok(Some(r)) if r.status == RecordStatus::InFlight);
         if !in_flight || now >= deadline {
@@ -795,7 +976,7 @@ impl Engine {
         deadline: std::time::Instant,
     ) -> Result<Option<Record>> {
         loop {
-            match self.look_for_ending(scoped_key, deadline) {
+            match self.look_for_ending(scoped_key, deadline, &mut Settle::Block) {
                 Ok(record) => return record,
                 Err((watch, wake)) => {
                     if !watch.1.wait_until(wake) {
@@ -829,9 +1010,12 @@ impl Engine {
                 finish: &finish,
             };
             match &self.journal {
-                Some(journal) => Some(
-                    journal.enqueue_located(self.high_water.load(Ordering::Acquire), &[entry])?,
-                ),
+                Some(journal) => {
+                    let bucket = self.high_water.load(Ordering::Acquire);
+                    let (ticket, span) = journal.enqueue_located(bucket, &[entry])?;
+                    shard.logged(ticket.position());
+                    Some((ticket, span))
+                }
                 None => None,
             }
         };
@@ -870,11 +1054,14 @@ impl Engine {
         let ticket = {
             let mut shard = self.index.lock(fingerprint, bucket);
             shard.note(fingerprint, lease_id, &note)?;
-            self.enqueue(&[LogEntry::Note {
-                fingerprint,
-                lease_id,
-                note: &note,
-            }])?
+            self.enqueue_in(
+                &mut shard,
+                &[LogEntry::Note {
+                    fingerprint,
+                    lease_id,
+                    note: &note,
+                }],
+            )?
         };
         self.settle(ticket, settle)
     }
@@ -892,12 +1079,15 @@ impl Engine {
         let ticket = {
             let mut shard = self.index.lock(fingerprint, bucket);
             shard.renew(fingerprint, lease_id, now_ms)?;
-            self.enqueue(&[LogEntry::TakeOver {
-                fingerprint,
-                old: lease_id,
-                new: lease_id,
-                at_ms: now_ms,
-            }])?
+            self.enqueue_in(
+                &mut shard,
+                &[LogEntry::TakeOver {
+                    fingerprint,
+                    old: lease_id,
+                    new: lease_id,
+                    at_ms: now_ms,
+                }],
+            )?
         };
         self.settle(ticket, settle)
     }
@@ -924,12 +1114,15 @@ impl Engine {
             match shard.take_over(fingerprint, scoped_key, now_ms, || self.next_lease_id())? {
                 None => (None, None),
                 Some((old, new, since_ms)) => {
-                    let ticket = self.enqueue(&[LogEntry::TakeOver {
-                        fingerprint,
-                        old,
-                        new,
-                        at_ms: now_ms,
-                    }])?;
+                    let ticket = self.enqueue_in(
+                        &mut shard,
+                        &[LogEntry::TakeOver {
+                            fingerprint,
+                            old,
+                            new,
+                            at_ms: now_ms,
+                        }],
+                    )?;
                     let taken = Grant {
                         fingerprint,
                         lease_id: new,
@@ -978,25 +1171,40 @@ impl Engine {
         version: u64,
         settle: &mut Settle,
     ) -> Result<Advance> {
-        self.check_writable()?;
         let fingerprint = self.hasher.mark(scoped_key);
-        let bucket = self.current_bucket();
-        let (answer, ticket) = {
-            let mut shard = self.index.lock(fingerprint, bucket);
-            let answer = shard.advance_version(fingerprint, scoped_key, version)?;
-            let ticket = match answer {
-                Advance::Applied => self.enqueue(&[LogEntry::Advance {
-                    fingerprint,
-                    version,
-                    bucket: shard.current(),
-                    scoped_key,
-                }])?,
-                _ => None,
+        loop {
+            self.check_writable()?;
+            let looked_at = self.looked_at();
+            let bucket = self.current_bucket();
+            let (answer, rests) = {
+                let mut shard = self.index.lock(fingerprint, bucket);
+                let answer = shard.advance_version(fingerprint, scoped_key, version)?;
+                let (own, dependency) = match answer {
+                    Advance::Applied => {
+                        let stamp = shard.current();
+                        let entry = LogEntry::Advance {
+                            fingerprint,
+                            version,
+                            bucket: stamp,
+                            scoped_key,
+                        };
+                        (self.enqueue_in(&mut shard, &[entry])?, None)
+                    }
+                    // A duplicate or stale version rests on the applied one.
+                    _ => (None, self.dependency(&shard)),
+                };
+                let rests = Rests {
+                    own,
+                    undo: Undo::Nothing,
+                    dependency,
+                    looked_at,
+                };
+                (answer, rests)
             };
-            (answer, ticket)
-        };
-        self.settle(ticket, settle)?;
-        Ok(answer)
+            if self.settle_answer(rests, settle)? == Concluded::Stands {
+                return Ok(answer);
+            }
+        }
     }
 
     /// Per live bucket: its number, live keys, records and aggregates, and the bytes of
@@ -1253,6 +1461,59 @@ fn absent_from_older_levels(
         absent.push(Some(start..found.len()));
     }
     Ok(absent)
+}
+
+/// The positions and keys of a batch answered "seen", to ask again.
+pub(crate) fn seen_keys<'k, K: AsRef<[u8]>>(
+    keys: &'k [K],
+    admitted: &[bool],
+) -> (Vec<usize>, Vec<&'k [u8]>) {
+    keys.iter()
+        .zip(admitted)
+        .enumerate()
+        .filter(|&(_, (_, &new))| !new)
+        .map(|(position, (key, _))| (position, key.as_ref()))
+        .unzip()
+}
+
+/// Puts the answers of keys asked again ([`seen_keys`]) back at their positions.
+pub(crate) fn merge_answers(admitted: &mut [bool], positions: &[usize], answers: &[bool]) {
+    for (&position, &new) in positions.iter().zip(answers) {
+        if let Some(slot) = admitted.get_mut(position) {
+            *slot = new;
+        }
+    }
+}
+
+/// The fingerprints of a batch's admitted keys.
+fn admitted_fingerprints(fingerprints: &[Fingerprint], admitted: &[bool]) -> Vec<Fingerprint> {
+    fingerprints
+        .iter()
+        .zip(admitted)
+        .filter(|&(_, &new)| new)
+        .map(|(&fp, _)| fp)
+        .collect()
+}
+
+/// Takes back, in the shards a batch still holds, every key it admitted: the log
+/// refused its write, and nobody has seen them.
+#[expect(
+    clippy::indexing_slicing,
+    reason = "every index is below a length fixed at construction (shard count, table capacity, batch size)"
+)]
+fn revoke_held(
+    shards: &mut [parking_lot::MutexGuard<'_, Shard>],
+    groups: &ShardGroups,
+    fingerprints: &[Fingerprint],
+    admitted: &[bool],
+) {
+    for (shard, group) in shards.iter_mut().zip(groups.iter()) {
+        for &index in group {
+            if admitted[index as usize] {
+                shard.revoke_key(fingerprints[index as usize]);
+            }
+        }
+    }
 }
 
 /// Admits `members` of a batch (none of them in an older level) into the held shard's

@@ -263,20 +263,53 @@ impl Index {
         }
     }
 
-    /// Admits one dedup key in its shard, moved to `bucket`: whether it was absent, and
-    /// the shard's bucket it was stamped with. Publishes the table's place, which an
-    /// insert that grew the table has moved.
+    /// Admits one dedup key in `shard` (locked, owning `fingerprint`): whether it was
+    /// absent. Publishes the table's place, which an insert that grew the table has moved.
+    /// The caller logs the admission before it lets the lock go.
     pub(crate) fn admit_one(
         &self,
+        shard: &mut Shard,
         fingerprint: Fingerprint,
-        bucket: u64,
         sealed: Option<&dyn SealedKeys>,
-    ) -> crate::base::Result<(bool, u64)> {
-        let mut shard = self.lock(fingerprint, bucket);
+    ) -> crate::base::Result<bool> {
         let admitted = shard.insert_key(fingerprint, sealed)?;
         shard.after_writes(1);
-        self.publish_table(fingerprint, &shard);
-        Ok((admitted, shard.current()))
+        self.publish_table(fingerprint, shard);
+        Ok(admitted)
+    }
+
+    /// Takes back the admissions of `fingerprints` (a write that failed) if `still()`,
+    /// asked once with every shard they live in locked (in ascending order, as batches
+    /// lock them): so that nobody sees some taken back and others not. Returns how many
+    /// the live tables no longer held (a seal took them meanwhile).
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "every index is below a length fixed at construction (shard count, table capacity, batch size)"
+    )]
+    pub(crate) fn revoke_keys(
+        &self,
+        fingerprints: &[Fingerprint],
+        bucket: u64,
+        still: impl FnOnce() -> bool,
+    ) -> usize {
+        let mut groups = ShardGroups::default();
+        self.group_by_shard(fingerprints, &mut groups);
+        let mut shards: Vec<MutexGuard<'_, Shard>> = groups
+            .iter()
+            .map(|group| self.lock(fingerprints[group[0] as usize], bucket))
+            .collect();
+        if !still() {
+            return 0;
+        }
+        let mut missing = 0;
+        for (group, shard) in groups.iter().zip(shards.iter_mut()) {
+            for &index in group {
+                if !shard.revoke_key(fingerprints[index as usize]) {
+                    missing += 1;
+                }
+            }
+        }
+        missing
     }
 
     /// Prefetches, without the lock, the home slots of up to `PREFETCH_AHEAD` members of
@@ -500,7 +533,8 @@ mod tests {
             (0..4).map(|i| index.lock_index(i).table_place()).collect();
         for n in 0..20_000u64 {
             let fingerprint = Fingerprint(xxhash_rust::xxh3::xxh3_128(&n.to_le_bytes()));
-            assert!(index.admit_one(fingerprint, 0, None).unwrap().0);
+            let mut shard = index.lock(fingerprint, 0);
+            assert!(index.admit_one(&mut shard, fingerprint, None).unwrap());
         }
         for (i, padded) in index.shards.iter().enumerate() {
             let place = index.lock_index(i).table_place();

@@ -129,6 +129,10 @@ pub(crate) struct Shard {
     /// is in place.
     frozen: Option<Arc<DedupTable>>,
     huge_pages: bool,
+    /// The log position just past the newest entry logged for this shard (its writes are
+    /// logged under its lock): an answer that depends on an earlier write of this shard
+    /// (a key seen, a record found) waits until the log is acknowledged up to here.
+    logged_to: u64,
 }
 
 impl Shard {
@@ -165,7 +169,45 @@ impl Shard {
             counters: Counters::default(),
             frozen: None,
             huge_pages,
+            logged_to: 0,
         })
+    }
+
+    /// A write of this shard was logged up to `position` (called under the shard lock
+    /// that ordered it in memory).
+    pub(crate) fn logged(&mut self, position: u64) {
+        self.logged_to = self.logged_to.max(position);
+    }
+
+    /// The log position past the newest entry logged for this shard.
+    pub(crate) fn logged_to(&self) -> u64 {
+        self.logged_to
+    }
+
+    /// Takes back the admission of a dedup key whose write failed: it leaves the live
+    /// table and its bucket's count. False if the live table does not hold it (a seal
+    /// took the table meanwhile, or it expired).
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "bucket stamps are 32 bits by design; indices fit the tables they index"
+    )]
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "every index is below a length fixed at construction (shard count, table capacity, batch size)"
+    )]
+    pub(crate) fn revoke_key(&mut self, fingerprint: Fingerprint) -> bool {
+        let live = self.view().liveness(self.current);
+        let Some(stamp) = self.table.remove(fingerprint.tag(), live) else {
+            return false;
+        };
+        // The stamp is the low 32 bits of a live bucket, at most the current one.
+        let age = (self.current as u32).wrapping_sub(stamp);
+        let bucket = self.current.saturating_sub(u64::from(age));
+        let index = self.ring_index(bucket);
+        self.ring[index].keys = self.ring[index].keys.saturating_sub(1);
+        self.live_keys = self.live_keys.saturating_sub(1);
+        self.counters.admitted = self.counters.admitted.saturating_sub(1);
+        true
     }
 
     /// The bucket new entries are stamped with.

@@ -222,6 +222,27 @@ impl DedupTable {
         Inserted::New
     }
 
+    /// Removes the live entry of `tag`, if any, and returns its 32-bit bucket stamp: an
+    /// admission whose write failed is taken back (backward-shift deletion, as the sweep's).
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "every index is below a length fixed at construction (shard count, table capacity, batch size)"
+    )]
+    pub(crate) fn remove(&mut self, tag: u64, live: Liveness) -> Option<u32> {
+        let mut index = self.home(tag);
+        loop {
+            let slot = self.slots[index];
+            if slot_is_empty(slot) {
+                return None;
+            }
+            if slot_tag(slot) == tag && live.is_live(slot_bucket(slot)) {
+                self.remove_at(index);
+                return Some(slot_bucket(slot));
+            }
+            index = self.next(index);
+        }
+    }
+
     /// Whether one more insert would push the load above `MAX_LOAD`.
     pub(crate) fn needs_growth(&self) -> bool {
         (self.used + 1) * MAX_LOAD_DEN > self.slots.len() * MAX_LOAD_NUM
@@ -408,6 +429,24 @@ mod tests {
         let tags: Vec<u64> = (0..count).map(|i| first + 1 + i).collect();
         assert!(tags.iter().all(|&tag| table.home(tag) == home));
         tags
+    }
+
+    #[test]
+    fn a_removed_entry_is_absent_and_its_cluster_stays_reachable() {
+        let mut table = DedupTable::with_keys(64, false).unwrap();
+        let live = window().liveness(10);
+        let tags = tags_with_home(&table, 3, 4);
+        for &tag in &tags {
+            assert_eq!(table.insert(tag, live), Inserted::New);
+        }
+        assert_eq!(table.remove(tags[1], live), Some(10));
+        assert_eq!(table.remove(tags[1], live), None);
+        assert!(!table.contains(tags[1], live));
+        for &tag in [tags[0], tags[2], tags[3]].iter() {
+            assert!(table.contains(tag, live), "{tag} lost by the shift");
+        }
+        assert_eq!(table.used(), 3);
+        assert_eq!(table.insert(tags[1], live), Inserted::New);
     }
 
     #[test]

@@ -373,8 +373,8 @@ impl Store for Db {
     }
 
     async fn get(&self, scope: &Scope, key: &[u8]) -> Result<Option<Record>> {
-        // A read touches no file.
-        Db::get(self, scope, key)
+        // A read touches no file; it may wait for the write it shows (under `Sync`).
+        self.get_committed(scope, key).await
     }
 
     async fn in_flight(&self, older_than: Duration) -> Result<Vec<InFlight>> {

@@ -33,6 +33,8 @@ mod postgres;
 mod redis;
 #[cfg(feature = "replicate")]
 mod replica;
+#[cfg(all(feature = "replicate", feature = "async"))]
+mod stall;
 #[cfg(feature = "async")]
 mod store;
 #[cfg(all(feature = "postgres", feature = "redis"))]

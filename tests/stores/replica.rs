@@ -44,7 +44,7 @@ fn clocked(dir: &Path, clock: &oncedb::ManualClock, server: &NatsServer, name: &
 
 /// Opens `options`, trying again while JetStream is not ready yet (a cluster electing its
 /// leaders answers "temporarily unavailable" for a few seconds after it starts).
-fn open_when_ready(options: impl Fn() -> Options) -> Db {
+pub(crate) fn open_when_ready(options: impl Fn() -> Options) -> Db {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         match Db::open(options()) {

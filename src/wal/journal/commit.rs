@@ -11,6 +11,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll, Waker};
+use std::time::Instant;
 
 use super::{INTERVAL_BUFFER_BYTES, Journal, Shared, Ticket, WriterState};
 use crate::base::{Durability, Result};
@@ -20,6 +21,8 @@ pub(super) struct PendingCommit {
     id: u64,
     target: u64,
     waker: Waker,
+    /// When a commit waiting for a sync replica's acknowledgement gives up.
+    deadline: Option<Instant>,
 }
 
 /// The log durable (or written) up to a ticket, as [`Journal::wait`] would block for.
@@ -32,6 +35,9 @@ pub(crate) struct Commit<'a> {
     target: u64,
     sync: bool,
     registered: bool,
+    /// Under a sync replica: when the wait is answered `Unavailable` (the replica's
+    /// acknowledgement timeout, as [`Journal::wait`] waits at most).
+    deadline: Option<Instant>,
 }
 
 impl Journal {
@@ -46,12 +52,18 @@ impl Journal {
                 (if large { ticket.0 } else { 0 }, false)
             }
         };
+        let deadline = shared
+            .replica
+            .as_ref()
+            .filter(|gate| gate.sync && sync)
+            .map(|gate| Instant::now() + gate.ack_timeout);
         Commit {
             shared,
             id: shared.next_commit.fetch_add(1, Ordering::Relaxed),
             target,
             sync,
             registered: false,
+            deadline,
         }
     }
 }
@@ -67,18 +79,27 @@ impl Future for Commit<'_> {
         } else {
             state.written
         };
-        let outcome = shared.check_writable();
+        let mut outcome = shared.check_writable();
+        if outcome.is_ok()
+            && reached < self.target
+            && self
+                .deadline
+                .is_some_and(|deadline| Instant::now() >= deadline)
+        {
+            outcome = Err(shared.unacknowledged());
+        }
         if outcome.is_err() || reached >= self.target {
             self.withdraw(&mut state);
             return Poll::Ready(outcome);
         }
-        let id = self.id;
+        let (id, deadline) = (self.id, self.deadline);
         match state.commits.iter_mut().find(|pending| pending.id == id) {
             Some(pending) => pending.waker.clone_from(cx.waker()),
             None => state.commits.push(PendingCommit {
                 id,
                 target: self.target,
                 waker: cx.waker().clone(),
+                deadline,
             }),
         }
         self.registered = true;
@@ -105,13 +126,25 @@ impl Drop for Commit<'_> {
     }
 }
 
+/// Wakes (and drops) the pending commits whose deadline passed: each answers
+/// `Unavailable` when polled.
+fn wake_expired(commits: &mut Vec<PendingCommit>) {
+    let now = Instant::now();
+    commits.retain(|pending| {
+        let expired = pending.deadline.is_some_and(|deadline| now >= deadline);
+        if expired {
+            pending.waker.wake_by_ref();
+        }
+        !expired
+    });
+}
+
 impl Shared {
-    /// How far a `Sync` write counts as done: fsynced, and acknowledged by a replica in
-    /// sync mode.
-    fn acknowledged(&self, state: &WriterState) -> u64 {
-        match &self.replica {
-            Some(gate) if gate.sync => state.synced.min(state.shipped),
-            _ => state.synced,
+    /// Wakes every pending commit: the store stopped taking writes (fenced), and each
+    /// reports why when polled.
+    pub(super) fn wake_all_commits(&self, state: &mut WriterState) {
+        for pending in state.commits.drain(..) {
+            pending.waker.wake();
         }
     }
 
@@ -155,11 +188,23 @@ impl Shared {
             let reached = if sync { state.synced } else { state.written };
             match wanted {
                 // A failure poisons the store: the next round wakes the commits. Commits
-                // fsynced and waiting for a replica's acknowledgement are woken by it.
+                // fsynced and waiting for a replica's acknowledgement are woken by it, or
+                // at their deadline.
                 Some(target) if target > reached => {
                     let _ = self.persist(&mut state, target, sync);
                 }
-                _ => self.commit_wanted.wait(&mut state),
+                _ => match state
+                    .commits
+                    .iter()
+                    .filter_map(|pending| pending.deadline)
+                    .min()
+                {
+                    Some(deadline) => {
+                        let _ = self.commit_wanted.wait_until(&mut state, deadline);
+                        wake_expired(&mut state.commits);
+                    }
+                    None => self.commit_wanted.wait(&mut state),
+                },
             }
         }
     }

@@ -30,6 +30,15 @@ pub(crate) struct ReplicaGate {
 }
 
 impl Shared {
+    /// How far a `Sync` write counts as done: fsynced, and acknowledged by a replica in
+    /// sync mode.
+    pub(super) fn acknowledged(&self, state: &WriterState) -> u64 {
+        match &self.replica {
+            Some(gate) if gate.sync => state.synced.min(state.shipped),
+            _ => state.synced,
+        }
+    }
+
     /// Under a replica in sync mode: waits until the replica acknowledged the log up to
     /// `target`, at most the gate's timeout.
     pub(super) fn wait_shipped(
@@ -49,19 +58,28 @@ impl Shared {
             if self.shipped_changed.wait_until(state, deadline).timed_out()
                 && state.shipped < target
             {
-                let why = self
-                    .replica_down
-                    .lock()
-                    .clone()
-                    .unwrap_or_else(|| "no acknowledgement".to_owned());
-                return Err(Error::Unavailable {
-                    engine: "jetstream",
-                    message: format!(
-                        "replica {} did not acknowledge within {:?}: {why}",
-                        gate.name, gate.ack_timeout
-                    ),
-                });
+                return Err(self.unacknowledged());
             }
+        }
+    }
+
+    /// The answer to a write a sync replica did not acknowledge in time: its outcome is
+    /// unknown (it is in the local log, and shipped once the replica is back).
+    pub(super) fn unacknowledged(&self) -> Error {
+        let why = self
+            .replica_down
+            .lock()
+            .clone()
+            .unwrap_or_else(|| "no acknowledgement".to_owned());
+        let (name, timeout) = self
+            .replica
+            .as_ref()
+            .map_or((Arc::from(""), Duration::ZERO), |gate| {
+                (Arc::clone(&gate.name), gate.ack_timeout)
+            });
+        Error::Unavailable {
+            engine: "jetstream",
+            message: format!("replica {name} did not acknowledge within {timeout:?}: {why}"),
         }
     }
 

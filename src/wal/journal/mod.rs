@@ -162,6 +162,18 @@ fn segment_offset(offset: u64) -> u32 {
 #[must_use = "an appended entry is acknowledged only after waiting for its ticket"]
 pub(crate) struct Ticket(u64);
 
+impl Ticket {
+    /// The log position it stands for (bytes appended since open).
+    pub(crate) fn position(self) -> u64 {
+        self.0
+    }
+
+    /// The ticket of log position `position`, as [`Ticket::position`] gave it.
+    pub(crate) fn at(position: u64) -> Ticket {
+        Ticket(position)
+    }
+}
+
 struct Active {
     bucket: u64,
     seq: u32,
@@ -695,6 +707,21 @@ impl Journal {
             Err(Error::Io(err)) => Err(shared.poison(err)),
             Err(other) => Err(other),
         }
+    }
+
+    /// Whether an answer that depends on another call's write waits until that write is
+    /// as durable as this mode acknowledges writes: under `Sync` only (fsynced, and
+    /// acknowledged by a replica in sync mode). `Buffered` and `Interval` acknowledge
+    /// before durability, and answers that depend on their writes do not wait either.
+    pub(crate) fn answers_wait(&self) -> bool {
+        matches!(self.shared.durability, Durability::Sync)
+    }
+
+    /// Whether the log up to `ticket` is as durable as `Sync` acknowledges: fsynced, and
+    /// acknowledged by a replica in sync mode.
+    pub(crate) fn is_acknowledged(&self, ticket: Ticket) -> bool {
+        let shared = &*self.shared;
+        shared.acknowledged(&shared.state.lock()) >= ticket.0
     }
 
     /// Waits until the entries up to `ticket` are as durable as the mode promises.

@@ -108,9 +108,13 @@ impl LogFeed {
     pub(crate) fn lose_ownership(&self) {
         let shared = &*self.0;
         shared.not_owner.store(true, Ordering::Release);
-        let _state = shared.state.lock();
+        let mut state = shared.state.lock();
         shared.shipped_changed.notify_all();
         shared.changed.notify_all();
+        // Pending asynchronous commits answer `NotOwner` now, not never.
+        #[cfg(feature = "async")]
+        shared.wake_all_commits(&mut state);
+        drop(state);
     }
 
     pub(crate) fn storage(&self) -> &dyn Storage {

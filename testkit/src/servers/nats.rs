@@ -55,6 +55,17 @@ impl NatsServer {
         self.child = spawn(self.port, self.dir.path());
     }
 
+    /// SIGSTOP: the server holds its connections but answers nothing (a stall) until
+    /// [`resume`](Self::resume).
+    pub fn pause(&self) {
+        super::signal("STOP", &[self.child.id()]);
+    }
+
+    /// SIGCONT after [`pause`](Self::pause).
+    pub fn resume(&self) {
+        super::signal("CONT", &[self.child.id()]);
+    }
+
     /// SIGKILL, then a new server on the same port and store directory.
     pub fn crash_and_restart(&mut self) {
         let _ = self.child.kill();
@@ -65,6 +76,7 @@ impl NatsServer {
 
 impl Drop for NatsServer {
     fn drop(&mut self) {
+        // A paused server dies on SIGKILL as well.
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

@@ -1,0 +1,172 @@
+//! A JetStream stall under a sync replica (the server paused with SIGSTOP, its connections
+//! held open): a write JetStream did not acknowledge in time is answered `Unavailable`
+//! and admits nothing, so the next call for its key admits it; an answer that found
+//! another call's write waits for that write's acknowledgement and never outlives its
+//! take-back; asynchronous callers get their answer at the acknowledgement timeout.
+
+use std::time::{Duration, Instant};
+
+use crate::replica::open_when_ready;
+use crate::support::servers;
+use oncedb::{Db, Durability, Error, Options, Replication, Reservation, Scope, Store};
+use servers::nats::NatsServer;
+use servers::wait_for;
+
+/// A `Sync` store replicated in sync mode to replica `name` on `server`, waiting
+/// `ack_timeout` for acknowledgements.
+fn stalled_store(
+    dir: &std::path::Path,
+    server: &NatsServer,
+    name: &str,
+    ack_timeout: Duration,
+) -> Db {
+    let replication = Replication::new(server.url(), name).ack_timeout(ack_timeout);
+    open_when_ready(|| {
+        Options::new(dir)
+            .window(Duration::from_secs(3600))
+            .bucket_width(Duration::from_secs(60))
+            .durability(Durability::Sync)
+            .replicate(replication.clone())
+    })
+}
+
+/// `call`'s answer once JetStream acknowledges it: a call answered `Unavailable` meanwhile
+/// (the stall's tail) is made again, as a caller that must not drop its message does.
+fn once_acknowledged<T>(mut call: impl FnMut() -> oncedb::Result<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match call() {
+            Ok(answer) => return answer,
+            Err(Error::Unavailable { .. }) if Instant::now() < deadline => {}
+            Err(err) => panic!("{err}"),
+        }
+    }
+}
+
+fn is_unavailable<T: std::fmt::Debug>(answer: &oncedb::Result<T>) -> bool {
+    matches!(answer, Err(Error::Unavailable { .. }))
+}
+
+/// The stall of issue's first finding, through the library: a key (and a batch) whose
+/// write timed out is admitted by the next call once JetStream is back, not answered
+/// "seen" for a write no caller was told succeeded.
+#[test]
+fn a_key_whose_write_was_not_acknowledged_is_admitted_by_the_next_call() {
+    let server = NatsServer::start();
+    let work = tempfile::tempdir().unwrap();
+    let db = stalled_store(
+        work.path(),
+        &server,
+        "stall-keys",
+        Duration::from_millis(300),
+    );
+    assert!(db.insert_if_absent(b"before").unwrap());
+    server.pause();
+    let single = db.insert_if_absent(b"stalled");
+    assert!(is_unavailable(&single), "{single:?}");
+    let batch = db.insert_many(&[b"batch-1".as_slice(), b"batch-2", b"before"]);
+    assert!(is_unavailable(&batch), "{batch:?}");
+    // Nothing reads them as live meanwhile.
+    assert!(!db.contains(b"stalled").unwrap());
+    assert!(!db.contains(b"batch-1").unwrap());
+    server.resume();
+    assert!(once_acknowledged(|| db.insert_if_absent(b"stalled")));
+    let batch =
+        once_acknowledged(|| db.insert_many(&[b"batch-1".as_slice(), b"batch-2", b"before"]));
+    assert_eq!(batch, vec![true, true, false]);
+    assert!(!db.insert_if_absent(b"stalled").unwrap());
+}
+
+/// A caller that finds a key another call admitted waits for that call's write: while
+/// JetStream stalls it is answered `Unavailable` too, never "seen" for a key whose
+/// admitting call is then told its write failed.
+#[test]
+fn a_duplicate_waits_for_the_write_it_found() {
+    let server = NatsServer::start();
+    let work = tempfile::tempdir().unwrap();
+    let db = stalled_store(
+        work.path(),
+        &server,
+        "stall-wait",
+        Duration::from_millis(1500),
+    );
+    assert!(db.insert_if_absent(b"warm").unwrap());
+    server.pause();
+    let logged = db.stats().log_records;
+    std::thread::scope(|scope| {
+        let first = scope.spawn(|| db.insert_if_absent(b"contended"));
+        // Its write is logged under the lock that admitted it: the key is in memory now.
+        wait_for("the first call's write", || db.stats().log_records > logged);
+        let second = db.insert_if_absent(b"contended");
+        assert!(is_unavailable(&second), "{second:?}");
+        let first = first.join().unwrap();
+        assert!(is_unavailable(&first), "{first:?}");
+    });
+    server.resume();
+    assert!(once_acknowledged(|| db.insert_if_absent(b"contended")));
+}
+
+/// A record reserved through a stall is released with its failed write: the next
+/// reserve acquires it, where it found it in flight.
+#[test]
+fn a_reserve_that_was_not_acknowledged_leaves_no_record_in_flight() {
+    let server = NatsServer::start();
+    let work = tempfile::tempdir().unwrap();
+    let db = stalled_store(
+        work.path(),
+        &server,
+        "stall-records",
+        Duration::from_millis(300),
+    );
+    let scope = Scope::new("tenant", "payments");
+    assert!(matches!(
+        db.reserve(&scope, b"warm", b"{}").unwrap(),
+        Reservation::Acquired(_)
+    ));
+    server.pause();
+    let stalled = db.reserve(&scope, b"order-1", b"{}");
+    assert!(is_unavailable(&stalled), "{:?}", stalled.map(|_| ()));
+    assert!(db.get(&scope, b"order-1").unwrap().is_none());
+    server.resume();
+    let again = once_acknowledged(|| db.reserve(&scope, b"order-1", b"{}"));
+    assert!(matches!(again, Reservation::Acquired(_)), "{again:?}");
+}
+
+/// The asynchronous API (`Store` on a `Db`) answers `Unavailable` at the acknowledgement
+/// timeout while JetStream stalls, where its commit waited forever, and takes the key
+/// back like the blocking API.
+#[test]
+fn async_writes_are_answered_at_the_acknowledgement_timeout() {
+    let server = NatsServer::start();
+    let work = tempfile::tempdir().unwrap();
+    let db = stalled_store(
+        work.path(),
+        &server,
+        "stall-async",
+        Duration::from_millis(300),
+    );
+    let runtime = servers::runtime();
+    runtime.block_on(async {
+        assert!(Store::insert_if_absent(&db, b"before").await.unwrap());
+        server.pause();
+        let bounded = Duration::from_secs(30);
+        let single = tokio::time::timeout(bounded, Store::insert_if_absent(&db, b"stalled")).await;
+        let single = single.expect("an async write waited past its acknowledgement timeout");
+        assert!(is_unavailable(&single), "{single:?}");
+        let keys = vec![b"batch-1".to_vec(), b"before".to_vec()];
+        let batch = tokio::time::timeout(bounded, Store::insert_many(&db, keys.clone())).await;
+        let batch = batch.expect("an async batch waited past its acknowledgement timeout");
+        assert!(is_unavailable(&batch), "{batch:?}");
+        server.resume();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let admitted = loop {
+            match Store::insert_many(&db, keys.clone()).await {
+                Ok(admitted) => break admitted,
+                Err(Error::Unavailable { .. }) if Instant::now() < deadline => {}
+                Err(err) => panic!("{err}"),
+            }
+        };
+        assert_eq!(admitted, vec![true, false]);
+    });
+    assert!(once_acknowledged(|| db.insert_if_absent(b"stalled")));
+}
