@@ -24,7 +24,8 @@
 //! - A record found completed is a duplicate (a redelivery, or a re-publish older than the
 //!   broker's duplicate window): acknowledged and dropped.
 //!
-//! `--replicate URL --replica NAME [--replica-mode sync|async]` replicates the store to
+//! `--replicate URL --replica NAME [--replica-mode sync|async] [--replica-copies N]`
+//! (default 3 copies; 1 on a single server) replicates the store to
 //! NATS JetStream (`Options::replicate`): a consumer started on another host with an
 //! empty `--dir` restores its partition's window from the replica first (`Db::restore`,
 //! which claims it: the old consumer, if it still runs, is refused its next write), so
@@ -71,7 +72,8 @@ struct Args {
     input_subject: Option<String>,
     output_stream: Option<String>,
     /// Replicate the store to JetStream: (servers, replica name, mode).
-    replicate: Option<(String, String, ReplicaMode)>,
+    /// URL, replica name, mode, stream copies.
+    replicate: Option<(String, String, ReplicaMode, usize)>,
 }
 
 /// What stands between input and output.
@@ -107,6 +109,7 @@ fn args() -> Result<Args, String> {
         replicate: None,
     };
     let (mut replicate_url, mut replica, mut replica_mode) = (None, None, ReplicaMode::Sync);
+    let mut copies = oncedb::DEFAULT_REPLICAS;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         if flag == "--naive" || flag == "--passthrough" {
@@ -141,6 +144,12 @@ fn args() -> Result<Args, String> {
                     _ => return Err(format!("--replica-mode {value}: sync or async")),
                 };
             }
+            "--replica-copies" => {
+                copies = usize::try_from(number("--replica-copies")?)
+                    .ok()
+                    .filter(|n| (1..=5).contains(n))
+                    .ok_or("--replica-copies must be within 1..=5")?;
+            }
             "--output-stream" => parsed.output_stream = Some(value.clone()),
             "--dir" => parsed.dir = PathBuf::from(&value),
             "--idle-exit" => parsed.idle_exit = Some(Duration::from_secs(number("--idle-exit")?)),
@@ -168,7 +177,7 @@ fn args() -> Result<Args, String> {
         return Err("--create-streams needs --input-subject and --output-stream".into());
     }
     parsed.replicate = match (replicate_url, replica) {
-        (Some(url), Some(name)) => Some((url, name, replica_mode)),
+        (Some(url), Some(name)) => Some((url, name, replica_mode, copies)),
         (None, None) => None,
         _ => return Err("--replicate and --replica go together".into()),
     };
@@ -258,7 +267,7 @@ async fn main() {
                 "jetstream_dedup: {err}\nusage: jetstream_dedup --server URL --input-stream NAME \
                  --output-subject SUBJECT --dir DIR [--idle-exit SECONDS] [--batch N] [--ack-wait-ms MS] [--naive | --passthrough] [--one-by-one] [--forward-delay-ms MS] \
                  [--create-streams --input-subject SUBJECT --output-stream NAME] \
-                 [--replicate URL --replica NAME [--replica-mode sync|async]]"
+                 [--replicate URL --replica NAME [--replica-mode sync|async] [--replica-copies N]]"
             );
             std::process::exit(2);
         }
@@ -301,7 +310,9 @@ fn open_store(args: &Args) -> Result<Db, oncedb::Error> {
             .durability(Durability::Sync)
             .window(Duration::from_secs(7 * 24 * 3600));
         match &args.replicate {
-            Some((url, name, mode)) => options.replicate(Replication::new(url, name).mode(*mode)),
+            Some((url, name, mode, copies)) => {
+                options.replicate(Replication::new(url, name).mode(*mode).replicas(*copies))
+            }
             None => options,
         }
     };

@@ -94,7 +94,7 @@ pub use base::{
     SystemClock,
 };
 #[cfg(feature = "replicate")]
-pub use replica::{ReplicaMode, Replication, RestoreReport, StandbyLag};
+pub use replica::{DEFAULT_REPLICAS, ReplicaMode, Replication, RestoreReport, StandbyLag};
 #[cfg(feature = "async")]
 pub use store::{Guarded, GuardedLease, HeldLease, OutagePolicy, Store, StoreLease, StoreOptions};
 pub use wal::{

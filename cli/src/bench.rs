@@ -106,7 +106,7 @@ pub struct BenchArgs {
     #[arg(long, default_value = "sync", value_parser = crate::restore::parse_mode)]
     replica_mode: ReplicaMode,
     /// Stream replicas JetStream keeps, with --replicate.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = oncedb::DEFAULT_REPLICAS, value_parser = crate::dedup::parse_copies)]
     replica_copies: usize,
     /// After a run with --replicate, restore its store from the replica into a new
     /// directory and time it.

@@ -48,6 +48,11 @@ pub struct DedupArgs {
     /// shipped behind the local commit.
     #[arg(long, default_value = "sync", value_parser = crate::restore::parse_mode)]
     replica_mode: ReplicaMode,
+    /// How many copies JetStream keeps of the replica's stream (1 to 5): with 3, the
+    /// window outlives the loss of a node with its disk. A cluster needs at least as
+    /// many nodes; a single server takes `--replica-copies 1`.
+    #[arg(long, default_value_t = oncedb::DEFAULT_REPLICAS, value_parser = parse_copies)]
+    replica_copies: usize,
     /// Drop lines whose key cannot be extracted instead of passing them through.
     #[arg(long)]
     drop_keyless: bool,
@@ -128,6 +133,14 @@ impl KeySpec {
     }
 }
 
+/// A stream's copies: 1 to 5, as JetStream keeps.
+pub fn parse_copies(text: &str) -> Result<usize, String> {
+    text.parse::<usize>()
+        .ok()
+        .filter(|copies| (1..=5).contains(copies))
+        .ok_or_else(|| format!("`{text}` is not a number of copies from 1 to 5"))
+}
+
 fn parse_durability(text: &str) -> Result<Durability, String> {
     match text {
         "sync" => Ok(Durability::Sync),
@@ -190,7 +203,11 @@ pub fn run(args: &DedupArgs) -> Result<(), Failure> {
         .durability(durability)
         .max_key_bytes(MAX_KEY_BYTES_LIMIT);
     if let (Some(url), Some(name)) = (&args.replicate, &args.replica) {
-        options = options.replicate(Replication::new(url, name).mode(args.replica_mode));
+        options = options.replicate(
+            Replication::new(url, name)
+                .mode(args.replica_mode)
+                .replicas(args.replica_copies),
+        );
     }
     let db = Db::open(options).map_err(|err| err.to_string())?;
     let progress = progress_bar();

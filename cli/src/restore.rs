@@ -19,6 +19,10 @@ pub struct ReplicaSource {
     /// The replica's name, as the store that shipped it was given (`--replica`).
     #[arg(long)]
     pub replica: String,
+    /// The copies JetStream keeps of the replica's stream, as the store that shipped it
+    /// was given (`--replica-copies`).
+    #[arg(long, default_value_t = oncedb::DEFAULT_REPLICAS, value_parser = crate::dedup::parse_copies)]
+    pub replica_copies: usize,
 }
 
 impl ReplicaSource {
@@ -26,7 +30,7 @@ impl ReplicaSource {
     pub fn options(&self, dir: &std::path::Path) -> Options {
         Options::new(dir)
             .durability(Durability::Sync)
-            .replicate(Replication::new(&self.from, &self.replica))
+            .replicate(Replication::new(&self.from, &self.replica).replicas(self.replica_copies))
     }
 }
 

@@ -78,20 +78,25 @@ impl std::fmt::Debug for Replication {
     }
 }
 
+/// Stream replicas JetStream keeps unless told otherwise: a node lost with its disk
+/// leaves two copies.
+pub const DEFAULT_REPLICAS: usize = 3;
+
 /// Longest replica name.
 const MAX_NAME_BYTES: usize = 64;
 
 impl Replication {
     /// The replica `name` (ASCII letters, digits, `-` and `_`; at most 64 bytes) on the
     /// NATS servers at `url` (`nats://host:port`, several separated by commas): sync
-    /// mode, one stream replica, 64 MiB of lag allowed in async mode, 5 s to wait for an
-    /// acknowledgement.
+    /// mode, three stream replicas (a cluster of three nodes or more; a single server
+    /// needs [`Replication::replicas`]`(1)`), 64 MiB of lag allowed in async mode, 5 s
+    /// to wait for an acknowledgement.
     pub fn new(url: impl Into<String>, name: impl Into<String>) -> Replication {
         Replication {
             url: url.into(),
             name: name.into(),
             mode: ReplicaMode::Sync,
-            replicas: 1,
+            replicas: DEFAULT_REPLICAS,
             max_lag_bytes: 64 << 20,
             ack_timeout: Duration::from_secs(5),
             claim: false,
@@ -104,8 +109,11 @@ impl Replication {
         self
     }
 
-    /// How many copies JetStream keeps of the stream (its `num_replicas`, 1 to 5; 3 on a
-    /// cluster of three). Used when the stream is created. Default 1.
+    /// How many copies JetStream keeps of the stream (its `num_replicas`, 1 to 5). Used
+    /// when the stream is created; an existing stream that keeps another number is
+    /// refused, with both named. Default 3: the window outlives the loss of one node
+    /// with its disk. On a cluster with fewer nodes than copies, opening the store
+    /// fails with `InvalidOptions` naming this setting.
     pub fn replicas(mut self, replicas: usize) -> Self {
         self.replicas = replicas;
         self

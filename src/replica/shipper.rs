@@ -143,6 +143,64 @@ struct Link {
     runs_pending: bool,
 }
 
+/// A stream JetStream would not create: too few nodes for the copies asked is the
+/// caller's setting to change, and says so; anything else is an outage.
+fn stream_refused(replication: &Replication, err: &impl std::fmt::Display) -> Error {
+    let text = err.to_string();
+    let lower = text.to_ascii_lowercase();
+    if lower.contains("replicas") || lower.contains("insufficient resources") {
+        return Error::InvalidOptions(format!(
+            "replica {}: JetStream cannot keep {} copies of its stream ({text}): ask for \
+             fewer copies (Replication::replicas, the tool's --replica-copies) or add nodes",
+            replication.name, replication.replicas
+        ));
+    }
+    unavailable(text)
+}
+
+/// Refuses an existing stream whose settings differ from what the store needs: the
+/// copies asked, message retention by limits with none set (an interest or work-queue
+/// stream, or a limit, would drop log the store still needs), and the duplicate window
+/// the shipper's message ids rely on.
+fn check_stream(replication: &Replication, config: &Config) -> Result<()> {
+    use async_nats::jetstream::stream::RetentionPolicy;
+    let mut differences = Vec::new();
+    if config.num_replicas != replication.replicas {
+        differences.push(format!(
+            "it keeps {} copies where this store asks for {} (Replication::replicas, the \
+             tool's --replica-copies)",
+            config.num_replicas, replication.replicas
+        ));
+    }
+    if config.retention != RetentionPolicy::Limits {
+        differences.push(format!(
+            "its retention is {:?}, not limits",
+            config.retention
+        ));
+    }
+    if config.max_messages > 0 || config.max_bytes > 0 || !config.max_age.is_zero() {
+        differences.push(format!(
+            "it has limits (max_messages {}, max_bytes {}, max_age {:?}) that drop log",
+            config.max_messages, config.max_bytes, config.max_age
+        ));
+    }
+    if config.duplicate_window != DUPLICATE_WINDOW {
+        differences.push(format!(
+            "its duplicate window is {:?}, not {:?}",
+            config.duplicate_window, DUPLICATE_WINDOW
+        ));
+    }
+    if differences.is_empty() {
+        return Ok(());
+    }
+    Err(Error::InvalidOptions(format!(
+        "replica {}: its stream {} differs from what the store needs: {}",
+        replication.name,
+        config.name,
+        differences.join("; ")
+    )))
+}
+
 impl Link {
     async fn open(
         replication: &Replication,
@@ -152,7 +210,7 @@ impl Link {
         let client = super::connect(replication).await?;
         let js = async_nats::jetstream::new(client);
         let name = replication.name.clone();
-        let stream = js
+        let mut stream = js
             .get_or_create_stream(Config {
                 name: stream_name(&name),
                 subjects: vec![all_subjects(&name)],
@@ -161,7 +219,9 @@ impl Link {
                 ..Default::default()
             })
             .await
-            .map_err(unavailable)?;
+            .map_err(|err| stream_refused(replication, &err))?;
+        let info = stream.info().await.map_err(unavailable)?;
+        check_stream(replication, &info.config)?;
         let mut link = Link {
             name,
             js,

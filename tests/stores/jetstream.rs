@@ -586,6 +586,8 @@ fn partition_consumer(server: &NatsServer, p: usize, dir: &Path) -> std::process
             &server.url(),
             "--replica",
             &format!("part-{p}"),
+            "--replica-copies",
+            "1",
         ])
         .arg("--dir")
         .arg(dir)

@@ -39,7 +39,7 @@ fn clocked(dir: &Path, clock: &oncedb::ManualClock, server: &NatsServer, name: &
         .bucket_width(Duration::from_secs(60))
         .durability(Durability::Sync)
         .clock(clock.clone())
-        .replicate(Replication::new(server.url(), name))
+        .replicate(Replication::new(server.url(), name).replicas(1))
 }
 
 /// Opens `options`, trying again while JetStream is not ready yet (a cluster electing its
@@ -158,7 +158,7 @@ fn sync_mode_restores_every_acknowledged_write_after_the_node_is_lost() {
 fn a_restored_replica_fences_its_old_owner() {
     let server = NatsServer::start();
     let work = tempfile::tempdir().unwrap();
-    let replication = || Replication::new(server.url(), "fence");
+    let replication = || Replication::new(server.url(), "fence").replicas(1);
     let old_dir = work.path().join("old");
     let old = open_when_ready(|| options(&old_dir, replication()));
     for n in 0..50 {
@@ -197,6 +197,7 @@ fn async_mode_refuses_writes_past_its_lag_while_jetstream_is_down() {
     let mut server = NatsServer::start();
     let work = tempfile::tempdir().unwrap();
     let replication = Replication::new(server.url(), "lag")
+        .replicas(1)
         .mode(ReplicaMode::Async)
         .max_lag_bytes(8 << 10);
     let db = open_when_ready(|| options(&work.path().join("db"), replication.clone()));
@@ -333,7 +334,7 @@ fn expired_buckets_leave_the_replica_and_sealed_segments_are_compacted() {
 fn a_restore_refuses_a_damaged_replica() {
     let server = NatsServer::start();
     let work = tempfile::tempdir().unwrap();
-    let replication = || Replication::new(server.url(), "damage");
+    let replication = || Replication::new(server.url(), "damage").replicas(1);
     let db = open_when_ready(|| options(&work.path().join("db"), replication()));
     for n in 0..400 {
         assert!(db.insert_if_absent(&key(n)).unwrap());
@@ -414,7 +415,7 @@ fn a_restore_refuses_a_damaged_replica() {
 fn a_standby_follows_and_its_promotion_copies_only_what_it_lacks() {
     let server = NatsServer::start();
     let work = tempfile::tempdir().unwrap();
-    let replication = || Replication::new(server.url(), "standby");
+    let replication = || Replication::new(server.url(), "standby").replicas(1);
     // Segments large enough that none seals: the stream keeps every chunk (a sealed
     // segment's chunks are compacted into a few), so a standby starting from scratch
     // would read them all.
@@ -484,7 +485,10 @@ fn restore_child() {
         return;
     };
     let _ = Db::restore(
-        options(Path::new(&dir), Replication::new(url, "interrupted")),
+        options(
+            Path::new(&dir),
+            Replication::new(url, "interrupted").replicas(1),
+        ),
         &mut |read, _| {
             if read == 3 {
                 crate::support::say("paused\n");
@@ -502,7 +506,7 @@ fn restore_child() {
 fn a_restore_killed_part_way_is_run_again() {
     let server = NatsServer::start();
     let work = tempfile::tempdir().unwrap();
-    let replication = || Replication::new(server.url(), "interrupted");
+    let replication = || Replication::new(server.url(), "interrupted").replicas(1);
     let db = open_when_ready(|| options(&work.path().join("db"), replication()));
     for n in 0..400 {
         assert!(db.insert_if_absent(&key(n)).unwrap());
@@ -540,7 +544,9 @@ fn async_writer_child() {
     let (Ok(dir), Ok(url)) = (std::env::var(CHILD_DIR), std::env::var(CHILD_URL)) else {
         return;
     };
-    let replication = Replication::new(url, "async-loss").mode(ReplicaMode::Async);
+    let replication = Replication::new(url, "async-loss")
+        .replicas(1)
+        .mode(ReplicaMode::Async);
     let db = open_when_ready(|| options(Path::new(&dir), replication.clone()));
     for n in 0.. {
         assert!(db.insert_if_absent(&key(n)).unwrap());
@@ -583,7 +589,7 @@ fn async_mode_loses_at_most_the_lag_it_reported() {
     let (db, _) = Db::restore(
         options(
             &work.path().join("restored"),
-            Replication::new(server.url(), "async-loss"),
+            Replication::new(server.url(), "async-loss").replicas(1),
         ),
         &mut |_, _| {},
     )
@@ -670,7 +676,7 @@ fn files_with_extension(dir: &Path, extension: &str) -> usize {
 /// chunk reaches their length), every one of its keys admitted.
 fn budgeted_store_shipped(server: &NatsServer, dir: &Path, name: &str, keys: u64) -> Db {
     let db = open_when_ready(|| {
-        options(dir, Replication::new(server.url(), name))
+        options(dir, Replication::new(server.url(), name).replicas(1))
             .memory_budget(1 << 16)
             .shards(4)
     });
@@ -731,7 +737,7 @@ fn sealed_runs_are_shipped_and_restored_whole() {
         Db::restore(
             options(
                 &work.path().join(to),
-                Replication::new(server.url(), "runs"),
+                Replication::new(server.url(), "runs").replicas(1),
             )
             .memory_budget(1 << 16)
             .shards(4),
@@ -830,7 +836,7 @@ fn a_restore_refuses_a_damaged_run() {
     let restored = Db::restore(
         options(
             &work.path().join("r"),
-            Replication::new(server.url(), "bad-run"),
+            Replication::new(server.url(), "bad-run").replicas(1),
         )
         .memory_budget(1 << 16)
         .shards(4),
@@ -853,7 +859,11 @@ fn record_runs_are_shipped_and_restored_whole() {
     let scope = oncedb::Scope::new("org", "pay");
     let server = NatsServer::start();
     let work = tempfile::tempdir().unwrap();
-    let replication = || Replication::new(server.url(), "records").mode(ReplicaMode::Async);
+    let replication = || {
+        Replication::new(server.url(), "records")
+            .replicas(1)
+            .mode(ReplicaMode::Async)
+    };
     let budgeted = |dir: &str| {
         options(&work.path().join(dir), replication())
             .durability(Durability::Interval(Duration::from_millis(10)))

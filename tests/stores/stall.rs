@@ -20,7 +20,9 @@ fn stalled_store(
     name: &str,
     ack_timeout: Duration,
 ) -> Db {
-    let replication = Replication::new(server.url(), name).ack_timeout(ack_timeout);
+    let replication = Replication::new(server.url(), name)
+        .replicas(1)
+        .ack_timeout(ack_timeout);
     open_when_ready(|| {
         Options::new(dir)
             .window(Duration::from_secs(3600))

@@ -496,7 +496,16 @@ fn a_checkpoint_remembers_every_line_the_store_admitted() {
 
 /// `oncedb restore --from URL --replica NAME --dir DIR`.
 fn restore(url: &str, replica: &str, dir: &Path) -> std::process::Output {
-    let args = ["restore", "--from", url, "--replica", replica, "--dir"];
+    let args = [
+        "restore",
+        "--from",
+        url,
+        "--replica",
+        replica,
+        "--replica-copies",
+        "1",
+        "--dir",
+    ];
     let mut args: Vec<&str> = args.to_vec();
     args.push(dir.to_str().unwrap());
     oncedb(&args, b"")
@@ -510,7 +519,14 @@ fn a_standby_promoted_remembers_every_line() {
     let server = oncedb_testkit::servers::nats::NatsServer::start();
     let url = server.url();
     let dir = tempfile::tempdir().unwrap();
-    let replicated = ["--replicate", url.as_str(), "--replica", "warm"];
+    let replicated = [
+        "--replicate",
+        url.as_str(),
+        "--replica",
+        "warm",
+        "--replica-copies",
+        "1",
+    ];
     let (code, out, err) = dedup(&dir.path().join("store"), &replicated, "a\nb\na\n");
     assert_eq!(code, 0, "{err}");
     assert_eq!(out, "a\nb\n");
@@ -521,6 +537,8 @@ fn a_standby_promoted_remembers_every_line() {
         url.as_str(),
         "--replica",
         "warm",
+        "--replica-copies",
+        "1",
         "--promote",
         "--dir",
     ];
@@ -537,6 +555,35 @@ fn a_standby_promoted_remembers_every_line() {
     assert_eq!(out, "c\n", "the promoted standby forgot a line");
 }
 
+/// `oncedb dedup --replicate` keeps three copies of its replica by default: on a single
+/// server, which cannot keep them, it exits 1 with one line that names the flag to
+/// change, having passed no line; a stream made with other copies is refused by name.
+#[test]
+fn dedup_on_a_server_too_small_for_its_copies_names_the_flag() {
+    let _serial = serial();
+    let server = oncedb_testkit::servers::nats::NatsServer::start();
+    let url = server.url();
+    let dir = tempfile::tempdir().unwrap();
+    let replicated = ["--replicate", url.as_str(), "--replica", "three"];
+    let (code, out, err) = dedup(&dir.path().join("store"), &replicated, "a\nb\n");
+    assert_eq!(code, 1, "{out}{err}");
+    assert_eq!(out, "");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("--replica-copies"), "{err}");
+    assert!(err.contains("3 copies"), "{err}");
+    // One copy made the stream; asking for two later is refused, naming both.
+    let one = [&replicated[..], &["--replica-copies", "1"]].concat();
+    let (code, _, err) = dedup(&dir.path().join("one"), &one, "a\n");
+    assert_eq!(code, 0, "{err}");
+    let two = [&replicated[..], &["--replica-copies", "2"]].concat();
+    let (code, _, err) = dedup(&dir.path().join("two"), &two, "a\n");
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("keeps 1 copies where this store asks for 2"),
+        "{err}"
+    );
+}
+
 /// `oncedb dedup --replicate URL --replica NAME` survives the loss of its directory:
 /// `oncedb restore` rebuilds it from JetStream, and `dedup` on the restored directory
 /// remembers every line; the lost store's replica now belongs to the restored one.
@@ -547,7 +594,14 @@ fn dedup_with_a_replica_survives_the_loss_of_its_directory() {
     let url = server.url();
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
-    let replicated = ["--replicate", url.as_str(), "--replica", "lines"];
+    let replicated = [
+        "--replicate",
+        url.as_str(),
+        "--replica",
+        "lines",
+        "--replica-copies",
+        "1",
+    ];
     let (code, out, err) = dedup(&store, &replicated, "a\nb\na\nc\n");
     assert_eq!(code, 0, "{err}");
     assert_eq!(out, "a\nb\nc\n");
