@@ -16,6 +16,8 @@ use settle::{Rests, Undo};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use smallvec::SmallVec;
+
 use crate::base::{
     Advance, Clock, Error, Fingerprint, Finish, Hasher, LEASE_ID_LIMIT, MAX_BATCH_KEYS,
     MAX_NOTE_BYTES, Record, RecordStatus, Result, Window, random_secret,
@@ -567,18 +569,27 @@ impl Engine {
             // read, and the admitted keys are logged: a full store, or a damaged run
             // page, refuses the whole batch with nothing admitted, and whoever finds a
             // key of the batch admitted finds its write logged. (This path allocates.)
-            let mut shards = Vec::with_capacity(groups.len());
+            let mut shards: HeldShards<'_> = SmallVec::new();
             for group in groups.iter() {
                 let mut shard = lock_group(group);
                 shard.reserve_room(group.iter().map(|&i| fingerprints[i as usize]))?;
                 shards.push(shard);
             }
             let mut found = Vec::new();
-            let absent =
-                absent_from_older_levels(&mut shards, groups, fingerprints, sealed, &mut found)
-                    .map_err(|err| self.fail(err))?;
-            for ((group, shard), absent) in groups.iter().zip(shards.iter_mut()).zip(absent) {
-                let members = absent.map_or(group, |range| &found[range]);
+            // Without a memory budget no older level exists: every member is looked up
+            // in memory alone.
+            let absent = match self.sealer {
+                Some(_) => Some(
+                    absent_from_older_levels(&mut shards, groups, fingerprints, sealed, &mut found)
+                        .map_err(|err| self.fail(err))?,
+                ),
+                None => None,
+            };
+            for (n, (group, shard)) in groups.iter().zip(shards.iter_mut()).enumerate() {
+                let range = absent
+                    .as_ref()
+                    .and_then(|absent| absent.get(n).cloned().flatten());
+                let members = range.map_or(group, |range| &found[range]);
                 insert(shard, group, Some(members));
             }
             let dependency = groups
@@ -627,13 +638,24 @@ impl Engine {
             return Err(self.fail(err));
         }
         let new_keys = admitted.iter().filter(|&&new| new).count() as u64;
+        let taken_back = || admitted_fingerprints(fingerprints, admitted);
+        let blocking = matches!(settle, Settle::Block);
         let rests = Rests {
             own,
-            undo: self.undo_keys(own, || admitted_fingerprints(fingerprints, admitted)),
+            // A blocking call lists its keys only if its wait fails (in steady state a
+            // batch allocates nothing); a deferred one hands them to its commit.
+            undo: if blocking {
+                Undo::Nothing
+            } else {
+                self.undo_keys(own, taken_back)
+            },
             dependency,
             looked_at,
         };
         let concluded = self.settle_answer(rests, settle);
+        if blocking && concluded.is_err() {
+            self.take_back(&self.undo_keys(own, taken_back));
+        }
         self.budget_after_logging(new_keys);
         concluded
     }
@@ -1487,13 +1509,19 @@ pub(crate) fn merge_answers(admitted: &mut [bool], positions: &[usize], answers:
 
 /// The fingerprints of a batch's admitted keys.
 fn admitted_fingerprints(fingerprints: &[Fingerprint], admitted: &[bool]) -> Vec<Fingerprint> {
-    fingerprints
-        .iter()
-        .zip(admitted)
-        .filter(|&(_, &new)| new)
-        .map(|(&fp, _)| fp)
-        .collect()
+    let mut taken = Vec::with_capacity(admitted.iter().filter(|&&new| new).count());
+    taken.extend(
+        fingerprints
+            .iter()
+            .zip(admitted)
+            .filter(|&(_, &new)| new)
+            .map(|(&fp, _)| fp),
+    );
+    taken
 }
+
+/// The shard locks a batch holds at once, inline for up to the default shard count.
+type HeldShards<'a> = SmallVec<[parking_lot::MutexGuard<'a, Shard>; 64]>;
 
 /// Takes back, in the shards a batch still holds, every key it admitted: the log
 /// refused its write, and nobody has seen them.
