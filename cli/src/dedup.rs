@@ -274,8 +274,7 @@ fn filter(
             .map(|i| args.key.extract(batch.line(i).0))
             .collect();
         let present: Vec<&Cow<'_, [u8]>> = keys.iter().flatten().collect();
-        db.insert_many_into(&present, &mut admitted)
-            .map_err(|err| err.to_string())?;
+        admit_through_outages(db, &present, &mut admitted)?;
         let mut answers = admitted.iter();
         for (i, key) in keys.iter().enumerate() {
             counts.lines += 1;
@@ -308,6 +307,43 @@ fn filter(
     }
     output.flush()?;
     Ok(())
+}
+
+/// Longest pause between two tries of a batch its replica did not acknowledge.
+const MAX_RETRY_PAUSE: Duration = Duration::from_secs(1);
+
+/// Asks for `keys` until the store answers. A batch answered `Unavailable` (its replica
+/// did not acknowledge in time: the outcome unknown to this run, and nothing admitted)
+/// is asked again, pausing a little longer each time up to `MAX_RETRY_PAUSE`, until
+/// JetStream is back: a stall passes each line exactly once, none lost. Said on stderr
+/// once per outage. Any other error ends the run.
+fn admit_through_outages(
+    db: &Db,
+    keys: &[&Cow<'_, [u8]>],
+    admitted: &mut Vec<bool>,
+) -> Result<(), Failure> {
+    let mut pause = Duration::from_millis(20);
+    let mut outage = false;
+    loop {
+        match db.insert_many_into(keys, admitted) {
+            Ok(()) => {
+                if outage {
+                    noteln!("oncedb dedup: the replica acknowledges again");
+                }
+                return Ok(());
+            }
+            Err(oncedb::Error::Unavailable { message, .. }) => {
+                if !outage {
+                    noteln!("oncedb dedup: {message}; asking again until it answers");
+                    outage = true;
+                }
+                // A back-off between tries of a call to a server that stalls.
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(MAX_RETRY_PAUSE);
+            }
+            Err(err) => return Err(err.to_string().into()),
+        }
+    }
 }
 
 fn write_line(output: &mut impl Write, line: &[u8], newline: bool) -> std::io::Result<()> {

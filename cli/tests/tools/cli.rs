@@ -555,6 +555,63 @@ fn a_standby_promoted_remembers_every_line() {
     assert_eq!(out, "c\n", "the promoted standby forgot a line");
 }
 
+/// `oncedb dedup --replicate` through a JetStream stall (the server paused with SIGSTOP
+/// mid-run): the batches JetStream did not acknowledge are asked again once it is back,
+/// so every line passes exactly once, and a second run over the same lines passes none.
+#[test]
+fn dedup_passes_every_line_once_through_a_replica_stall() {
+    use std::io::{BufRead, Write};
+    let _serial = serial();
+    let server = oncedb_testkit::servers::nats::NatsServer::start();
+    let url = server.url();
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let replicated = [
+        "--replicate",
+        url.as_str(),
+        "--replica",
+        "stall",
+        "--replica-copies",
+        "1",
+        "--batch",
+        "4",
+    ];
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_oncedb"))
+        .args(["dedup", "--dir", store.to_str().unwrap(), "--window", "24h"])
+        .args(replicated)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let lines: Vec<String> = (0..40).map(|n| format!("line-{n}")).collect();
+    let mut seen = Vec::new();
+    for line in &lines[..20] {
+        writeln!(stdin, "{line}").unwrap();
+        stdin.flush().unwrap();
+        seen.push(stdout.next().unwrap().unwrap());
+    }
+    server.pause();
+    for line in &lines[20..] {
+        writeln!(stdin, "{line}").unwrap();
+    }
+    stdin.flush().unwrap();
+    // The run says once that it asks again; then JetStream comes back.
+    let note = stderr.next().unwrap().unwrap();
+    assert!(note.contains("asking again until it answers"), "{note}");
+    server.resume();
+    drop(stdin);
+    seen.extend(stdout.map(Result::unwrap));
+    assert!(child.wait().unwrap().success());
+    assert_eq!(seen, lines, "a line lost or passed twice through the stall");
+    let (code, out, err) = dedup(&store, &replicated, &(lines.join("\n") + "\n"));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, "", "a line passed again after the stall");
+}
+
 /// `oncedb dedup --replicate` keeps three copies of its replica by default: on a single
 /// server, which cannot keep them, it exits 1 with one line that names the flag to
 /// change, having passed no line; a stream made with other copies is refused by name.
