@@ -1369,12 +1369,10 @@ impl Engine {
     }
 
     /// Readies `config` to open a directory just copied from its replica: the replica's
-    /// window and bucket width, and a claim on the replica.
+    /// window and bucket width. The copy claimed the replica before it began (its token
+    /// is in the directory), so the opening store finds itself the owner.
     #[cfg(feature = "replicate")]
     fn open_claiming(config: &mut Config) -> Result<()> {
-        if let Some(replication) = config.replication.as_mut() {
-            replication.claim = true;
-        }
         if let Some(dir) = &config.dir
             && let Some(manifest) = Manifest::load(&*config.storage, dir)?
         {

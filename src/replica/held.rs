@@ -32,12 +32,16 @@ pub(super) async fn segment_end(stream: &Stream, name: &str, subject: &str) -> R
     let Some(last) = last_message(stream, subject).await? else {
         return Ok(None);
     };
-    let offset = offset_of(&last.headers).ok_or_else(|| Error::Corrupted {
+    let damaged = |reason: &str| Error::Corrupted {
         path: replica_path(name, subject),
         offset: last.sequence,
-        reason: "a chunk without its offset".to_owned(),
-    })?;
-    Ok(Some(offset + last.payload.len() as u64))
+        reason: reason.to_owned(),
+    };
+    let offset = offset_of(&last.headers).ok_or_else(|| damaged("a chunk without its offset"))?;
+    offset
+        .checked_add(last.payload.len() as u64)
+        .map(Some)
+        .ok_or_else(|| damaged("a chunk whose offset overflows"))
 }
 
 /// Every segment subject of replica `name`: the segment, the subject, and how many
@@ -103,7 +107,9 @@ pub(super) async fn run_subjects(stream: &Stream, name: &str) -> Result<BTreeMap
         };
         let offset = offset_of(&last.headers).ok_or_else(damaged)?;
         let len = length_of(&last.headers).ok_or_else(damaged)?;
-        let end = offset + last.payload.len() as u64;
+        let end = offset
+            .checked_add(last.payload.len() as u64)
+            .ok_or_else(damaged)?;
         if end > len {
             return Err(Error::Corrupted {
                 path: replica_path(name, &subject),

@@ -61,8 +61,6 @@ pub struct Replication {
     pub(crate) replicas: usize,
     pub(crate) max_lag_bytes: u64,
     pub(crate) ack_timeout: Duration,
-    /// Set by a restore: the opening store claims the replica.
-    pub(crate) claim: bool,
 }
 
 /// Everything but the URL, which may carry credentials.
@@ -99,7 +97,6 @@ impl Replication {
             replicas: DEFAULT_REPLICAS,
             max_lag_bytes: 64 << 20,
             ack_timeout: Duration::from_secs(5),
-            claim: false,
         }
     }
 

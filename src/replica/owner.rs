@@ -23,6 +23,12 @@ const MAGIC: &[u8; 8] = b"ONCEREP\0";
 const VERSION: u32 = 1;
 const LEN: usize = 32;
 
+/// Whether `path` is a claim file (or the temporary one a claim writes first).
+pub(super) fn is_claim_file(path: &Path) -> bool {
+    path.file_name()
+        .is_some_and(|name| name == NAME || name == TEMP_NAME)
+}
+
 fn encode(token: u64) -> [u8; LEN] {
     let mut bytes = [0u8; LEN];
     let mut put = |offset: usize, field: &[u8]| {

@@ -6,9 +6,15 @@
 //! written last, and the directory fsynced. Opening the directory then checks every
 //! frame's checksum, as any open does, and claims the replica.
 //!
-//! A restore copies up to where the stream's leader says each live segment ends. A
-//! standby ([`Follower`]) keeps copying as chunks arrive, on a thread of its own, and at
-//! promotion copies only what it still lacks, from the stream sequence it reached.
+//! A restore claims the replica first, then copies: its owner message fences the old
+//! owner (whose next publish expects a sequence the claim moved on, and is refused), so
+//! the stream's end as of the claim holds everything the old owner had acknowledged, and
+//! nothing it sends later is acknowledged. The copy then runs up to where the stream's
+//! leader says each live segment ends. A standby ([`Follower`]) keeps copying as chunks
+//! arrive, on a thread of its own, and at promotion claims, then copies only what it
+//! still lacks, from the stream sequence it reached. The claim's token is in the
+//! directory's `REPLICA` file before anything is copied: a restore that fails part-way
+//! leaves a directory the same restore, run again, claims anew and completes.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -24,11 +30,12 @@ use futures_util::StreamExt;
 
 use super::held::{last_message, offset_of, replica_path, segment_end, segment_subjects};
 use super::layout::{
-    PULL_BATCH, manifest_subject, parse_segment_subject, segments_filter, stream_name,
+    OWNER_HEADER, PULL_BATCH, manifest_subject, owner_subject, parse_segment_subject,
+    segments_filter, stream_name, token_text,
 };
 use super::runs::fetch_runs;
 use super::{Replication, unavailable};
-use crate::base::{Error, Result, Window};
+use crate::base::{Error, Result, Window, random_secret};
 use crate::io::{Storage, StorageFile};
 use crate::wal::{Manifest, is_temp_run_name, parse_run_name, parse_segment_name, segment_path};
 
@@ -80,6 +87,7 @@ pub(crate) fn fetch(
             .spawn(|| {
                 on_runtime(async {
                     let mut copy = Copier::open(replication, storage, dir, held).await?;
+                    copy.claim().await?;
                     copy.catch_up(now_ms, progress).await?;
                     let database_id = copy.manifest.database_id();
                     let target = (copy.storage, copy.dir.as_path());
@@ -111,6 +119,7 @@ struct Copier<'a> {
     storage: &'a dyn Storage,
     dir: PathBuf,
     name: String,
+    js: async_nats::jetstream::Context,
     stream: Stream,
     manifest: Manifest,
     files: Files,
@@ -147,6 +156,7 @@ impl<'a> Copier<'a> {
             storage,
             dir: dir.to_path_buf(),
             name,
+            js,
             stream,
             manifest,
             files: held,
@@ -157,6 +167,24 @@ impl<'a> Copier<'a> {
 
     fn window(&self) -> Window {
         Window::new(self.manifest.window_ms, self.manifest.bucket_width_ms)
+    }
+
+    /// Claims the replica for the store this directory becomes: publishes an owner
+    /// message under a new token (whatever the stream's last sequence: a claim takes over
+    /// unconditionally) and records the token in the directory's `REPLICA` file. From the
+    /// claim on, the old owner's publishes are refused, so the stream's end is fixed for
+    /// the copy that follows.
+    async fn claim(&mut self) -> Result<()> {
+        let token = random_secret();
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(OWNER_HEADER, token_text(token).as_str());
+        self.js
+            .publish_with_headers(owner_subject(&self.name), headers, Vec::new().into())
+            .await
+            .map_err(unavailable)?
+            .await
+            .map_err(unavailable)?;
+        super::owner::store(self.storage, &self.dir, token)
     }
 
     /// An ordered consumer of the segment chunks after the last one applied.
@@ -327,7 +355,9 @@ impl<'a> Copier<'a> {
             }
         };
         let payload: &[u8] = &message.payload;
-        let end = offset + payload.len() as u64;
+        let end = offset
+            .checked_add(payload.len() as u64)
+            .ok_or_else(|| damaged(offset, "a chunk whose offset overflows"))?;
         if offset > *len {
             return Err(damaged(*len, "the replica misses bytes of this segment"));
         }
@@ -480,6 +510,7 @@ impl Follower {
                         let mut copy = Copier::open(replication, storage, dir, files).await?;
                         copy.applied = applied;
                         copy.report = report;
+                        copy.claim().await?;
                         copy.catch_up(now_ms, &mut |_, _| {}).await?;
                         let report = copy.finish()?;
                         standby_mark::remove(storage, dir)?;
@@ -502,8 +533,9 @@ impl Drop for Follower {
 }
 
 /// Readies `dir` for a restore: created if missing; refused if it holds a store (a
-/// manifest) or any file but segment files and runs; the segment files an interrupted
-/// restore left are opened to be completed, its runs removed.
+/// manifest) or any file but segment files, runs and a claim; the segment files an
+/// interrupted restore left are opened to be completed, its runs removed (the claim is
+/// made again).
 fn restore_dir(storage: &dyn Storage, dir: &Path) -> Result<Files> {
     crate::wal::create_dir_durably(storage, dir)?;
     let mut stray = None;
@@ -511,14 +543,14 @@ fn restore_dir(storage: &dyn Storage, dir: &Path) -> Result<Files> {
         if parse_run_name(&path).is_some() || is_temp_run_name(&path) {
             // Runs are fetched again whole, after the log.
             storage.remove(&path)?;
-        } else if parse_segment_name(&path).is_none() {
+        } else if parse_segment_name(&path).is_none() && !super::owner::is_claim_file(&path) {
             stray = Some(path);
         }
     }
     if let Some(stray) = stray {
         return Err(Error::InvalidOptions(format!(
             "{} holds {}: a restore needs a new or empty directory, or one an interrupted \
-             restore left (segment files only)",
+             restore left (segment files and its claim only)",
             dir.display(),
             stray.display()
         )));

@@ -50,8 +50,9 @@ enum Halt {
 }
 
 impl Shipper {
-    /// Connects to the replica, claims it (`replication.claim`, or a replica nobody
-    /// claimed yet) or checks that this store's claim stands, and starts shipping. Fails
+    /// Connects to the replica, claims it (a replica nobody claimed yet) or checks that
+    /// this store's claim stands (a restore claimed it for this directory before copying),
+    /// and starts shipping. Fails
     /// (and ships nothing) when the replica cannot be reached, is another store's, or
     /// holds log this store lacks.
     pub(crate) fn start(replication: Replication, feed: LogFeed, dir: PathBuf) -> Result<Shipper> {
@@ -236,18 +237,13 @@ impl Link {
             runs_listed: None,
             runs_pending: false,
         };
-        link.settle_ownership(replication, feed, dir).await?;
+        link.settle_ownership(feed, dir).await?;
         link.resume(feed).await?;
         Ok(link)
     }
 
-    /// Claims the replica or checks this store's claim.
-    async fn settle_ownership(
-        &mut self,
-        replication: &Replication,
-        feed: &LogFeed,
-        dir: &std::path::Path,
-    ) -> Result<()> {
+    /// Claims a new replica, or checks this store's claim.
+    async fn settle_ownership(&mut self, feed: &LogFeed, dir: &std::path::Path) -> Result<()> {
         let info = self.stream.get_info().await.map_err(unavailable)?;
         self.last_seq = info.state.last_sequence;
         let claimed = owner::load(feed.storage(), dir)?;
@@ -255,13 +251,12 @@ impl Link {
         let current_owner = current
             .as_ref()
             .and_then(|message| owner_of(&message.headers));
-        match (replication.claim, current_owner, claimed) {
-            (false, Some(owner), Some(mine)) if owner == mine => {
+        match (current_owner, claimed) {
+            (Some(owner), Some(mine)) if owner == mine => {
                 self.token = mine;
                 Ok(())
             }
-            (false, None, _) if info.state.messages == 0 => self.claim(feed, dir).await,
-            (true, _, _) => self.claim(feed, dir).await,
+            (None, _) if info.state.messages == 0 => self.claim(feed, dir).await,
             _ => Err(Error::NotOwner {
                 replica: self.name.clone(),
             }),
@@ -562,7 +557,7 @@ impl Link {
             headers.insert(OWNER_HEADER, token_text(self.token).as_str());
             if let Some(offset) = offset {
                 headers.insert(OFFSET_HEADER, offset.to_string().as_str());
-                let id = format!("{}.{subject}.{kind}{offset}", token_text(self.token));
+                let id = chunk_id(self.token, &subject, kind, offset, payload.len());
                 headers.insert(async_nats::header::NATS_MESSAGE_ID, id.as_str());
             }
             if let Some(run_len) = run_len {
@@ -608,6 +603,15 @@ impl Link {
             Err(Halt::NotOwner)
         }
     }
+}
+
+/// The message id of a chunk: its owner, subject, kind, offset and length. A re-send
+/// from the same offset that carries more bytes (the log was fsynced further while an
+/// acknowledgement was lost) gets another id, so JetStream stores it rather than drop it
+/// as the first copy's duplicate: a duplicate's acknowledgement then always means these
+/// very bytes are held, and the cursor never moves past bytes the stream lacks.
+fn chunk_id(token: u64, subject: &str, kind: &str, offset: u64, len: usize) -> String {
+    format!("{}.{subject}.{kind}{offset}+{len}", token_text(token))
 }
 
 /// The sealed runs in `dir`, by id, with their paths and lengths (a run removed while

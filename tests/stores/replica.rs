@@ -189,6 +189,54 @@ fn a_restored_replica_fences_its_old_owner() {
     assert!(!new.contains(b"written by the old owner").unwrap());
 }
 
+/// A restore run while the old owner writes steadily (a rebalance with a zombie owner):
+/// the restore claims the replica first, then copies to the stream's end as of the
+/// claim, so it succeeds where it refused the replica as holding log its copy lacked. The
+/// restored store holds every key the old owner was told was admitted, and the old owner's
+/// writes after the claim are refused with `NotOwner`, none acknowledged: the key it was
+/// refused is new to the restored store.
+#[test]
+fn a_restore_under_a_busy_owner_holds_every_acknowledged_write() {
+    let server = NatsServer::start();
+    let work = tempfile::tempdir().unwrap();
+    let replication = || Replication::new(server.url(), "busy").replicas(1);
+    let db = open_when_ready(|| options(&work.path().join("owner"), replication()));
+    let (acked, refused) = std::thread::scope(|scope| {
+        let writer = scope.spawn(|| {
+            let mut acked = Vec::new();
+            for n in 0.. {
+                match db.insert_if_absent(&key(n)) {
+                    Ok(true) => acked.push(n),
+                    Err(Error::NotOwner { .. }) => return (acked, n),
+                    // Outcome unknown: neither counted nor checked.
+                    Err(Error::Unavailable { .. }) => {}
+                    other => panic!("{other:?}"),
+                }
+            }
+            unreachable!("the writer is fenced by the restore")
+        });
+        servers::wait_for("the owner's first writes", || db.stats().admitted >= 50);
+        let restored_dir = work.path().join("restored");
+        let (restored, _) = Db::restore(options(&restored_dir, replication()), &mut |_, _| {})
+            .expect("a restore under a busy owner");
+        let fenced = writer.join().unwrap();
+        drop(restored);
+        fenced
+    });
+    let reopened = Db::open(options(&work.path().join("restored"), replication())).unwrap();
+    for &n in &acked {
+        assert!(
+            reopened.contains(&key(n)).unwrap(),
+            "key {n} was acknowledged by the old owner but the restore lacks it"
+        );
+    }
+    assert!(
+        !reopened.contains(&key(refused)).unwrap(),
+        "the old owner's refused write reached the restored store"
+    );
+    assert!(acked.len() >= 50);
+}
+
 /// Async mode acknowledges after the local commit and ships behind it; while JetStream
 /// is down it buffers up to its lag, then refuses writes with `Unavailable`, changing
 /// nothing; once JetStream is back the lag drains and writes go on.
@@ -500,8 +548,9 @@ fn restore_child() {
     );
 }
 
-/// A restore SIGKILLed part-way leaves segment files and no manifest; run again on the
-/// same directory, it completes them and the store holds every key.
+/// A restore SIGKILLed part-way leaves segment files, its claim and no manifest; run
+/// again on the same directory, it claims anew, completes them, and the store holds every
+/// key.
 #[test]
 fn a_restore_killed_part_way_is_run_again() {
     let server = NatsServer::start();
@@ -526,8 +575,13 @@ fn a_restore_killed_part_way_is_run_again() {
         .unwrap()
         .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
+    // Segment files, and the claim made before anything was copied; no manifest.
     assert!(
-        !left.is_empty() && left.iter().all(|name| name.starts_with("seg-")),
+        left.iter().any(|name| name.starts_with("seg-"))
+            && left.iter().any(|name| name == "REPLICA")
+            && left
+                .iter()
+                .all(|name| name.starts_with("seg-") || name == "REPLICA"),
         "{left:?}"
     );
     let (restored, _) = Db::restore(options(&dir, replication()), &mut |_, _| {}).unwrap();

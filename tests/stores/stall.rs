@@ -2,7 +2,8 @@
 //! held open): a write JetStream did not acknowledge in time is answered `Unavailable`
 //! and admits nothing, so the next call for its key admits it; an answer that found
 //! another call's write waits for that write's acknowledgement and never outlives its
-//! take-back; asynchronous callers get their answer at the acknowledgement timeout.
+//! take-back; asynchronous callers get their answer at the acknowledgement timeout. And
+//! a lost acknowledgement (a proxy drops it): the longer re-send is stored.
 
 use std::time::{Duration, Instant};
 
@@ -23,6 +24,11 @@ fn stalled_store(
     let replication = Replication::new(server.url(), name)
         .replicas(1)
         .ack_timeout(ack_timeout);
+    replicated_store(dir, &replication)
+}
+
+/// A `Sync` store in `dir` replicated as `replication` says.
+fn replicated_store(dir: &std::path::Path, replication: &Replication) -> Db {
     open_when_ready(|| {
         Options::new(dir)
             .window(Duration::from_secs(3600))
@@ -171,4 +177,56 @@ fn async_writes_are_answered_at_the_acknowledgement_timeout() {
         assert_eq!(admitted, vec![true, false]);
     });
     assert!(once_acknowledged(|| db.insert_if_absent(b"stalled")));
+}
+
+/// A chunk whose acknowledgement was lost (the proxy drops JetStream's reply and holds the
+/// reconnection while another write is fsynced) is sent again from the same offset,
+/// longer. JetStream stores it: the longer chunk's message id is its own, where it was
+/// the first copy's and JetStream dropped it as a duplicate, so the shipper moved past
+/// bytes the stream lacked. A restore holds every acknowledged key.
+#[test]
+fn a_longer_resend_after_a_lost_acknowledgement_is_stored() {
+    let server = NatsServer::start();
+    let proxy = servers::proxy::Proxy::start();
+    proxy.forward_to(server.port);
+    let work = tempfile::tempdir().unwrap();
+    let through_proxy = format!("nats://127.0.0.1:{}", proxy.port);
+    let replication = Replication::new(through_proxy, "resend")
+        .replicas(1)
+        .ack_timeout(Duration::from_secs(60));
+    let db = replicated_store(&work.path().join("owner"), &replication);
+    assert!(db.insert_if_absent(b"first").unwrap());
+    let fsyncs = db.stats().fsyncs;
+    proxy.lose_next_reply_and_hold();
+    std::thread::scope(|scope| {
+        let lost = scope.spawn(|| db.insert_if_absent(b"acknowledgement-lost"));
+        proxy.wait_lost(1);
+        let later = scope.spawn(|| db.insert_if_absent(b"fsynced-meanwhile"));
+        wait_for("the later write's fsync", || {
+            db.stats().fsyncs >= fsyncs + 2
+        });
+        proxy.release();
+        assert!(lost.join().unwrap().unwrap());
+        assert!(later.join().unwrap().unwrap());
+    });
+    drop(db);
+    let direct = Replication::new(server.url(), "resend").replicas(1);
+    let restored_dir = work.path().join("restored");
+    let options = Options::new(&restored_dir)
+        .window(Duration::from_secs(3600))
+        .bucket_width(Duration::from_secs(60))
+        .durability(Durability::Sync)
+        .replicate(direct);
+    let (restored, _) = Db::restore(options, &mut |_, _| {}).unwrap();
+    for key in [
+        b"first".as_slice(),
+        b"acknowledgement-lost",
+        b"fsynced-meanwhile",
+    ] {
+        assert!(
+            !restored.insert_if_absent(key).unwrap(),
+            "{} was acknowledged but the replica lacks it",
+            String::from_utf8_lossy(key)
+        );
+    }
 }
