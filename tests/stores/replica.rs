@@ -201,28 +201,37 @@ fn a_restore_under_a_busy_owner_holds_every_acknowledged_write() {
     let work = tempfile::tempdir().unwrap();
     let replication = || Replication::new(server.url(), "busy").replicas(1);
     let db = open_when_ready(|| options(&work.path().join("owner"), replication()));
-    let (acked, refused) = std::thread::scope(|scope| {
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (restore, acked, refused) = std::thread::scope(|scope| {
+        // Writes until fenced, or until the restore is over (it failed, or never fenced).
         let writer = scope.spawn(|| {
             let mut acked = Vec::new();
-            for n in 0.. {
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::Acquire) {
                 match db.insert_if_absent(&key(n)) {
                     Ok(true) => acked.push(n),
-                    Err(Error::NotOwner { .. }) => return (acked, n),
+                    Err(Error::NotOwner { .. }) => return (acked, Some(n)),
                     // Outcome unknown: neither counted nor checked.
                     Err(Error::Unavailable { .. }) => {}
                     other => panic!("{other:?}"),
                 }
+                n += 1;
             }
-            unreachable!("the writer is fenced by the restore")
+            (acked, None)
         });
         servers::wait_for("the owner's first writes", || db.stats().admitted >= 50);
         let restored_dir = work.path().join("restored");
-        let (restored, _) = Db::restore(options(&restored_dir, replication()), &mut |_, _| {})
-            .expect("a restore under a busy owner");
-        let fenced = writer.join().unwrap();
-        drop(restored);
-        fenced
+        let restore = Db::restore(options(&restored_dir, replication()), &mut |_, _| {})
+            .map(|(restored, _)| drop(restored));
+        // A fenced writer has returned already; any other stops here.
+        if restore.is_err() {
+            stop.store(true, std::sync::atomic::Ordering::Release);
+        }
+        let (acked, refused) = writer.join().unwrap();
+        (restore, acked, refused)
     });
+    restore.expect("a restore under a busy owner");
+    let refused = refused.expect("the old owner was never fenced");
     let reopened = Db::open(options(&work.path().join("restored"), replication())).unwrap();
     for &n in &acked {
         assert!(
