@@ -419,7 +419,7 @@ impl Engine {
             .index
             .admit_one(&mut shard, fingerprint, self.sealed_keys())?
         {
-            return Ok((false, self.dependency(&shard)));
+            return Ok((false, self.key_dependency(&shard, fingerprint)));
         }
         let stamp = shard.current();
         let logged = self.enqueue_in(
@@ -430,7 +430,12 @@ impl Engine {
             }],
         );
         match logged {
-            Ok(ticket) => Ok((true, ticket)),
+            Ok(ticket) => {
+                if let Some(ticket) = ticket {
+                    self.note_pending_key(&mut shard, fingerprint, ticket);
+                }
+                Ok((true, ticket))
+            }
             Err(err) => {
                 shard.revoke_key(fingerprint);
                 Err(err)
@@ -595,8 +600,9 @@ impl Engine {
             let dependency = groups
                 .iter()
                 .zip(shards.iter())
-                .filter(|(group, _)| group.iter().any(|&i| !admitted[i as usize]))
-                .filter_map(|(_, shard)| self.dependency(shard))
+                .flat_map(|(group, shard)| group.iter().map(move |&i| (i as usize, shard)))
+                .filter(|&(i, _)| !admitted[i])
+                .filter_map(|(i, shard)| self.key_dependency(shard, fingerprints[i]))
                 .max();
             let own = if durable {
                 self.log_admitted(fingerprints, stamps, admitted, logged)
@@ -604,8 +610,13 @@ impl Engine {
             } else {
                 None
             };
-            for shard in &mut shards {
-                shard.logged(own.map_or(0, Ticket::position));
+            if let Some(ticket) = own {
+                for (group, shard) in groups.iter().zip(shards.iter_mut()) {
+                    shard.logged(ticket.position());
+                    for &i in group.iter().filter(|&&i| admitted[i as usize]) {
+                        self.note_pending_key(shard, fingerprints[i as usize], ticket);
+                    }
+                }
             }
             (own, dependency)
         } else {
@@ -753,7 +764,11 @@ impl Engine {
             let (live, dependency) = {
                 let mut shard = self.index.lock(fingerprint, bucket);
                 let live = shard.contains_key_anywhere(fingerprint, self.sealed_keys())?;
-                (live, live.then(|| self.dependency(&shard)).flatten())
+                (
+                    live,
+                    live.then(|| self.key_dependency(&shard, fingerprint))
+                        .flatten(),
+                )
             };
             let rests = Rests {
                 own: None,

@@ -101,12 +101,44 @@ impl Engine {
     /// The ticket an answer that depends on `shard`'s earlier writes waits for: the
     /// shard's newest write, while it is not acknowledged (under `Sync` only).
     pub(super) fn dependency(&self, shard: &Shard) -> Option<Ticket> {
-        let journal = self
-            .journal
+        let journal = self.sync_journal()?;
+        let position = shard.logged_to();
+        (position > journal.acknowledged_position()).then(|| Ticket::at(position))
+    }
+
+    /// The journal, under `Sync` (where answers wait for the writes they rest on).
+    fn sync_journal(&self) -> Option<&crate::wal::Journal> {
+        self.journal
             .as_ref()
-            .filter(|journal| journal.answers_wait())?;
-        let ticket = Ticket::at(shard.logged_to());
-        (!journal.is_acknowledged(ticket)).then_some(ticket)
+            .filter(|journal| journal.answers_wait())
+    }
+
+    /// The ticket an answer "seen" for dedup key `fingerprint` (found in `shard`) waits
+    /// for: the write that admitted it, while it is not acknowledged (under `Sync` only).
+    pub(super) fn key_dependency(&self, shard: &Shard, fingerprint: Fingerprint) -> Option<Ticket> {
+        let acknowledged = self.sync_journal()?.acknowledged_position();
+        if shard.logged_to() <= acknowledged {
+            return None;
+        }
+        let position = shard.pending_key_position(fingerprint);
+        (position > acknowledged).then(|| Ticket::at(position))
+    }
+
+    /// Under `Sync`: remembers that key `fingerprint`, admitted in `shard` (locked), rests
+    /// on the write logged up to `ticket` until the log is acknowledged past it.
+    pub(super) fn note_pending_key(
+        &self,
+        shard: &mut Shard,
+        fingerprint: Fingerprint,
+        ticket: Ticket,
+    ) {
+        if let Some(journal) = self.sync_journal() {
+            shard.note_pending_key(
+                fingerprint,
+                ticket.position(),
+                journal.acknowledged_position(),
+            );
+        }
     }
 
     /// The take-back count, read before a call looks at what its answer depends on.

@@ -133,6 +133,11 @@ pub(crate) struct Shard {
     /// logged under its lock): an answer that depends on an earlier write of this shard
     /// (a key seen, a record found) waits until the log is acknowledged up to here.
     logged_to: u64,
+    /// Under `Sync`: (tag, log position past its entry) of the keys admitted here whose
+    /// writes may not be acknowledged yet, oldest first; entries leave once the log is
+    /// acknowledged past them. A duplicate waits for its own key's write, not the shard's
+    /// newest.
+    pending_keys: std::collections::VecDeque<(u64, u64)>,
 }
 
 impl Shard {
@@ -170,7 +175,38 @@ impl Shard {
             frozen: None,
             huge_pages,
             logged_to: 0,
+            pending_keys: std::collections::VecDeque::new(),
         })
+    }
+
+    /// Under `Sync`: key `fingerprint` was admitted by a write logged up to `position`,
+    /// not acknowledged yet; the keys whose writes are acknowledged up to `acknowledged`
+    /// are forgotten.
+    pub(crate) fn note_pending_key(
+        &mut self,
+        fingerprint: Fingerprint,
+        position: u64,
+        acknowledged: u64,
+    ) {
+        while self
+            .pending_keys
+            .front()
+            .is_some_and(|&(_, logged)| logged <= acknowledged)
+        {
+            self.pending_keys.pop_front();
+        }
+        self.pending_keys.push_back((fingerprint.tag(), position));
+    }
+
+    /// The log position past the write that admitted `fingerprint`, if it may not be
+    /// acknowledged yet (it is among the pending keys); else 0.
+    pub(crate) fn pending_key_position(&self, fingerprint: Fingerprint) -> u64 {
+        let tag = fingerprint.tag();
+        self.pending_keys
+            .iter()
+            .rev()
+            .find(|&&(pending, _)| pending == tag)
+            .map_or(0, |&(_, position)| position)
     }
 
     /// A write of this shard was logged up to `position` (called under the shard lock

@@ -39,6 +39,13 @@ impl Shared {
         }
     }
 
+    /// Publishes [`Shared::acknowledged`] for readers without the lock; call whenever
+    /// `synced` or `shipped` moves.
+    pub(super) fn publish_acknowledged(&self, state: &WriterState) {
+        self.acknowledged_to
+            .fetch_max(self.acknowledged(state), Ordering::AcqRel);
+    }
+
     /// Under a replica in sync mode: waits until the replica acknowledged the log up to
     /// `target`, at most the gate's timeout.
     pub(super) fn wait_shipped(

@@ -331,6 +331,9 @@ struct Shared {
     runs_shipped: Mutex<Vec<u64>>,
     /// `WriterState::written`, readable without the lock.
     written_to: AtomicU64,
+    /// [`Shared::acknowledged`], readable without the lock: how far the log is as
+    /// durable as `Sync` acknowledges.
+    acknowledged_to: AtomicU64,
     storage: Arc<dyn Storage>,
     dir: PathBuf,
     archive: Option<PathBuf>,
@@ -419,6 +422,7 @@ impl Journal {
             not_owner: AtomicBool::new(false),
             runs_shipped: Mutex::new(Vec::new()),
             written_to: AtomicU64::new(0),
+            acknowledged_to: AtomicU64::new(0),
             storage: config.storage,
             dir: config.dir,
             archive: config.archive,
@@ -720,8 +724,13 @@ impl Journal {
     /// Whether the log up to `ticket` is as durable as `Sync` acknowledges: fsynced, and
     /// acknowledged by a replica in sync mode.
     pub(crate) fn is_acknowledged(&self, ticket: Ticket) -> bool {
-        let shared = &*self.shared;
-        shared.acknowledged(&shared.state.lock()) >= ticket.0
+        self.acknowledged_position() >= ticket.0
+    }
+
+    /// The log position up to which the log is as durable as `Sync` acknowledges, read
+    /// without the journal's lock (it only grows).
+    pub(crate) fn acknowledged_position(&self) -> u64 {
+        self.shared.acknowledged_to.load(Ordering::Acquire)
     }
 
     /// Waits until the entries up to `ticket` are as durable as the mode promises.
@@ -1048,6 +1057,7 @@ impl Shared {
         self.written_to.store(end, Ordering::Release);
         if sync {
             state.synced = end;
+            self.publish_acknowledged(state);
             self.update_lag(state);
         }
         self.changed.notify_all();

@@ -84,6 +84,7 @@ impl LogFeed {
         let shared = &*self.0;
         let mut state = shared.state.lock();
         state.shipped = state.shipped.max(counter);
+        shared.publish_acknowledged(&state);
         shared.update_lag(&state);
         *shared.replica_down.lock() = None;
         shared.shipped_changed.notify_all();
