@@ -7,7 +7,9 @@
 //! - [`gate`]: holds chosen threads' fsyncs until the test lets them go;
 //! - [`watched`]: storage that calls a hook after every sync (who syncs, and when);
 //! - [`workload`]: the deterministic key streams of `oncedb bench` and the criterion
-//!   benches.
+//!   benches;
+//! - [`schedule`]: seeded fault schedules, the history of what each writer was told, and
+//!   the checker of the bad-day tests.
 //!
 //! The one seeded generator is [`oncedb::io::SplitMix64`]: the engine's simulated power
 //! loss uses it too.
@@ -15,6 +17,7 @@
 pub mod fixtures;
 pub mod gate;
 pub mod model;
+pub mod schedule;
 pub mod servers;
 pub mod watched;
 pub mod workload;

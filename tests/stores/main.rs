@@ -20,6 +20,8 @@ mod support;
 
 #[cfg(feature = "async")]
 mod conformance;
+#[cfg(feature = "replicate")]
+mod faults;
 #[cfg(feature = "http")]
 mod http;
 mod jetstream;

@@ -218,6 +218,35 @@ impl NatsCluster {
         }
     }
 
+    /// SIGSTOP of node `index`: it holds its connections and answers nothing.
+    pub fn pause(&self, index: usize) {
+        if let Some(child) = self.nodes.get(index).and_then(|node| node.child.as_ref()) {
+            super::signal("STOP", &[child.id()]);
+        }
+    }
+
+    /// SIGCONT of node `index` after [`pause`](Self::pause).
+    pub fn resume(&self, index: usize) {
+        if let Some(child) = self.nodes.get(index).and_then(|node| node.child.as_ref()) {
+            super::signal("CONT", &[child.id()]);
+        }
+    }
+
+    /// SIGKILL of node `index`, and the loss of its disk: its store directory emptied.
+    /// [`restart`](Self::restart) brings it back empty, to be caught up by its peers.
+    pub fn kill_and_lose_disk(&mut self, index: usize) {
+        self.kill(index);
+        if let Some(node) = self.nodes.get(index) {
+            let dir = node.dir.path();
+            if let Ok(entries) = std::fs::read_dir(dir) {
+                for entry in entries.flatten() {
+                    let path = entry.path();
+                    let _ = std::fs::remove_dir_all(&path).or_else(|_| std::fs::remove_file(&path));
+                }
+            }
+        }
+    }
+
     /// Starts node `index` again on its ports and store directory.
     pub fn restart(&mut self, index: usize) {
         let Some(node) = self.nodes.get_mut(index) else {

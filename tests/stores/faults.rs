@@ -1,0 +1,353 @@
+//! The replica on bad days, by seeded fault schedule. A writer process (the library, sync
+//! mode, three stream copies, a 2 s acknowledgement timeout) admits keys on a three-node
+//! NATS cluster, fresh ones and repeats of earlier ones, and reports every answer; it asks
+//! again for a key whose outcome was unknown, as a caller that must not drop a message
+//! does. The schedule, drawn from a seed, pauses nodes (SIGSTOP), kills them with and
+//! without their disk, SIGKILLs the writer (a new one opens its directory), and restores
+//! the replica to a new directory while the writer writes (a new writer then takes the
+//! new directory, the old one fenced). At the end the replica is restored once more, and
+//! the checker (`oncedb_testkit::schedule`) holds the promises against what the writers
+//! were told: every admitted key remembered, none admitted twice, none answered "seen"
+//! that no writer was told was admitted (unless its write's outcome was unknown and a
+//! writer or the data moved on since: `docs/guarantees.md`).
+//!
+//! `cargo test` runs one fixed seed and one random seed (printed), 25 s each;
+//! `ONCEDB_FAULT_SECONDS` sets longer runs and `ONCEDB_FAULT_SEED` the random seed.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::support::servers;
+use oncedb::io::SplitMix64;
+use oncedb::{Db, Durability, Error, Options, Replication};
+use oncedb_testkit::schedule::{ASKED, History, Report, Schedule, Told, duration_or, random_seed};
+use servers::nats::NatsCluster;
+
+const DIR: &str = "ONCEDB_FAULT_DIR";
+const URL: &str = "ONCEDB_FAULT_URL";
+const BELOW: &str = "ONCEDB_FAULT_BELOW";
+const CHILD_SEED: &str = "ONCEDB_FAULT_CHILD_SEED";
+
+/// The fixed seed every run checks besides a random one.
+const FIXED_SEED: u64 = 0x0ACE_DB50;
+
+fn key(n: u64) -> Vec<u8> {
+    format!("fault-key-{n}").into_bytes()
+}
+
+fn options(dir: &Path, url: &str) -> Options {
+    Options::new(dir)
+        .window(Duration::from_secs(3600))
+        .bucket_width(Duration::from_secs(60))
+        .durability(Durability::Sync)
+        .segment_max_bytes(256 << 10)
+        .replicate(Replication::new(url, "faults").ack_timeout(Duration::from_secs(2)))
+}
+
+/// Runs `open` until it answers other than `Unavailable` (a cluster electing leaders, a
+/// node down), at most a minute.
+fn when_available<T>(mut open: impl FnMut() -> oncedb::Result<T>) -> oncedb::Result<T> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match open() {
+            Err(Error::Unavailable { .. }) if Instant::now() < deadline => {
+                std::thread::yield_now();
+            }
+            other => return other,
+        }
+    }
+}
+
+/// The writer: keys from `ONCEDB_FAULT_BELOW` on, one in five a repeat of an earlier key,
+/// each answer on a line (`told A|S|U|F KEY`, or `told E` and an error); a key whose
+/// outcome was unknown is asked again next. Ends when fenced or killed.
+#[test]
+#[ignore = "child process of the fault schedule"]
+fn fault_writer_child() {
+    let (Ok(dir), Ok(url), Ok(below), Ok(seed)) = (
+        std::env::var(DIR),
+        std::env::var(URL),
+        std::env::var(BELOW),
+        std::env::var(CHILD_SEED),
+    ) else {
+        return;
+    };
+    // Each answer on a line of its own, tagged: the test harness may print before it.
+    let say = |told: Told, n: u64| crate::support::say(&format!("\ntold {} {n}\n", told.letter()));
+    let db = match when_available(|| Db::open(options(Path::new(&dir), &url))) {
+        Ok(db) => db,
+        Err(Error::NotOwner { .. }) => return say(Told::Refused, 0),
+        Err(err) => return crate::support::say(&format!("\ntold E open: {err}\n")),
+    };
+    let mut next: u64 = below.parse().unwrap();
+    let mut rng = SplitMix64::new(seed.parse().unwrap());
+    let mut again = None;
+    loop {
+        let n = again.take().unwrap_or_else(|| {
+            if next > 0 && rng.below(5) == 0 {
+                rng.below(next)
+            } else {
+                next += 1;
+                next - 1
+            }
+        });
+        crate::support::say(&format!("\ntold {ASKED} {n}\n"));
+        match db.insert_if_absent(&key(n)) {
+            Ok(true) => say(Told::Admitted, n),
+            Ok(false) => say(Told::Seen, n),
+            Err(Error::Unavailable { .. }) => {
+                say(Told::Unknown, n);
+                again = Some(n);
+            }
+            Err(Error::NotOwner { .. }) => return say(Told::Refused, n),
+            Err(err) => return crate::support::say(&format!("\ntold E {n}: {err}\n")),
+        }
+    }
+}
+
+/// A writer process and the thread that records its answers.
+struct Writer {
+    id: u32,
+    child: std::process::Child,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Writer {
+    fn spawn(id: u32, dir: &Path, url: &str, history: &Arc<History>, errors: &Errors) -> Writer {
+        let (below, seed) = (
+            history.keys_below().to_string(),
+            (u64::from(id) + 1).to_string(),
+        );
+        let dir = dir.to_string_lossy();
+        let env = [
+            (DIR, &*dir),
+            (URL, url),
+            (BELOW, &*below),
+            (CHILD_SEED, &*seed),
+        ];
+        let (child, lines) = crate::support::child_test("faults::fault_writer_child", &env);
+        let (history, errors) = (Arc::clone(history), Arc::clone(errors));
+        let reader = std::thread::spawn(move || {
+            // Lines without the tag are the test harness's own.
+            for line in lines.map_while(Result::ok) {
+                let Some(line) = line.strip_prefix("told ") else {
+                    continue;
+                };
+                let mut parts = line.splitn(2, ' ');
+                let told = parts
+                    .next()
+                    .and_then(|l| l.chars().next())
+                    .and_then(Told::from_letter);
+                let letter = line.chars().next();
+                match (told, parts.next().and_then(|n| n.parse().ok())) {
+                    (Some(told), Some(n)) => history.told(id, n, told),
+                    (None, Some(n)) if letter == Some(ASKED) => history.asked(id, n),
+                    _ => errors.lock().push(format!("writer {id}: {line}")),
+                }
+            }
+        });
+        Writer {
+            id,
+            child,
+            reader: Some(reader),
+        }
+    }
+
+    /// SIGKILL, every answer it reported recorded, and its end in `history`.
+    fn kill(mut self, history: &History, what: &str) {
+        let _ = self.child.kill();
+        self.finish();
+        history.ended(self.id, format!("writer {} {what}", self.id));
+    }
+
+    /// Waits for it to end by itself (fenced), at most `limit`, then kills it.
+    fn end_within(mut self, limit: Duration, history: &History) {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline && matches!(self.child.try_wait(), Ok(None)) {
+            // Polls the child's exit, which has no wait with a time limit.
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.kill(history, "fenced by the restore");
+    }
+
+    fn finish(&mut self) {
+        let _ = self.child.wait();
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        self.finish();
+    }
+}
+
+type Errors = Arc<parking_lot::Mutex<Vec<String>>>;
+
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    PauseNode,
+    KillNode,
+    KillNodeWithDisk,
+    KillWriter,
+    RestoreUnderOwner,
+}
+
+/// Everything one schedule holds.
+struct Run {
+    cluster: NatsCluster,
+    work: tempfile::TempDir,
+    history: Arc<History>,
+    errors: Errors,
+    schedule: Schedule,
+    writers: u32,
+    dir: PathBuf,
+}
+
+impl Run {
+    fn url(&self) -> String {
+        self.cluster.url()
+    }
+
+    fn spawn_writer(&mut self) -> Writer {
+        self.writers += 1;
+        Writer::spawn(
+            self.writers,
+            &self.dir,
+            &self.url(),
+            &self.history,
+            &self.errors,
+        )
+    }
+
+    /// Lets the writer go on for a drawn number of answers (at most `limit`).
+    fn progress(&mut self, answers: std::ops::Range<u64>, limit: Duration) {
+        let count = usize::try_from(self.schedule.within(answers)).unwrap_or(1);
+        let since = self.history.answers();
+        self.history.wait_for_answers(since, count, limit);
+    }
+
+    /// Restores the replica into a new directory while `writer` writes; a new writer
+    /// then takes the new directory, and the old one, fenced, ends.
+    fn restore_under(&mut self, writer: Writer) -> Writer {
+        let dir = self.work.path().join(format!("restored-{}", self.writers));
+        self.history.fault("restore while the owner writes");
+        let url = self.url();
+        let restored = when_available(|| Db::restore(options(&dir, &url), &mut |_, _| {}));
+        match restored {
+            Ok((db, _)) => drop(db),
+            Err(err) => self
+                .errors
+                .lock()
+                .push(format!("restore under the owner: {err}")),
+        }
+        writer.end_within(Duration::from_secs(20), &self.history);
+        self.dir = dir;
+        self.spawn_writer()
+    }
+
+    /// One drawn fault, and the cluster whole again after it.
+    fn inject(&mut self, writer: Writer) -> Writer {
+        use Fault::*;
+        let fault = self.schedule.pick(&[
+            PauseNode,
+            KillNode,
+            KillNodeWithDisk,
+            KillWriter,
+            RestoreUnderOwner,
+        ]);
+        let node = usize::try_from(self.schedule.below(3)).unwrap_or(0);
+        match fault {
+            PauseNode => {
+                self.cluster.pause(node);
+                self.history.fault(format!("node {node} paused"));
+                self.progress(5..80, Duration::from_secs(6));
+                self.cluster.resume(node);
+            }
+            KillNode | KillNodeWithDisk => {
+                if matches!(fault, KillNode) {
+                    self.cluster.kill(node);
+                    self.history.fault(format!("node {node} SIGKILLed"));
+                } else {
+                    self.cluster.kill_and_lose_disk(node);
+                    self.history
+                        .fault(format!("node {node} SIGKILLed, its disk lost"));
+                }
+                self.progress(5..80, Duration::from_secs(10));
+                self.cluster.restart(node);
+            }
+            KillWriter => {
+                writer.kill(&self.history, "SIGKILLed");
+                return self.spawn_writer();
+            }
+            RestoreUnderOwner => return self.restore_under(writer),
+        }
+        writer
+    }
+}
+
+/// Runs the schedule of `seed` for `duration`, then restores the replica once more and
+/// checks the history against it.
+fn run_schedule(seed: u64, duration: Duration) -> Report {
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().join("first");
+    let mut run = Run {
+        cluster: NatsCluster::start(3),
+        work,
+        history: Arc::new(History::new()),
+        errors: Errors::default(),
+        schedule: Schedule::new(seed),
+        writers: 0,
+        dir,
+    };
+    let mut writer = run.spawn_writer();
+    run.history.wait_for_answers(0, 20, Duration::from_secs(90));
+    let deadline = Instant::now() + duration;
+    while Instant::now() < deadline {
+        run.progress(20..300, Duration::from_secs(20));
+        writer = run.inject(writer);
+    }
+    writer.kill(&run.history, "stopped at the end");
+    let last = run.work.path().join("final");
+    let url = run.url();
+    let (owner, _) = when_available(|| Db::restore(options(&last, &url), &mut |_, _| {}))
+        .expect("the final restore");
+    let mut report = run.history.check(|n| owner.contains(&key(n)).unwrap());
+    report.shortfalls.extend(run.errors.lock().drain(..));
+    report
+}
+
+fn check(seed: u64, duration: Duration) {
+    eprintln!(
+        "fault schedule: seed {seed} (replay with {}={seed})",
+        oncedb_testkit::schedule::SEED_VARIABLE
+    );
+    let report = run_schedule(seed, duration);
+    eprintln!(
+        "fault schedule {seed}: {report}; faults: {}",
+        report.fault_list.join(", ")
+    );
+    assert!(
+        report.admitted > 0,
+        "seed {seed}: no key was admitted: {report}"
+    );
+    assert!(
+        report.shortfalls.is_empty(),
+        "seed {seed}: {report}:\n{}",
+        report.shortfalls.join("\n")
+    );
+}
+
+#[test]
+fn a_fixed_fault_schedule_keeps_every_promise() {
+    check(FIXED_SEED, duration_or(Duration::from_secs(25)));
+}
+
+#[test]
+fn a_random_fault_schedule_keeps_every_promise() {
+    check(random_seed(), duration_or(Duration::from_secs(25)));
+}
