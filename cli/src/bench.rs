@@ -496,7 +496,11 @@ fn run_scenario(args: &BenchArgs, scenario: Scenario) -> Result<Outcome, String>
     let latencies = run_threads(&db, &driver)?;
     // How far the standby is behind as the run ends (it is promoted once the run's store
     // is closed).
-    let standby_lag = standby.as_ref().map(|(standby, _)| standby.lag());
+    let standby_lag = standby
+        .as_ref()
+        .map(|(standby, _)| standby.lag())
+        .transpose()
+        .map_err(|err| err.to_string())?;
     check_admitted(args, &scenario, &latencies, started.elapsed())?;
     if scenario.workload == Workload::Records {
         check_retries(&latencies)?;

@@ -41,13 +41,15 @@ pub fn run(args: &StandbyArgs) -> Result<(), Failure> {
         let _ = ended.send(());
     });
     while let Err(RecvTimeoutError::Timeout) = input_ended.recv_timeout(REPORT_EVERY) {
-        let lag = standby.lag();
-        noteln!(
-            "standby {}: {} chunks applied, {} pending",
-            args.source.replica,
-            lag.applied_messages,
-            lag.pending_messages
-        );
+        match standby.lag() {
+            Ok(lag) => noteln!(
+                "standby {}: {} chunks applied, {} pending",
+                args.source.replica,
+                lag.applied_messages,
+                lag.pending_messages
+            ),
+            Err(err) => noteln!("standby {}: {err}", args.source.replica),
+        }
     }
     if !args.promote {
         drop(standby);

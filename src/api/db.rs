@@ -409,9 +409,15 @@ pub struct Standby {
 
 #[cfg(feature = "replicate")]
 impl Standby {
-    /// How far behind the replica the standby is.
-    pub fn lag(&self) -> crate::engine::StandbyLag {
-        self.follower.lag()
+    /// How far behind the replica the standby is; `Error::Unavailable` while it is not
+    /// following (it lost the replica: it follows again by itself once it can; or it
+    /// stopped for good on a damaged chunk), saying why. Sets the gauges
+    /// `oncedb_standby_pending_messages` and `oncedb_standby_following` (feature
+    /// `metrics`).
+    pub fn lag(&self) -> Result<crate::engine::StandbyLag> {
+        let lag = self.follower.lag();
+        super::observe::standby(&lag);
+        lag
     }
 
     /// Promotes the standby: stops following, copies only what it still lacks (from the

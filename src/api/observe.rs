@@ -136,6 +136,22 @@ pub(crate) fn keys(admitted: &[bool]) {
 }
 
 /// Gauges from a stats snapshot.
+/// A standby's lag, as `Standby::lag` found it.
+#[cfg(feature = "replicate")]
+pub(crate) fn standby(lag: &crate::base::Result<crate::engine::StandbyLag>) {
+    #[cfg(feature = "metrics")]
+    {
+        let following = if lag.is_ok() { 1.0 } else { 0.0 };
+        metrics::gauge!("oncedb_standby_following").set(following);
+        if let Ok(lag) = lag {
+            // Gauges are f64; counts this large lose precision only past 2^53.
+            metrics::gauge!("oncedb_standby_pending_messages").set(lag.pending_messages as f64);
+        }
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = lag;
+}
+
 pub(crate) fn gauges(stats: &Stats) {
     let _ = stats;
     #[cfg(feature = "metrics")]

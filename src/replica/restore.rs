@@ -61,6 +61,9 @@ pub(super) const STALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a standby waits for a message before it looks whether it should stop.
 const FOLLOW_POLL: Duration = Duration::from_millis(200);
 
+/// How long a standby that lost its replica waits before it follows again, at most.
+const FOLLOW_RETRY_MAX: Duration = Duration::from_secs(2);
+
 /// The segment files being written, and how many bytes each holds.
 type Files = BTreeMap<(u64, u32), (Box<dyn StorageFile>, u64)>;
 
@@ -248,12 +251,12 @@ impl<'a> Copier<'a> {
     }
 
     /// Copies chunks as they arrive until `stop` is set; `lag` is told the messages
-    /// still pending after each.
+    /// still pending after each, and `trouble` cleared once a chunk arrives.
     async fn follow(
         &mut self,
         clock: &dyn crate::base::Clock,
         stop: &AtomicBool,
-        (pending, applied): (&AtomicU64, &AtomicU64),
+        (pending, applied, trouble): (&AtomicU64, &AtomicU64, &Trouble),
     ) -> Result<()> {
         let mut messages = self.chunks().await?;
         let mut recorded = self.applied;
@@ -263,6 +266,14 @@ impl<'a> Copier<'a> {
                 if recorded != self.applied {
                     self.record_progress()?;
                     recorded = self.applied;
+                }
+                // The consumer waits through a lost connection without a word: say so,
+                // until the connection is back.
+                let state = self.js.client().connection_state();
+                if state == async_nats::connection::State::Connected {
+                    trouble.clear();
+                } else {
+                    trouble.set(format!("the connection to JetStream is {state}"));
                 }
                 continue;
             };
@@ -280,6 +291,7 @@ impl<'a> Copier<'a> {
             let current = self.window().bucket_of(clock.now_ms());
             self.apply(&message, current)?;
             applied.store(self.report.messages, Ordering::Release);
+            trouble.clear();
         }
         if recorded != self.applied {
             self.record_progress()?;
@@ -404,12 +416,37 @@ pub struct StandbyLag {
     pub pending_messages: u64,
 }
 
+/// Why a standby is not following its replica now, if it is not: set when it loses the
+/// replica (it follows again after a while) or stops for good, cleared by the next chunk.
+#[derive(Default)]
+struct Trouble(parking_lot::Mutex<Option<String>>);
+
+impl Trouble {
+    fn set(&self, why: String) {
+        *self.0.lock() = Some(why);
+    }
+
+    fn clear(&self) {
+        let mut trouble = self.0.lock();
+        if trouble.is_some() {
+            *trouble = None;
+        }
+    }
+
+    fn get(&self) -> Option<String> {
+        self.0.lock().clone()
+    }
+}
+
 /// A standby: a warm copy of a replica in a directory, kept by a thread that applies
-/// the stream's chunks as they arrive.
+/// the stream's chunks as they arrive. It follows again after losing the replica (a
+/// node down, the connection lost), from the sequence it reached; [`Follower::lag`]
+/// reports the failure meanwhile.
 pub(crate) struct Follower {
     stop: Arc<AtomicBool>,
     pending: Arc<AtomicU64>,
     applied: Arc<AtomicU64>,
+    trouble: Arc<Trouble>,
     thread: Option<JoinHandle<Result<(Files, u64, RestoreReport)>>>,
     replication: Replication,
     storage: Arc<dyn Storage>,
@@ -434,14 +471,16 @@ impl Follower {
             Arc::new(AtomicU64::new(0)),
             Arc::new(AtomicU64::new(0)),
         );
+        let trouble = Arc::new(Trouble::default());
         let (ready, started) = std::sync::mpsc::channel();
         let thread = {
             let (replication, storage, dir) =
                 (replication.clone(), Arc::clone(&storage), dir.clone());
-            let (stop, pending, applied) = (
+            let (stop, pending, applied, trouble) = (
                 Arc::clone(&stop),
                 Arc::clone(&pending),
                 Arc::clone(&applied),
+                Arc::clone(&trouble),
             );
             std::thread::Builder::new()
                 .name("oncedb-standby".into())
@@ -459,9 +498,9 @@ impl Follower {
                                 return Err(err);
                             }
                         };
-                        let followed = copy.follow(&*clock, &stop, (&pending, &applied)).await;
-                        followed
-                            .map(|()| (std::mem::take(&mut copy.files), copy.applied, copy.report))
+                        let progress = (&*pending, &*applied, &*trouble);
+                        follow_through_outages(&mut copy, &*clock, &stop, progress).await?;
+                        Ok((std::mem::take(&mut copy.files), copy.applied, copy.report))
                     })
                 })?
         };
@@ -479,6 +518,7 @@ impl Follower {
             stop,
             pending,
             applied,
+            trouble,
             thread: Some(thread),
             replication,
             storage,
@@ -486,12 +526,19 @@ impl Follower {
         })
     }
 
-    /// How far behind the replica the standby is.
-    pub(crate) fn lag(&self) -> StandbyLag {
-        StandbyLag {
+    /// How far behind the replica the standby is; `Unavailable` while it is not
+    /// following (it lost the replica and follows again, or stopped for good), with why.
+    pub(crate) fn lag(&self) -> Result<StandbyLag> {
+        if let Some(why) = self.trouble.get() {
+            return Err(unavailable(format!(
+                "the standby of replica {} is not following: {why}",
+                self.replication.name
+            )));
+        }
+        Ok(StandbyLag {
             applied_messages: self.applied.load(Ordering::Acquire),
             pending_messages: self.pending.load(Ordering::Acquire),
-        }
+        })
     }
 
     /// Stops following, copies what the standby still lacks (from the sequence it
@@ -520,6 +567,43 @@ impl Follower {
                 .join()
                 .unwrap_or_else(|_| Err(unavailable("the promotion thread panicked")))
         })
+    }
+}
+
+/// Follows until `stop`; after losing the replica (`Unavailable`: a node down, the
+/// connection lost) it reports why through `trouble` and follows again from the
+/// sequence it reached, waiting a little longer each time, up to `FOLLOW_RETRY_MAX`. Any
+/// other failure (a damaged chunk) stops it for good, reported the same way.
+async fn follow_through_outages(
+    copy: &mut Copier<'_>,
+    clock: &dyn crate::base::Clock,
+    stop: &AtomicBool,
+    (pending, applied, trouble): (&AtomicU64, &AtomicU64, &Trouble),
+) -> Result<()> {
+    let mut wait = FOLLOW_POLL;
+    loop {
+        match copy.follow(clock, stop, (pending, applied, trouble)).await {
+            Ok(()) => return Ok(()),
+            Err(err @ Error::Unavailable { .. }) => {
+                log::warn!(
+                    "oncedb: standby of replica {}: {err}; following again",
+                    copy.name
+                );
+                trouble.set(err.to_string());
+                let until = std::time::Instant::now() + wait;
+                while std::time::Instant::now() < until && !stop.load(Ordering::Acquire) {
+                    tokio::time::sleep(FOLLOW_POLL.min(wait)).await;
+                }
+                if stop.load(Ordering::Acquire) {
+                    return Ok(());
+                }
+                wait = (wait * 2).min(FOLLOW_RETRY_MAX);
+            }
+            Err(err) => {
+                trouble.set(format!("stopped for good: {err}"));
+                return Err(err);
+            }
+        }
     }
 }
 

@@ -486,7 +486,7 @@ fn a_standby_follows_and_its_promotion_copies_only_what_it_lacks() {
     let caught_up = |standby: &oncedb::Standby, at_least: u64| {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            let lag = standby.lag();
+            let lag = standby.lag().unwrap();
             if lag.applied_messages >= at_least && lag.pending_messages == 0 {
                 return lag.applied_messages;
             }
@@ -555,6 +555,55 @@ fn restore_child() {
             }
         },
     );
+}
+
+/// A standby that loses its replica (the server killed) says so through `lag()`, where
+/// its thread ended silently and `lag()` kept its last values; once the server is back it
+/// follows again from where it was, and its promotion holds every key, those written
+/// after the outage too.
+#[test]
+fn a_standby_reports_a_lost_replica_and_follows_again() {
+    let mut server = NatsServer::start();
+    let url = server.url();
+    let work = tempfile::tempdir().unwrap();
+    let replication = || Replication::new(url.clone(), "outage").replicas(1);
+    let old = open_when_ready(|| options(&work.path().join("old"), replication()));
+    for n in 0..50 {
+        assert!(old.insert_if_absent(&key(n)).unwrap());
+    }
+    let standby = Db::standby(options(&work.path().join("standby"), replication())).unwrap();
+    let following = |standby: &oncedb::Standby, more_than: u64| {
+        servers::wait_for("the standby to follow", || {
+            standby
+                .lag()
+                .is_ok_and(|lag| lag.applied_messages > more_than && lag.pending_messages == 0)
+        });
+        standby.lag().unwrap().applied_messages
+    };
+    let before = following(&standby, 0);
+    server.stop();
+    servers::wait_for("the standby to report the outage", || {
+        standby.lag().is_err()
+    });
+    let outage = standby.lag().unwrap_err();
+    assert!(outage.to_string().contains("not following"), "{outage}");
+    server.start_again();
+    for n in 50..100 {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            match old.insert_if_absent(&key(n)) {
+                Ok(admitted) => break assert!(admitted),
+                Err(Error::Unavailable { .. }) if Instant::now() < deadline => {}
+                Err(err) => panic!("{err}"),
+            }
+        }
+    }
+    following(&standby, before);
+    drop(old);
+    let (promoted, _) = standby.promote().unwrap();
+    for n in 0..100 {
+        assert!(promoted.contains(&key(n)).unwrap(), "key {n}");
+    }
 }
 
 /// A restore SIGKILLed part-way leaves segment files, its claim and no manifest; run
