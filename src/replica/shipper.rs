@@ -43,6 +43,9 @@ pub(crate) struct Shipper {
 
 /// Why a round of shipping stopped.
 enum Halt {
+    /// Reading the store's own files failed: an I/O failure of the store, which the feed
+    /// has poisoned; shipping ends.
+    Failed(String),
     /// Another store claimed the replica.
     NotOwner,
     /// JetStream could not be reached or refused; try again.
@@ -278,6 +281,7 @@ impl Link {
                 });
             }
             Err(Halt::Down(why)) => return Err(unavailable(why)),
+            Err(Halt::Failed(why)) => return Err(Error::Io(std::io::Error::other(why))),
         }
         owner::store(feed.storage(), dir, self.token)
     }
@@ -347,6 +351,10 @@ impl Link {
                     feed.lose_ownership();
                     return;
                 }
+                Err(Halt::Failed(why)) => {
+                    log::error!("oncedb: shipping to replica {} stopped: {why}", self.name);
+                    return;
+                }
                 Err(Halt::Down(why)) => {
                     feed.replica_down(why);
                     tokio::time::sleep(RETRY_WAIT).await;
@@ -392,7 +400,7 @@ impl Link {
                     Ok(()) => {}
                     // Its bucket left the window meanwhile: nothing more of it ships.
                     Err(err) if err.kind() == std::io::ErrorKind::NotFound => break,
-                    Err(err) => return Err(Halt::Down(format!("reading the log: {err}"))),
+                    Err(err) => return Err(local_failure(feed, "reading the log", err)),
                 }
                 let subject = segment_subject(&self.name, segment.id);
                 self.publish(subject, Some(offset), chunk, ("", None))
@@ -440,7 +448,8 @@ impl Link {
             return Ok(());
         }
         self.runs_listed = Some(std::time::Instant::now());
-        let local = local_runs(feed.storage(), &self.dir).map_err(run_trouble)?;
+        let local = local_runs(feed.storage(), &self.dir)
+            .map_err(|err| local_failure(feed, "listing the sealed runs", err))?;
         let whole = |runs: &BTreeMap<u64, u64>| -> Vec<u64> {
             local
                 .iter()
@@ -464,7 +473,7 @@ impl Link {
                     Ok(()) => {}
                     // Merged away or expired meanwhile: the next listing purges it.
                     Err(err) if err.kind() == std::io::ErrorKind::NotFound => break,
-                    Err(err) => return Err(run_trouble(err)),
+                    Err(err) => return Err(local_failure(feed, "reading the sealed runs", err)),
                 }
                 let subject = run_subject(&self.name, run_id);
                 self.publish(subject, Some(offset), chunk, ("", Some(*len)))
@@ -513,7 +522,7 @@ impl Link {
             match feed.storage().read_at(path, offset, &mut chunk) {
                 Ok(()) => {}
                 Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-                Err(err) => return Err(Halt::Down(format!("reading the log: {err}"))),
+                Err(err) => return Err(local_failure(feed, "reading the log", err)),
             }
             let sequence = self
                 .publish(subject.clone(), Some(offset), chunk, ("whole.", None))
@@ -636,8 +645,12 @@ fn local_runs(
     Ok(runs)
 }
 
-fn run_trouble(err: std::io::Error) -> Halt {
-    Halt::Down(format!("reading the sealed runs: {err}"))
+/// A failed read of the store's own files: an I/O failure, which poisons the store like
+/// any other (its writers are answered `Poisoned`, not `Unavailable`), and ends shipping.
+fn local_failure(feed: &LogFeed, what: &str, err: std::io::Error) -> Halt {
+    let why = format!("{what}: {err}");
+    feed.fail(err);
+    Halt::Failed(why)
 }
 
 /// The owner token a message carries.

@@ -230,3 +230,36 @@ fn a_longer_resend_after_a_lost_acknowledgement_is_stored() {
         );
     }
 }
+
+/// A failed read of the store's own log while shipping it is an I/O failure of the store:
+/// the store is poisoned and a writer waiting for the replica is told so at once, where
+/// it waited out the acknowledgement timeout and was answered `Unavailable` as though
+/// JetStream were down, write after write.
+#[test]
+fn a_failed_read_of_the_log_while_shipping_poisons_the_store() {
+    let server = NatsServer::start();
+    let work = tempfile::tempdir().unwrap();
+    let faulty = oncedb::io::FaultyStorage::new(std::sync::Arc::new(oncedb::io::StdStorage));
+    let replication = Replication::new(server.url(), "read-fails")
+        .replicas(1)
+        .ack_timeout(Duration::from_secs(30));
+    let db = open_when_ready(|| {
+        Options::new(work.path())
+            .window(Duration::from_secs(3600))
+            .bucket_width(Duration::from_secs(60))
+            .durability(Durability::Sync)
+            .storage(std::sync::Arc::new(faulty.clone()))
+            .replicate(replication.clone())
+    });
+    assert!(db.insert_if_absent(b"before").unwrap());
+    faulty.fail_reads(true);
+    let started = Instant::now();
+    let failed = db.insert_if_absent(b"unread");
+    assert!(matches!(failed, Err(Error::Poisoned)), "{failed:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "the writer waited out its acknowledgement timeout"
+    );
+    let after = db.insert_if_absent(b"after");
+    assert!(matches!(after, Err(Error::Poisoned)), "{after:?}");
+}

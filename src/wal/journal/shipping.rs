@@ -105,6 +105,18 @@ impl LogFeed {
         *self.0.runs_shipped.lock() = runs;
     }
 
+    /// Reading the log (or a run) to ship it failed: an I/O failure of the store, which
+    /// poisons it like any other; writers waiting for the replica are answered now.
+    pub(crate) fn fail(&self, err: std::io::Error) {
+        let shared = &*self.0;
+        let _ = shared.poison(err);
+        let mut state = shared.state.lock();
+        shared.shipped_changed.notify_all();
+        #[cfg(feature = "async")]
+        shared.wake_all_commits(&mut state);
+        drop(state);
+    }
+
     /// Another store took the replica over: this one may not write again.
     pub(crate) fn lose_ownership(&self) {
         let shared = &*self.0;
