@@ -421,11 +421,7 @@ impl Link {
             .copied()
             .collect();
         for id in gone {
-            self.stream
-                .purge()
-                .filter(segment_subject(&self.name, id))
-                .await
-                .map_err(|err| Halt::Down(err.to_string()))?;
+            self.purge_owned(segment_subject(&self.name, id)).await?;
             self.cursors.remove(&id);
             self.compacted.remove(&id);
         }
@@ -491,11 +487,7 @@ impl Link {
             .copied()
             .collect();
         for run_id in gone {
-            self.stream
-                .purge()
-                .filter(run_subject(&self.name, run_id))
-                .await
-                .map_err(|err| Halt::Down(err.to_string()))?;
+            self.purge_owned(run_subject(&self.name, run_id)).await?;
             self.runs.remove(&run_id);
         }
         Ok(())
@@ -599,18 +591,35 @@ impl Link {
             .get_info()
             .await
             .map_err(|err| Halt::Down(err.to_string()))?;
-        let last = info.state.last_sequence;
-        let message = self
-            .stream
-            .get_raw_message(last)
+        self.check_owner().await?;
+        self.last_seq = info.state.last_sequence;
+        Ok(())
+    }
+
+    /// `NotOwner` unless the stream's newest owner message is this store's claim: then
+    /// every message after it is this store's. Asked of the owner subject, not of the
+    /// stream's last message, which a purge may have removed.
+    async fn check_owner(&self) -> Result<(), Halt> {
+        let owner = last_message(&self.stream, &owner_subject(&self.name))
             .await
             .map_err(|err| Halt::Down(err.to_string()))?;
-        if owner_of(&message.headers) == Some(self.token) {
-            self.last_seq = last;
-            Ok(())
-        } else {
-            Err(Halt::NotOwner)
+        match owner.as_ref().and_then(|message| owner_of(&message.headers)) {
+            Some(token) if token == self.token => Ok(()),
+            _ => Err(Halt::NotOwner),
         }
+    }
+
+    /// Purges `subject` (a segment or run that left the store) if this store still owns
+    /// the replica: a purge carries no expected sequence, so a fenced store, whose clock
+    /// may run ahead of the new owner's, must not purge what the new owner still needs.
+    async fn purge_owned(&mut self, subject: String) -> Result<(), Halt> {
+        self.check_owner().await?;
+        self.stream
+            .purge()
+            .filter(subject)
+            .await
+            .map_err(|err| Halt::Down(err.to_string()))?;
+        Ok(())
     }
 }
 
