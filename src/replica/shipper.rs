@@ -109,7 +109,11 @@ fn run(
         }
     };
     runtime.block_on(async {
-        let mut link = match Link::open(replication, feed, dir).await {
+        let opened = match Link::open(replication, feed, dir).await {
+            Ok(mut link) => link.ship_backlog(replication, feed).await.map(|()| link),
+            Err(err) => Err(err),
+        };
+        let mut link = match opened {
             Ok(link) => {
                 let _ = ready.send(Ok(()));
                 link
@@ -331,6 +335,44 @@ impl Link {
             self.runs.insert(run_id, held.end);
         }
         Ok(())
+    }
+
+    /// The log from before this open that the replica lacks (a crash or a stall left it
+    /// unshipped): counted in the lag until a round ships it. Under a sync replica it is
+    /// shipped now, before the store answers anything that may rest on it; an open that
+    /// cannot ship it is `Unavailable` (or `NotOwner`).
+    async fn ship_backlog(&mut self, replication: &Replication, feed: &LogFeed) -> Result<()> {
+        let snapshot = feed.snapshot();
+        let backlog: u64 = snapshot
+            .segments
+            .iter()
+            .map(|segment| {
+                let held = self.cursors.get(&segment.id).copied().unwrap_or(0);
+                segment.end.saturating_sub(held)
+            })
+            .sum();
+        if backlog == 0 {
+            return Ok(());
+        }
+        feed.backlog(backlog);
+        if replication.mode != super::ReplicaMode::Sync {
+            return Ok(());
+        }
+        match self.ship(feed, &snapshot).await {
+            Ok(()) => {
+                feed.shipped(snapshot.counter);
+                Ok(())
+            }
+            Err(Halt::NotOwner) => Err(Error::NotOwner {
+                replica: self.name.clone(),
+            }),
+            Err(Halt::Down(why)) => Err(unavailable(format!(
+                "replica {} lacks {backlog} bytes of this store's log from before it opened, \
+                 and could not take them: {why}",
+                self.name
+            ))),
+            Err(Halt::Failed(why)) => Err(Error::Io(std::io::Error::other(why))),
+        }
     }
 
     fn lacking(&self, id: (u64, u32), bytes: u64) -> Error {
@@ -603,7 +645,10 @@ impl Link {
         let owner = last_message(&self.stream, &owner_subject(&self.name))
             .await
             .map_err(|err| Halt::Down(err.to_string()))?;
-        match owner.as_ref().and_then(|message| owner_of(&message.headers)) {
+        match owner
+            .as_ref()
+            .and_then(|message| owner_of(&message.headers))
+        {
             Some(token) if token == self.token => Ok(()),
             _ => Err(Halt::NotOwner),
         }

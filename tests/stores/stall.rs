@@ -263,3 +263,82 @@ fn a_failed_read_of_the_log_while_shipping_poisons_the_store() {
     let after = db.insert_if_absent(b"after");
     assert!(matches!(after, Err(Error::Poisoned)), "{after:?}");
 }
+
+const CHILD_DIR: &str = "ONCEDB_STALL_CHILD_DIR";
+const CHILD_URL: &str = "ONCEDB_STALL_CHILD_URL";
+
+/// The writer of the backlog test: admits keys one by one (sync mode, a 300 ms
+/// acknowledgement timeout) and says `A n` or `U n` after each, until killed.
+#[test]
+#[ignore = "child process of the backlog test"]
+fn backlog_writer_child() {
+    let (Ok(dir), Ok(url)) = (std::env::var(CHILD_DIR), std::env::var(CHILD_URL)) else {
+        return;
+    };
+    let replication = Replication::new(url, "backlog")
+        .replicas(1)
+        .ack_timeout(Duration::from_millis(300));
+    let db = replicated_store(std::path::Path::new(&dir), &replication);
+    for n in 0.. {
+        let told = match db.insert_if_absent(format!("backlog-{n}").as_bytes()) {
+            Ok(true) => "A",
+            Err(Error::Unavailable { .. }) => "U",
+            other => panic!("{other:?}"),
+        };
+        crate::support::say(&format!("\n{told} {n}\n"));
+    }
+}
+
+/// A store reopened with log its replica lacks (writes answered `Unavailable` through a
+/// stall, then the writer SIGKILLed) ships that log before the open returns: the node
+/// lost right after the open, the replica restored elsewhere answers those keys as the
+/// reopened store did, where the open returned at once and the log shipped behind it.
+#[test]
+fn a_reopened_store_ships_the_log_its_replica_lacks_before_it_answers() {
+    let mut server = NatsServer::start();
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().join("owner");
+    let dir_text = dir.to_string_lossy().into_owned();
+    let env = [(CHILD_DIR, dir_text.as_str()), (CHILD_URL, &*server.url())];
+    let (mut child, lines) = crate::support::child_test("stall::backlog_writer_child", &env);
+    let mut lines = lines.map_while(Result::ok).filter(|line| !line.is_empty());
+    let mut told = |wanted: &str| loop {
+        let line = lines.next().expect("the writer ended");
+        if let Some(n) = line.strip_prefix(wanted) {
+            return n.trim().parse::<u64>().unwrap();
+        }
+    };
+    told("A ");
+    server.pause();
+    let unshipped: Vec<u64> = (0..3).map(|_| told("U ")).collect();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    server.resume();
+    let replication = Replication::new(server.url(), "backlog").replicas(1);
+    let reopened = replicated_store(&dir, &replication);
+    for &n in &unshipped {
+        assert!(
+            reopened
+                .contains(format!("backlog-{n}").as_bytes())
+                .unwrap()
+        );
+    }
+    // The node is lost at once, then the replica restored elsewhere.
+    server.stop();
+    drop(reopened);
+    server.start_again();
+    let options = Options::new(work.path().join("restored"))
+        .window(Duration::from_secs(3600))
+        .bucket_width(Duration::from_secs(60))
+        .durability(Durability::Sync)
+        .replicate(replication);
+    let (restored, _) = Db::restore(options, &mut |_, _| {}).unwrap();
+    for &n in &unshipped {
+        assert!(
+            restored
+                .contains(format!("backlog-{n}").as_bytes())
+                .unwrap(),
+            "backlog-{n} was answered present by the reopened store but its replica lacks it"
+        );
+    }
+}

@@ -96,7 +96,7 @@ impl Shared {
         let Some(gate) = self.replica.as_ref().filter(|gate| !gate.sync) else {
             return Ok(());
         };
-        let lag = state.synced.saturating_sub(state.shipped);
+        let lag = self.replica_lag(state);
         if lag > gate.max_lag_bytes {
             let why = self.replica_down.lock().clone().unwrap_or_default();
             return Err(Error::Unavailable {
@@ -114,15 +114,19 @@ impl Shared {
     /// by every write's check); call whenever `synced` or `shipped` moves.
     pub(super) fn update_lag(&self, state: &WriterState) {
         if let Some(gate) = self.replica.as_ref().filter(|gate| !gate.sync) {
-            let lagging = state.synced.saturating_sub(state.shipped) > gate.max_lag_bytes;
+            let lagging = self.replica_lag(state) > gate.max_lag_bytes;
             self.lagging.store(lagging, Ordering::Release);
         }
     }
 
-    /// Bytes fsynced and not yet acknowledged by the replica.
+    /// Bytes fsynced and not yet acknowledged by the replica, the log from before this
+    /// open that it lacks included.
     pub(super) fn replica_lag(&self, state: &WriterState) -> u64 {
         match &self.replica {
-            Some(_) => state.synced.saturating_sub(state.shipped),
+            Some(_) => state
+                .synced
+                .saturating_sub(state.shipped)
+                .saturating_add(self.backlog.load(Ordering::Acquire)),
             None => 0,
         }
     }

@@ -334,6 +334,9 @@ struct Shared {
     /// [`Shared::acknowledged`], readable without the lock: how far the log is as
     /// durable as `Sync` acknowledges.
     acknowledged_to: AtomicU64,
+    /// Bytes of the log from before this open that the replica lacks, until a round of
+    /// shipping covers them: part of the lag.
+    backlog: AtomicU64,
     storage: Arc<dyn Storage>,
     dir: PathBuf,
     archive: Option<PathBuf>,
@@ -423,6 +426,7 @@ impl Journal {
             runs_shipped: Mutex::new(Vec::new()),
             written_to: AtomicU64::new(0),
             acknowledged_to: AtomicU64::new(0),
+            backlog: AtomicU64::new(0),
             storage: config.storage,
             dir: config.dir,
             archive: config.archive,

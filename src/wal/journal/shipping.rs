@@ -84,6 +84,8 @@ impl LogFeed {
         let shared = &*self.0;
         let mut state = shared.state.lock();
         state.shipped = state.shipped.max(counter);
+        // A round shipped every segment to its end: the log from before open too.
+        shared.backlog.store(0, Ordering::Release);
         shared.publish_acknowledged(&state);
         shared.update_lag(&state);
         *shared.replica_down.lock() = None;
@@ -93,6 +95,15 @@ impl LogFeed {
             shared.wake_commits(&mut state);
             shared.commit_wanted.notify_one();
         }
+    }
+
+    /// The replica lacks `bytes` of the log from before this open: counted in the lag
+    /// (and bounded by an async replica's `max_lag_bytes`) until a round ships them.
+    pub(crate) fn backlog(&self, bytes: u64) {
+        let shared = &*self.0;
+        let state = shared.state.lock();
+        shared.backlog.store(bytes, Ordering::Release);
+        shared.update_lag(&state);
     }
 
     /// The replica cannot be reached (`why`): writers waiting for it time out with it.
