@@ -35,8 +35,8 @@ use crate::base::{Error, Fingerprint, Liveness, Result, SettledRecord, Window};
 use crate::index::{DedupTable, Index, Sealable, SealedKeys, SealedRecords};
 use crate::io::Storage;
 use crate::wal::{
-    LogPosition, Run, RunKind, RunSummary, RunWriter, is_temp_run_name, open_run, parse_run_name,
-    retire_files,
+    LogPosition, Run, RunKind, RunSummary, RunWriter, SealHandle, is_temp_run_name, open_run,
+    parse_run_name, retire_files,
 };
 
 /// The smallest tables worth a seal.
@@ -760,7 +760,8 @@ fn merge_work_bytes(inputs: &[Arc<Run>]) -> u64 {
 }
 
 /// The union of sections' entries, each sorted by `key` with each key once: sorted, each
-/// key once, the entry with the newest `bucket` kept (the first input's among equals).
+/// key once, the entry with the newest `bucket` kept (the last input's among equals: the
+/// inputs come oldest first).
 /// One pass over all of them, into one vector.
 fn merge_sections<E: Copy, K: Ord + Copy>(
     parts: &[Vec<E>],
@@ -782,7 +783,9 @@ fn merge_sections<E: Copy, K: Ord + Copy>(
             if let Some(&entry) = part.get(*at)
                 && key(&entry) == smallest
             {
-                if newest.is_none_or(|kept| bucket(&entry) > bucket(&kept)) {
+                // Inputs come oldest first: on a tie the newer input's copy wins (an
+                // older one may name a frame a later copy replaced).
+                if newest.is_none_or(|kept| bucket(&entry) >= bucket(&kept)) {
                     newest = Some(entry);
                 }
                 *at += 1;
@@ -980,7 +983,7 @@ impl Engine {
         let newest = currents.clone().max().unwrap_or(0).max(covers.bucket);
         let oldest = currents.min().unwrap_or(0).saturating_sub(span);
         let summary = self.new_run(sealer, RunKind::Keys, (oldest, newest), covers);
-        let (runs, poisoner) = (Arc::clone(&sealer.runs), journal.poisoner());
+        let (runs, log) = (Arc::clone(&sealer.runs), journal.seal_handle());
         sealer.runs.progress.set(Phase::Sealing);
         self.spawn_seal_task(
             sealer,
@@ -996,7 +999,7 @@ impl Engine {
                 let result = sealed.and_then(|()| runs.merge_tail(span, RunKind::Keys));
                 // Any failure poisons, an I/O error or not: a seal left half-done (its
                 // tables still frozen, or a merge's inputs unread) is never built on.
-                let result = result.map_err(|err| poisoner.poison_with(err));
+                let result = result.map_err(|err| log.poison_with(err));
                 TaskEnd { published, result }
             },
             false,
@@ -1061,10 +1064,10 @@ impl Engine {
         reserve_run_ids(sealer, journal)?;
         // The bucket range is the records', set once they are written.
         let summary = self.new_run(sealer, RunKind::Records, (0, 0), journal.position());
-        let (runs, index, poisoner) = (
+        let (runs, index, log) = (
             Arc::clone(&sealer.runs),
             Arc::clone(&self.index),
-            journal.poisoner(),
+            journal.seal_handle(),
         );
         let span = self.window.span;
         // No tables are frozen: writers wait at the budget's whole bound, if at all.
@@ -1074,9 +1077,9 @@ impl Engine {
             move || {
                 let runs = EndsTask(runs);
                 let result = runs
-                    .seal_records(summary, &index)
+                    .seal_records(summary, &index, &log)
                     .and_then(|()| runs.merge_tail(span, RunKind::Records))
-                    .map_err(|err| poisoner.poison_with(err));
+                    .map_err(|err| log.poison_with(err));
                 TaskEnd {
                     published: result.is_ok(),
                     result,
@@ -1112,7 +1115,7 @@ impl SealedRuns {
     /// Writes every live settled record of `index` into the record run `summary`
     /// describes, shard by shard (one shard's records held at a time), publishes it, then
     /// drops those records from memory. A run with no record is abandoned.
-    fn seal_records(&self, mut summary: RunSummary, index: &Index) -> Result<()> {
+    fn seal_records(&self, mut summary: RunSummary, index: &Index, log: &SealHandle) -> Result<()> {
         let mut writer = RunWriter::create(&*self.storage, &self.dir, summary)?;
         let mut marks = Vec::with_capacity(index.shard_count());
         let (mut oldest, mut newest, mut records) = (u64::MAX, 0, 0usize);
@@ -1150,6 +1153,9 @@ impl SealedRuns {
         // The cover's segment bucket is at most the newest: a run never claims a log
         // position past its own newest bucket.
         writer.set_range(oldest, newest.max(summary.covers.bucket), summary.covers);
+        // The records' response frames, and the cover, are fsynced before the run is:
+        // under `Buffered` they may only be written.
+        log.sync_appended()?;
         let run = writer.finish()?;
         log::info!(
             "oncedb: sealed {} records into {} (buckets {oldest}..={newest})",
@@ -1233,6 +1239,26 @@ mod tests {
     use crate::io::MemStorage;
 
     const DATABASE_ID: u64 = 7;
+
+    /// Among entries of one key and one bucket, the newest input's wins: an older copy
+    /// may name a frame that a later copy replaced.
+    #[test]
+    fn a_merge_tie_keeps_the_newest_inputs_entry() {
+        let older = vec![(1u64, 5u64, "older"), (2, 5, "older")];
+        let newer = vec![(1u64, 5u64, "newer"), (3, 4, "newer")];
+        let merged = merge_sections(&[older, newer], |e| e.0, |e| e.1);
+        assert_eq!(
+            merged,
+            vec![(1, 5, "newer"), (2, 5, "older"), (3, 4, "newer")]
+        );
+        // A newer bucket wins whichever input holds it.
+        let merged = merge_sections(
+            &[vec![(1u64, 6u64, "older")], vec![(1, 5, "newer")]],
+            |e| e.0,
+            |e| e.1,
+        );
+        assert_eq!(merged, vec![(1, 6, "older")]);
+    }
 
     /// Writes four runs of `level` into `dir` (ids 4, 8, 12, 16; a merged run replacing the
     /// three ids below its own), two sections of a few keys each, and opens a sealer on them.

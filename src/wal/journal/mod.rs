@@ -359,10 +359,22 @@ struct Shared {
     readers: readers::SegmentReaders,
 }
 
-/// Fails the store closed from a thread outside the journal, as [`Journal::fail`] does.
-pub(crate) struct Poisoner(Arc<Shared>);
+/// The journal as a thread outside it (the one sealing runs) uses it: to fsync the log
+/// before a run that rests on it is published, and to fail the store closed, as
+/// [`Journal::fail`] does.
+pub(crate) struct SealHandle(Arc<Shared>);
 
-impl Poisoner {
+impl SealHandle {
+    /// Writes and fsyncs everything appended so far (a group commit), whatever the
+    /// durability mode: a run sealed now names log positions (its cover, its records'
+    /// response frames) that must survive a power loss before the run does.
+    pub(crate) fn sync_appended(&self) -> Result<()> {
+        let shared = &*self.0;
+        let mut state = shared.state.lock();
+        let target = state.appended;
+        shared.persist(&mut state, target, true)
+    }
+
     /// `err`, after poisoning the store whatever its kind: the memory budget's work
     /// (a seal task, a merge, retiring runs) that failed may have left frozen tables the
     /// next seal would drop, so the store takes no more writes until a reopen rebuilds
@@ -639,14 +651,14 @@ impl Journal {
         self.shared.fail(err)
     }
 
-    /// `err`, after poisoning the store whatever its kind ([`Poisoner::poison_with`]).
+    /// `err`, after poisoning the store whatever its kind ([`SealHandle::poison_with`]).
     pub(crate) fn poison_with(&self, err: Error) -> Error {
         self.shared.poison_any(err)
     }
 
-    /// A handle that fails the store from another thread (the one sealing runs).
-    pub(crate) fn poisoner(&self) -> Poisoner {
-        Poisoner(Arc::clone(&self.shared))
+    /// The handle the thread sealing runs uses ([`SealHandle`]).
+    pub(crate) fn seal_handle(&self) -> SealHandle {
+        SealHandle(Arc::clone(&self.shared))
     }
 
     /// Whether everything up to `ticket` has reached the segment files (written, if not
