@@ -250,6 +250,45 @@ impl Run {
         self.spawn_writer()
     }
 
+    /// Waits until the replica's stream has a leader and both other copies current, at
+    /// most two minutes: faults come one at a time, each on a stream made whole again (a
+    /// node that lost its disk is caught up before another node is lost). A stream that
+    /// does not become whole is an error of the run.
+    fn wait_whole(&mut self) {
+        let url = self.url();
+        let whole = servers::runtime().block_on(async {
+            let addresses: Vec<async_nats::ServerAddr> =
+                url.split(',').filter_map(|one| one.parse().ok()).collect();
+            let Ok(client) = async_nats::connect(addresses).await else {
+                return false;
+            };
+            let js = async_nats::jetstream::new(client);
+            let deadline = Instant::now() + Duration::from_secs(120);
+            while Instant::now() < deadline {
+                if let Ok(mut stream) = js.get_stream("ONCEDB_faults").await
+                    && let Ok(info) = stream.info().await
+                    && let Some(cluster) = &info.cluster
+                    && cluster.leader.is_some()
+                    && cluster.replicas.len() == 2
+                    && cluster
+                        .replicas
+                        .iter()
+                        .all(|peer| peer.current && !peer.offline)
+                {
+                    return true;
+                }
+                // Polls the stream's state, which has no wait of its own.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            false
+        });
+        if !whole {
+            self.errors
+                .lock()
+                .push("the stream did not have three current copies within 2 minutes".to_owned());
+        }
+    }
+
     /// One drawn fault, and the cluster whole again after it.
     fn inject(&mut self, writer: Writer) -> Writer {
         use Fault::*;
@@ -267,6 +306,7 @@ impl Run {
                 self.history.fault(format!("node {node} paused"));
                 self.progress(5..80, Duration::from_secs(6));
                 self.cluster.resume(node);
+                self.wait_whole();
             }
             KillNode | KillNodeWithDisk => {
                 if matches!(fault, KillNode) {
@@ -279,6 +319,7 @@ impl Run {
                 }
                 self.progress(5..80, Duration::from_secs(10));
                 self.cluster.restart(node);
+                self.wait_whole();
             }
             KillWriter => {
                 writer.kill(&self.history, "SIGKILLed");
