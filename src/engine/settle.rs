@@ -51,6 +51,7 @@ impl Settle {
 }
 
 /// What a deferred call waits for, and what it takes back if its writes fail.
+#[cfg(feature = "async")]
 #[derive(Debug, Default)]
 pub(crate) struct Pending {
     /// The newest ticket the call logged up to, or whose durability an answer depends on.

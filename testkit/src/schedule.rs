@@ -33,8 +33,10 @@ pub fn random_seed() -> u64 {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |since| since.as_nanos());
-    let mixed = now ^ (u128::from(std::process::id()) << 64);
-    SplitMix64::new((mixed as u64) ^ ((mixed >> 64) as u64)).next_u64()
+    let folded = now.to_le_bytes();
+    let (low, high) = folded.split_at(8);
+    let word = |half: &[u8]| u64::from_le_bytes(half.try_into().unwrap_or([0; 8]));
+    SplitMix64::new(word(low) ^ word(high) ^ u64::from(std::process::id())).next_u64()
 }
 
 /// How long each schedule runs: [`SECONDS_VARIABLE`] if set, else `default`.
@@ -70,13 +72,10 @@ impl Schedule {
         if n == 0 { 0 } else { self.rng.below(n) }
     }
 
-    /// One of `choices` (which must not be empty).
-    pub fn pick<T: Copy>(&mut self, choices: &[T]) -> T {
+    /// One of `choices`; `None` if there are none.
+    pub fn pick<T: Copy>(&mut self, choices: &[T]) -> Option<T> {
         let index = usize::try_from(self.below(choices.len() as u64)).unwrap_or(0);
-        *choices
-            .get(index)
-            .or(choices.first())
-            .expect("pick from no choices")
+        choices.get(index).copied()
     }
 
     /// A number in `range`.

@@ -292,13 +292,14 @@ impl Run {
     /// One drawn fault, and the cluster whole again after it.
     fn inject(&mut self, writer: Writer) -> Writer {
         use Fault::*;
-        let fault = self.schedule.pick(&[
+        let faults = [
             PauseNode,
             KillNode,
             KillNodeWithDisk,
             KillWriter,
             RestoreUnderOwner,
-        ]);
+        ];
+        let fault = self.schedule.pick(&faults).unwrap_or(KillWriter);
         let node = usize::try_from(self.schedule.below(3)).unwrap_or(0);
         match fault {
             PauseNode => {
