@@ -22,7 +22,7 @@ use super::layout::{
 };
 use super::{Replication, owner, unavailable};
 use crate::base::{Error, Result, random_secret};
-use crate::wal::{FeedSnapshot, LogFeed, parse_run_name};
+use crate::wal::{FeedSnapshot, LogFeed, parse_run_name, read_cover};
 
 /// How long the shipper waits for more log before it looks again (for expiries).
 const IDLE_WAIT: Duration = Duration::from_millis(500);
@@ -530,6 +530,13 @@ impl Link {
         self.runs_pending = false;
         for (&run_id, (path, len)) in &local {
             let mut offset = self.runs.get(&run_id).copied().unwrap_or(0);
+            if offset == 0 && !self.holds_cover_of(feed, path)? {
+                // Its cover names log the stream lacks yet: a restore would refuse it. It
+                // (and every later run) waits for the round that ships that log.
+                self.runs_pending = true;
+                feed.runs_shipped(whole(&self.runs));
+                return Ok(());
+            }
             while offset < *len {
                 if budget == 0 {
                     self.runs_pending = true;
@@ -564,6 +571,28 @@ impl Link {
             self.runs.remove(&run_id);
         }
         Ok(())
+    }
+
+    /// Whether the stream holds the log up to the cover of the run at `path`: its cover
+    /// segment up to the cover's offset, or a segment older than every one shipped (it
+    /// left the window).
+    fn holds_cover_of(&self, feed: &LogFeed, path: &std::path::Path) -> Result<bool, Halt> {
+        let cover = match read_cover(feed.storage(), path) {
+            Ok(cover) => cover,
+            // Merged away or expired meanwhile: the next listing purges it.
+            Err(Error::Io(err)) if err.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(Error::Io(err)) => return Err(local_failure(feed, "reading a run's footer", err)),
+            Err(err) => return Err(Halt::Failed(err.to_string())),
+        };
+        let segment = (cover.bucket, cover.seq);
+        Ok(match self.cursors.get(&segment) {
+            Some(&held) => held >= u64::from(cover.offset),
+            None => self
+                .cursors
+                .keys()
+                .next()
+                .is_some_and(|&oldest| segment < oldest),
+        })
     }
 
     /// Compacts sealed segments, at most `COMPACT_CHUNKS_PER_ROUND` chunks a round, after

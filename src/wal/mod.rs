@@ -39,10 +39,10 @@ pub use report::{
     RecoveryReport, RunReport, SegmentReport, SegmentState, SkippedRange, TornTail, VerifyReport,
 };
 pub use run::LogPosition;
-#[cfg(feature = "replicate")]
-pub(crate) use run::run_path;
 pub(crate) use run::{
     Run, RunKind, RunSummary, RunWriter, is_temp_run_name, open as open_run, parse_run_name,
 };
+#[cfg(feature = "replicate")]
+pub(crate) use run::{read_cover, run_path};
 pub(crate) use scan::{Scan, Verdict, scan};
 pub(crate) use verify::{header_problem, verify_with};

@@ -904,6 +904,16 @@ fn decode_footer(path: &Path, tail: &[u8]) -> Result<(RunSummary, u64, u64, usiz
     Ok((summary, field(72), field(80), len))
 }
 
+/// The log position the run at `path` covers, read from its footer alone (checked).
+#[cfg(feature = "replicate")]
+pub(crate) fn read_cover(storage: &dyn Storage, path: &Path) -> Result<LogPosition> {
+    let len = storage.file_len(path)?;
+    let tail_at = len.saturating_sub(FOOTER_LEN as u64);
+    let mut tail = vec![0; size(len - tail_at)?];
+    storage.read_at(path, tail_at, &mut tail)?;
+    decode_footer(path, &tail).map(|(summary, ..)| summary.covers)
+}
+
 /// Opens the run at `path` of the store `database_id`, reading its footer, section table,
 /// fences and filters only.
 pub(crate) fn open(storage: &dyn Storage, path: &Path, database_id: u64) -> Result<Run> {
