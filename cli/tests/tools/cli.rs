@@ -494,6 +494,19 @@ fn a_checkpoint_remembers_every_line_the_store_admitted() {
     assert!(stderr.contains("not empty"), "{stderr}");
 }
 
+/// `--replicate URL --replica NAME --replica-copies 1`: a replica on one test server,
+/// which keeps one copy.
+fn replica_flags<'a>(url: &'a str, name: &'a str) -> [&'a str; 6] {
+    [
+        "--replicate",
+        url,
+        "--replica",
+        name,
+        "--replica-copies",
+        "1",
+    ]
+}
+
 /// `oncedb restore --from URL --replica NAME --dir DIR`.
 fn restore(url: &str, replica: &str, dir: &Path) -> std::process::Output {
     let args = [
@@ -519,14 +532,7 @@ fn a_standby_promoted_remembers_every_line() {
     let server = oncedb_testkit::servers::nats::NatsServer::start();
     let url = server.url();
     let dir = tempfile::tempdir().unwrap();
-    let replicated = [
-        "--replicate",
-        url.as_str(),
-        "--replica",
-        "warm",
-        "--replica-copies",
-        "1",
-    ];
+    let replicated = replica_flags(&url, "warm");
     let (code, out, err) = dedup(&dir.path().join("store"), &replicated, "a\nb\na\n");
     assert_eq!(code, 0, "{err}");
     assert_eq!(out, "a\nb\n");
@@ -566,19 +572,10 @@ fn dedup_passes_every_line_once_through_a_replica_stall() {
     let url = server.url();
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
-    let replicated = [
-        "--replicate",
-        url.as_str(),
-        "--replica",
-        "stall",
-        "--replica-copies",
-        "1",
-        "--batch",
-        "4",
-    ];
+    let replicated = [&replica_flags(&url, "stall")[..], &["--batch", "4"]].concat();
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_oncedb"))
         .args(["dedup", "--dir", store.to_str().unwrap(), "--window", "24h"])
-        .args(replicated)
+        .args(&replicated)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -651,14 +648,7 @@ fn dedup_with_a_replica_survives_the_loss_of_its_directory() {
     let url = server.url();
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
-    let replicated = [
-        "--replicate",
-        url.as_str(),
-        "--replica",
-        "lines",
-        "--replica-copies",
-        "1",
-    ];
+    let replicated = replica_flags(&url, "lines");
     let (code, out, err) = dedup(&store, &replicated, "a\nb\na\nc\n");
     assert_eq!(code, 0, "{err}");
     assert_eq!(out, "a\nb\nc\n");
