@@ -200,6 +200,9 @@ impl Engine {
         let Some(journal) = &self.journal else {
             return;
         };
+        if matches!(undo, Undo::Nothing) {
+            return;
+        }
         self.revocations.fetch_add(1, Ordering::AcqRel);
         let bucket = self.current_bucket();
         match *undo {
@@ -238,6 +241,9 @@ impl Engine {
                     if let Ok(Some(ticket)) = released {
                         shard.logged(ticket.position());
                     }
+                    drop(shard);
+                    // A release ends the record: its waiters look again.
+                    self.ended(fingerprint);
                 }
             }
         }
