@@ -506,14 +506,6 @@ impl Engine {
         Ok(())
     }
 
-    #[expect(
-        clippy::cast_possible_truncation,
-        reason = "bucket stamps are 32 bits by design; indices fit the tables they index"
-    )]
-    #[expect(
-        clippy::indexing_slicing,
-        reason = "every index is below a length fixed at construction (shard count, table capacity, batch size)"
-    )]
     fn insert_many_with<K: AsRef<[u8]>>(
         &self,
         keys: &[K],
@@ -532,122 +524,26 @@ impl Engine {
         fingerprints.clear();
         fingerprints.extend(keys.iter().map(|k| self.hasher.key(k.as_ref())));
         // Bucket stamps are only needed to log the admitted keys.
-        let durable = self.journal.is_some();
         stamps.clear();
-        if durable {
+        if self.journal.is_some() {
             stamps.resize(keys.len(), 0);
         }
         let bucket = self.current_bucket();
         self.index.group_by_shard(fingerprints, groups);
-        let fingerprints = &*fingerprints;
-        let lock_group = |group: &[u32]| self.index.lock(fingerprints[group[0] as usize], bucket);
-        let sealed = self.sealed_keys();
-        let mut failed = None;
-        // `absent`: the members no older level holds, read already (the held path); `None`
-        // to look past memory here.
-        let mut insert = |shard: &mut Shard, group: &[u32], absent: Option<&[u32]>| {
-            match absent {
-                Some(members) => {
-                    admit_group(shard, members, fingerprints, admitted);
-                    shard.after_writes(group.len());
-                }
-                None => {
-                    let inserted =
-                        insert_group(shard, group, (fingerprints, pending), admitted, sealed);
-                    if let Err(err) = inserted {
-                        failed.get_or_insert(err);
-                    }
-                }
-            }
-            self.index
-                .publish_table(fingerprints[group[0] as usize], shard);
-            if durable {
-                for &index in group {
-                    stamps[index as usize] = shard.current();
-                }
-            }
+        let mut batch = Batch {
+            fingerprints,
+            stamps,
+            admitted,
+            pending,
+            logged,
         };
         let answers_wait = self.journal.as_ref().is_some_and(Journal::answers_wait);
         let (own, dependency) = if self.index.bounded() || self.sealer.is_some() || answers_wait {
-            // Hold every shard of the batch (in ascending order, so batches cannot
-            // deadlock) until all have room, every run lookup the batch needs has been
-            // read, and the admitted keys are logged: a full store, or a damaged run
-            // page, refuses the whole batch with nothing admitted, and whoever finds a
-            // key of the batch admitted finds its write logged. (This path allocates.)
-            let mut shards: HeldShards<'_> = SmallVec::new();
-            for group in groups.iter() {
-                let mut shard = lock_group(group);
-                shard.reserve_room(group.iter().map(|&i| fingerprints[i as usize]))?;
-                shards.push(shard);
-            }
-            let mut found = Vec::new();
-            // Without a memory budget no older level exists: every member is looked up
-            // in memory alone.
-            let absent = match self.sealer {
-                Some(_) => Some(
-                    absent_from_older_levels(&mut shards, groups, fingerprints, sealed, &mut found)
-                        .map_err(|err| self.fail(err))?,
-                ),
-                None => None,
-            };
-            for (n, (group, shard)) in groups.iter().zip(shards.iter_mut()).enumerate() {
-                let range = absent
-                    .as_ref()
-                    .and_then(|absent| absent.get(n).cloned().flatten());
-                let members = range.map_or(group, |range| &found[range]);
-                insert(shard, group, Some(members));
-            }
-            let dependency = groups
-                .iter()
-                .zip(shards.iter())
-                .flat_map(|(group, shard)| group.iter().map(move |&i| (i as usize, shard)))
-                .filter(|&(i, _)| !admitted[i])
-                .filter_map(|(i, shard)| self.key_dependency(shard, fingerprints[i]))
-                .max();
-            let own = if durable {
-                self.log_admitted(fingerprints, stamps, admitted, logged)
-                    .inspect_err(|_| revoke_held(&mut shards, groups, fingerprints, admitted))?
-            } else {
-                None
-            };
-            if let Some(ticket) = own {
-                for (group, shard) in groups.iter().zip(shards.iter_mut()) {
-                    shard.logged(ticket.position());
-                    for &i in group.iter().filter(|&&i| admitted[i as usize]) {
-                        self.note_pending_key(shard, fingerprints[i as usize], ticket);
-                    }
-                }
-            }
-            (own, dependency)
+            self.insert_held(&mut batch, groups, bucket)?
         } else {
-            if groups.len() > 0 {
-                // Start at a shard that depends on the batch, so that concurrent batches do
-                // not walk the shards in lockstep and queue behind each other.
-                let start = (fingerprints[0].tag() % groups.len() as u64) as usize;
-                let mut order = (start..groups.len()).chain(0..start).peekable();
-                self.index.prefetch_group(groups.get(start), fingerprints);
-                while let Some(n) = order.next() {
-                    // The next shard's first home slots are on their way while this one works.
-                    if let Some(&next) = order.peek() {
-                        self.index.prefetch_group(groups.get(next), fingerprints);
-                    }
-                    let group = groups.get(n);
-                    insert(&mut lock_group(group), group, None);
-                }
-            }
-            // Outside `Sync`, answers do not wait for the writes they depend on, and a
-            // write refused by the log (the store failed) is taken back after the fact.
-            let own = if durable && failed.is_none() {
-                self.log_admitted(fingerprints, stamps, admitted, logged)
-                    .inspect_err(|_| self.revoke_admitted(fingerprints, admitted))?
-            } else {
-                None
-            };
-            (own, None)
+            (self.insert_unheld(&mut batch, groups, bucket)?, None)
         };
-        if let Some(err) = failed {
-            return Err(self.fail(err));
-        }
+        let (fingerprints, admitted) = (batch.fingerprints, &*batch.admitted);
         let new_keys = admitted.iter().filter(|&&new| new).count() as u64;
         let taken_back = || admitted_fingerprints(fingerprints, admitted);
         let blocking = matches!(settle, Settle::Block);
@@ -669,6 +565,173 @@ impl Engine {
         }
         self.budget_after_logging(new_keys);
         concluded
+    }
+
+    /// Admits a batch holding every shard it touches (in ascending order, so batches
+    /// cannot deadlock) until all have room, every run lookup it needs has been read, and
+    /// its admitted keys are logged: a full store, or a damaged run page, refuses the
+    /// whole batch with nothing admitted, and whoever finds a key of the batch admitted
+    /// finds its write logged. Returns its own ticket, and the newest unacknowledged
+    /// write its duplicates rest on (under `Sync`).
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "every index is below a length fixed at construction (shard count, table capacity, batch size)"
+    )]
+    fn insert_held(
+        &self,
+        batch: &mut Batch<'_>,
+        groups: &ShardGroups,
+        bucket: u64,
+    ) -> Result<(Option<Ticket>, Option<Ticket>)> {
+        let fingerprints = batch.fingerprints;
+        let mut shards: HeldShards<'_> = SmallVec::new();
+        for group in groups.iter() {
+            let mut shard = self.index.lock(fingerprints[group[0] as usize], bucket);
+            shard.reserve_room(group.iter().map(|&i| fingerprints[i as usize]))?;
+            shards.push(shard);
+        }
+        let mut found = Vec::new();
+        // Without a memory budget no older level exists: every member is looked up in
+        // memory alone.
+        let absent = match self.sealer {
+            Some(_) => Some(
+                absent_from_older_levels(
+                    &mut shards,
+                    groups,
+                    fingerprints,
+                    self.sealed_keys(),
+                    &mut found,
+                )
+                .map_err(|err| self.fail(err))?,
+            ),
+            None => None,
+        };
+        for (n, (group, shard)) in groups.iter().zip(shards.iter_mut()).enumerate() {
+            let range = absent
+                .as_ref()
+                .and_then(|absent| absent.get(n).cloned().flatten());
+            let members = range.map_or(group, |range| &found[range]);
+            self.insert_into(batch, shard, group, Some(members))?;
+        }
+        let admitted = &*batch.admitted;
+        let dependency = groups
+            .iter()
+            .zip(shards.iter())
+            .flat_map(|(group, shard)| group.iter().map(move |&i| (i as usize, shard)))
+            .filter(|&(i, _)| !admitted[i])
+            .filter_map(|(i, shard)| self.key_dependency(shard, fingerprints[i]))
+            .max();
+        let own = self
+            .log_batch(batch)
+            .inspect_err(|_| revoke_held(&mut shards, groups, fingerprints, batch.admitted))?;
+        if let Some(ticket) = own {
+            for (group, shard) in groups.iter().zip(shards.iter_mut()) {
+                shard.logged(ticket.position());
+                for &i in group.iter().filter(|&&i| batch.admitted[i as usize]) {
+                    self.note_pending_key(shard, fingerprints[i as usize], ticket);
+                }
+            }
+        }
+        Ok((own, dependency))
+    }
+
+    /// Admits a batch one shard at a time, then logs what it admitted: outside `Sync`,
+    /// where answers do not wait for the writes they depend on, and a write the log
+    /// refuses (the store failed) is taken back after the fact. Returns its own ticket.
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "bucket stamps are 32 bits by design; indices fit the tables they index"
+    )]
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "every index is below a length fixed at construction (shard count, table capacity, batch size)"
+    )]
+    fn insert_unheld(
+        &self,
+        batch: &mut Batch<'_>,
+        groups: &ShardGroups,
+        bucket: u64,
+    ) -> Result<Option<Ticket>> {
+        let fingerprints = batch.fingerprints;
+        let mut failed = None;
+        if groups.len() > 0 {
+            // Start at a shard that depends on the batch, so that concurrent batches do
+            // not walk the shards in lockstep and queue behind each other.
+            let start = (fingerprints[0].tag() % groups.len() as u64) as usize;
+            let mut order = (start..groups.len()).chain(0..start).peekable();
+            self.index.prefetch_group(groups.get(start), fingerprints);
+            while let Some(n) = order.next() {
+                // The next shard's first home slots are on their way while this one works.
+                if let Some(&next) = order.peek() {
+                    self.index.prefetch_group(groups.get(next), fingerprints);
+                }
+                let group = groups.get(n);
+                let mut shard = self.index.lock(fingerprints[group[0] as usize], bucket);
+                if let Err(err) = self.insert_into(batch, &mut shard, group, None) {
+                    failed.get_or_insert(err);
+                }
+            }
+        }
+        if let Some(err) = failed {
+            return Err(self.fail(err));
+        }
+        self.log_batch(batch)
+            .inspect_err(|_| self.revoke_admitted(fingerprints, batch.admitted))
+    }
+
+    /// Admits one shard's `group` of a batch in `shard` (locked): `absent` are the
+    /// members no older level holds, read already (the held path), or `None` to look past
+    /// memory here. Publishes the table's place and the keys' stamps.
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "every index is below a length fixed at construction (shard count, table capacity, batch size)"
+    )]
+    fn insert_into(
+        &self,
+        batch: &mut Batch<'_>,
+        shard: &mut Shard,
+        group: &[u32],
+        absent: Option<&[u32]>,
+    ) -> Result<()> {
+        let fingerprints = batch.fingerprints;
+        let inserted = match absent {
+            Some(members) => {
+                admit_group(shard, members, fingerprints, batch.admitted);
+                shard.after_writes(group.len());
+                Ok(())
+            }
+            None => {
+                let sealed = self.sealed_keys();
+                insert_group(
+                    shard,
+                    group,
+                    (fingerprints, batch.pending),
+                    batch.admitted,
+                    sealed,
+                )
+            }
+        };
+        self.index
+            .publish_table(fingerprints[group[0] as usize], shard);
+        for &index in group {
+            if let Some(stamp) = batch.stamps.get_mut(index as usize) {
+                *stamp = shard.current();
+            }
+        }
+        inserted
+    }
+
+    /// Logs the keys a batch admitted (in memory: nothing); the ticket to wait for.
+    fn log_batch(&self, batch: &mut Batch<'_>) -> Result<Option<Ticket>> {
+        if self.journal.is_none() {
+            return Ok(None);
+        }
+        self.log_admitted(
+            batch.fingerprints,
+            batch.stamps,
+            batch.admitted,
+            batch.logged,
+        )
     }
 
     /// Takes back every key a batch admitted, whose write the log refused.
@@ -1531,6 +1594,18 @@ fn admitted_fingerprints(fingerprints: &[Fingerprint], admitted: &[bool]) -> Vec
             .map(|(&fp, _)| fp),
     );
     taken
+}
+
+/// A batch's keys while they are admitted: the calling thread's scratch buffers.
+struct Batch<'s> {
+    fingerprints: &'s [Fingerprint],
+    /// The bucket stamp each key got (empty in memory, where nothing is logged).
+    stamps: &'s mut [u64],
+    admitted: &'s mut [bool],
+    /// The members of a group no older level holds (the unheld path's lookups).
+    pending: &'s mut Vec<u32>,
+    /// The admitted keys as logged.
+    logged: &'s mut Vec<(u64, Fingerprint)>,
 }
 
 /// The shard locks a batch holds at once, inline for up to the default shard count.

@@ -90,6 +90,10 @@ pub(crate) struct InFlightRecord {
     pub(crate) note: Option<std::sync::Arc<[u8]>>,
 }
 
+/// Entries a shard's queue of keys with unacknowledged writes holds without growing
+/// (16 bytes each, reserved under `Sync` only).
+const PENDING_KEYS_RESERVED: usize = 256;
+
 #[derive(Debug)]
 pub(crate) struct Shard {
     window: Window,
@@ -188,6 +192,11 @@ impl Shard {
         position: u64,
         acknowledged: u64,
     ) {
+        if self.pending_keys.capacity() == 0 {
+            // Once, so that a shard's queue does not grow batch after batch: a batch of
+            // 16 Ki keys over 64 shards puts 256 in each.
+            self.pending_keys.reserve(PENDING_KEYS_RESERVED);
+        }
         while self
             .pending_keys
             .front()
