@@ -31,9 +31,6 @@ const RUN_LIST_EVERY: Duration = Duration::from_millis(500);
 /// Chunks of sealed runs a round of shipping publishes at most, so that a large run
 /// never holds the log's groups (and sync writers) back for long.
 const RUN_CHUNKS_PER_ROUND: usize = 8;
-
-/// Whole chunks a round publishes at most to compact sealed segments.
-const COMPACT_CHUNKS_PER_ROUND: usize = 8;
 /// How long it waits before trying an unreachable JetStream again.
 const RETRY_WAIT: Duration = Duration::from_millis(200);
 
@@ -152,20 +149,6 @@ struct Link {
     runs_listed: Option<std::time::Instant>,
     /// Whether a run waits to be shipped, or shipped only in part.
     runs_pending: bool,
-    /// The compaction under way, if it was left part-way.
-    compaction: Option<Compaction>,
-}
-
-/// A sealed segment being published again in whole chunks ([`Link::compact_some`]).
-#[derive(Debug, Clone)]
-struct Compaction {
-    id: (u64, u32),
-    path: PathBuf,
-    end: u64,
-    /// Where the next whole chunk starts.
-    offset: u64,
-    /// The stream sequence of the first whole chunk: the chunks before it are purged.
-    first: Option<u64>,
 }
 
 /// A stream JetStream would not create: too few nodes for the copies asked is the
@@ -260,7 +243,6 @@ impl Link {
             runs: BTreeMap::new(),
             runs_listed: None,
             runs_pending: false,
-            compaction: None,
         };
         link.settle_ownership(feed, dir).await?;
         link.resume(feed).await?;
@@ -404,15 +386,8 @@ impl Link {
     async fn ship_until_stopped(&mut self, feed: &Arc<LogFeed>, stop: &AtomicBool) {
         let mut snapshot = feed.snapshot();
         while !stop.load(Ordering::Acquire) {
-            let round = match self.ship(feed, &snapshot).await {
-                Ok(()) => {
-                    feed.shipped(snapshot.counter);
-                    self.tidy(feed, &snapshot).await
-                }
-                Err(halt) => Err(halt),
-            };
-            match round {
-                Ok(()) => {}
+            match self.ship(feed, &snapshot).await {
+                Ok(()) => feed.shipped(snapshot.counter),
                 Err(Halt::NotOwner) => {
                     log::error!("oncedb: replica {} was claimed by another store", self.name);
                     feed.lose_ownership();
@@ -429,8 +404,8 @@ impl Link {
                     continue;
                 }
             }
-            // While a run or a compaction waits, the next round starts as soon as it may.
-            let wait = if self.runs_pending || self.compaction.is_some() {
+            // While a run waits to be shipped, the next round starts as soon as it may.
+            let wait = if self.runs_pending {
                 Duration::ZERO
             } else {
                 IDLE_WAIT
@@ -475,6 +450,10 @@ impl Link {
                 offset += len;
                 self.cursors.insert(segment.id, offset);
             }
+            if segment.sealed && offset >= segment.end && !self.compacted.contains(&segment.id) {
+                self.compact(feed, &segment.path, segment.id, segment.end)
+                    .await?;
+            }
         }
         let live: BTreeSet<(u64, u32)> = snapshot.segments.iter().map(|s| s.id).collect();
         let gone: Vec<(u64, u32)> = self
@@ -487,17 +466,7 @@ impl Link {
             self.purge_owned(segment_subject(&self.name, id)).await?;
             self.cursors.remove(&id);
             self.compacted.remove(&id);
-            if self.compaction.as_ref().is_some_and(|job| job.id == id) {
-                self.compaction = None;
-            }
         }
-        Ok(())
-    }
-
-    /// What a round does once its log is acknowledged: compaction and sealed runs, a
-    /// few chunks each, so that no writer waits for them.
-    async fn tidy(&mut self, feed: &LogFeed, snapshot: &FeedSnapshot) -> Result<(), Halt> {
-        self.compact_some(feed, snapshot).await?;
         self.ship_runs(feed).await
     }
 
@@ -595,73 +564,45 @@ impl Link {
         })
     }
 
-    /// Compacts sealed segments, at most `COMPACT_CHUNKS_PER_ROUND` chunks a round, after
-    /// the round's acknowledgement: a sealed segment is published again in whole
-    /// chunks, then the chunks before them are purged, so that the stream holds it in
-    /// about its own size, where a segment shipped group by group took one message (and
-    /// its headers) per group. A restore meanwhile reads both, and skips the bytes it
-    /// already has. A compaction left part-way goes on from its offset next round.
-    async fn compact_some(&mut self, feed: &LogFeed, snapshot: &FeedSnapshot) -> Result<(), Halt> {
-        let mut budget = COMPACT_CHUNKS_PER_ROUND;
-        loop {
-            let mut job = match self.compaction.take() {
-                Some(job) => job,
-                None => match self.next_compaction(snapshot) {
-                    Some(job) => job,
-                    None => return Ok(()),
-                },
-            };
-            let subject = segment_subject(&self.name, job.id);
-            while job.offset < job.end {
-                if budget == 0 {
-                    self.compaction = Some(job);
-                    return Ok(());
-                }
-                let len = (job.end - job.offset).min(CHUNK_BYTES);
-                let mut chunk = vec![0u8; usize::try_from(len).unwrap_or(0)];
-                match feed.storage().read_at(&job.path, job.offset, &mut chunk) {
-                    Ok(()) => {}
-                    // Its bucket left the window meanwhile: the next round purges it.
-                    Err(err) if err.kind() == std::io::ErrorKind::NotFound => break,
-                    Err(err) => return Err(local_failure(feed, "reading the log", err)),
-                }
-                let published = self
-                    .publish(subject.clone(), Some(job.offset), chunk, ("whole.", None))
-                    .await;
-                let sequence = published.inspect_err(|_| self.compaction = Some(job.clone()))?;
-                job.first.get_or_insert(sequence);
-                job.offset += len;
-                budget -= 1;
+    /// Publishes sealed segment `id` again in whole chunks, then purges the chunks
+    /// before them: the stream then holds the segment in as few messages as the chunk
+    /// size allows, about its own size, where a segment shipped group by group took one
+    /// message (and its headers) per group. A restore meanwhile reads both, and skips
+    /// the bytes it already has.
+    async fn compact(
+        &mut self,
+        feed: &LogFeed,
+        path: &std::path::Path,
+        id: (u64, u32),
+        end: u64,
+    ) -> Result<(), Halt> {
+        let subject = segment_subject(&self.name, id);
+        let mut first = None;
+        let mut offset = 0;
+        while offset < end {
+            let len = (end - offset).min(CHUNK_BYTES);
+            let mut chunk = vec![0u8; usize::try_from(len).unwrap_or(0)];
+            match feed.storage().read_at(path, offset, &mut chunk) {
+                Ok(()) => {}
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+                Err(err) => return Err(local_failure(feed, "reading the log", err)),
             }
-            if let (Some(first), true) = (job.first, job.offset >= job.end) {
-                self.stream
-                    .purge()
-                    .filter(subject)
-                    .sequence(first)
-                    .await
-                    .map_err(|err| Halt::Down(err.to_string()))?;
-            }
-            self.compacted.insert(job.id);
+            let sequence = self
+                .publish(subject.clone(), Some(offset), chunk, ("whole.", None))
+                .await?;
+            first.get_or_insert(sequence);
+            offset += len;
         }
-    }
-
-    /// The next sealed segment to compact: shipped whole, and not compacted yet.
-    fn next_compaction(&self, snapshot: &FeedSnapshot) -> Option<Compaction> {
-        let segment = snapshot.segments.iter().find(|segment| {
-            segment.sealed
-                && !self.compacted.contains(&segment.id)
-                && self
-                    .cursors
-                    .get(&segment.id)
-                    .is_some_and(|&held| held >= segment.end)
-        })?;
-        Some(Compaction {
-            id: segment.id,
-            path: segment.path.clone(),
-            end: segment.end,
-            offset: 0,
-            first: None,
-        })
+        if let Some(first) = first {
+            self.stream
+                .purge()
+                .filter(subject)
+                .sequence(first)
+                .await
+                .map_err(|err| Halt::Down(err.to_string()))?;
+        }
+        self.compacted.insert(id);
+        Ok(())
     }
 
     /// Publishes one message after the last one this store saw. A refusal for a wrong
