@@ -144,9 +144,10 @@ fn sealed_records_answer_exactly(durability: Durability) {
     let reopened = db.stats();
     assert_eq!(reopened.sealed_records, stats.sealed_records);
     // A record that ended while a seal ran may be both in its run and replayed (so in
-    // memory again until the next seal), a few among the sealed ones.
+    // memory again until the next seal), some among the sealed ones: a record seal
+    // fsyncs the log before it publishes its run, so more records end while it runs.
     assert!(
-        reopened.live_records < stats.live_records + stats.sealed_records / 4,
+        reopened.live_records < stats.live_records + stats.sealed_records / 2,
         "memory rebuilt the sealed records: {} before, {reopened:?}",
         stats.live_records
     );
