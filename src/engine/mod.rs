@@ -394,12 +394,7 @@ impl Engine {
                     looked_at,
                 }
             } else {
-                Rests {
-                    own: None,
-                    undo: Undo::Nothing,
-                    dependency: ticket,
-                    looked_at,
-                }
+                Rests::depending(ticket, looked_at)
             };
             let concluded = self.settle_answer(rests, settle);
             self.budget_after_logging(u64::from(admitted));
@@ -833,12 +828,7 @@ impl Engine {
                         .flatten(),
                 )
             };
-            let rests = Rests {
-                own: None,
-                undo: Undo::Nothing,
-                dependency,
-                looked_at,
-            };
+            let rests = Rests::depending(dependency, looked_at);
             if self.settle_answer(rests, &mut Settle::Block)? == Concluded::Stands {
                 return Ok(live);
             }
@@ -989,12 +979,7 @@ impl Engine {
                 let dependency = record.as_ref().and_then(|_| self.dependency(&shard));
                 (record, dependency)
             };
-            let rests = Rests {
-                own: None,
-                undo: Undo::Nothing,
-                dependency,
-                looked_at,
-            };
+            let rests = Rests::depending(dependency, looked_at);
             if self.settle_answer(rests, settle)? == Concluded::Redo {
                 continue;
             }

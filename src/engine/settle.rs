@@ -88,6 +88,19 @@ pub(super) struct Rests {
     pub(super) looked_at: u64,
 }
 
+impl Rests {
+    /// An answer about another call's write only (`dependency`, while unacknowledged),
+    /// found after `looked_at`: the call wrote nothing of its own.
+    pub(super) fn depending(dependency: Option<Ticket>, looked_at: u64) -> Rests {
+        Rests {
+            own: None,
+            undo: Undo::Nothing,
+            dependency,
+            looked_at,
+        }
+    }
+}
+
 /// Whether an answer that depended on another call's write still stands once waited for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use = "an answer that no longer stands is asked again"]
