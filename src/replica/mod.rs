@@ -7,8 +7,10 @@
 //! - **Layout** (`docs/format.md`, "Replica"): one stream, `ONCEDB_<name>`; each segment's
 //!   bytes on the subject `oncedb.<name>.seg.<bucket>.<seq>`, in chunks that carry their
 //!   byte offset; the manifest on `oncedb.<name>.manifest`; the owner's token on
-//!   `oncedb.<name>.owner`. A segment whose bucket leaves the window is purged by subject,
-//!   so the stream holds the live window and nothing older.
+//!   `oncedb.<name>.owner`. A segment whose bucket leaves the window is removed from the
+//!   stream (purged by subject, or deleted message by message on the servers whose
+//!   purges are unsafe, `removal.rs`), so the stream holds the live window and nothing
+//!   older.
 //! - **Modes**: [`ReplicaMode::Sync`] acknowledges a write only once JetStream
 //!   acknowledged the group that holds it (the group commit covers the round trip, as it
 //!   covers the fsync); [`ReplicaMode::Async`] ships behind the local commit and refuses
@@ -25,6 +27,7 @@
 mod held;
 mod layout;
 mod owner;
+mod removal;
 mod restore;
 mod runs;
 mod shipper;

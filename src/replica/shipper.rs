@@ -3,7 +3,7 @@
 //! they come (every chunk carrying the stream's expected last sequence), purges the
 //! segments that left the window, and reports each acknowledged position to the journal.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,6 +20,7 @@ use super::layout::{
     CHUNK_BYTES, DUPLICATE_WINDOW, LENGTH_HEADER, OFFSET_HEADER, OWNER_HEADER, all_subjects,
     manifest_subject, owner_subject, run_subject, segment_subject, stream_name, token_text,
 };
+use super::removal::Removal;
 use super::{Replication, owner, unavailable};
 use crate::base::{Error, Result, random_secret};
 use crate::wal::{FeedSnapshot, LogFeed, parse_run_name, read_cover};
@@ -31,6 +32,9 @@ const RUN_LIST_EVERY: Duration = Duration::from_millis(500);
 /// Chunks of sealed runs a round of shipping publishes at most, so that a large run
 /// never holds the log's groups (and sync writers) back for long.
 const RUN_CHUNKS_PER_ROUND: usize = 8;
+/// Messages a round deletes at most (against servers that need one request a message,
+/// `removal.rs`), so that removals never hold the next round back for long.
+const DELETES_PER_ROUND: usize = 64;
 /// How long it waits before trying an unreachable JetStream again.
 const RETRY_WAIT: Duration = Duration::from_millis(200);
 
@@ -149,6 +153,11 @@ struct Link {
     runs_listed: Option<std::time::Instant>,
     /// Whether a run waits to be shipped, or shipped only in part.
     runs_pending: bool,
+    /// How messages leave the stream on the server connected to.
+    removal: Removal,
+    /// Subjects of segments and runs that left the store, still on the stream: removed
+    /// after a round's acknowledgements, a budget a round.
+    removing: VecDeque<String>,
 }
 
 /// A stream JetStream would not create: too few nodes for the copies asked is the
@@ -216,6 +225,12 @@ impl Link {
         dir: &std::path::Path,
     ) -> Result<Link> {
         let client = super::connect(replication).await?;
+        let server = client.server_info();
+        let clustered = server
+            .cluster
+            .as_deref()
+            .is_some_and(|name| !name.is_empty());
+        let removal = Removal::for_server(&server.version, clustered);
         let js = async_nats::jetstream::new(client);
         let name = replication.name.clone();
         let mut stream = js
@@ -243,6 +258,8 @@ impl Link {
             runs: BTreeMap::new(),
             runs_listed: None,
             runs_pending: false,
+            removal,
+            removing: VecDeque::new(),
         };
         link.settle_ownership(feed, dir).await?;
         link.resume(feed).await?;
@@ -305,7 +322,6 @@ impl Link {
             self.cursors.insert(segment.id, held);
         }
         let newest = snapshot.segments.last().map(|segment| segment.id);
-        let mut gone = Vec::new();
         for (id, subject, count) in segment_subjects(&self.stream, &self.name).await? {
             if let Some(segment) = snapshot.segments.iter().find(|segment| segment.id == id) {
                 if segment.sealed && count as u64 <= segment.end.div_ceil(CHUNK_BYTES) {
@@ -316,14 +332,7 @@ impl Link {
             if newest.is_none_or(|newest| id > newest) {
                 return Err(self.lacking(id, 0));
             }
-            gone.push(subject);
-        }
-        for subject in gone {
-            self.stream
-                .purge()
-                .filter(subject)
-                .await
-                .map_err(unavailable)?;
+            self.queue_removal(subject);
         }
         if let Some(message) = last_message(&self.stream, &manifest_subject(&self.name)).await? {
             self.manifest = Some(message.payload.to_vec());
@@ -386,8 +395,16 @@ impl Link {
     async fn ship_until_stopped(&mut self, feed: &Arc<LogFeed>, stop: &AtomicBool) {
         let mut snapshot = feed.snapshot();
         while !stop.load(Ordering::Acquire) {
-            match self.ship(feed, &snapshot).await {
-                Ok(()) => feed.shipped(snapshot.counter),
+            // Removals follow the round's acknowledgements: no writer waits on them.
+            let round = match self.ship(feed, &snapshot).await {
+                Ok(()) => {
+                    feed.shipped(snapshot.counter);
+                    self.remove_queued().await
+                }
+                Err(halt) => Err(halt),
+            };
+            match round {
+                Ok(()) => {}
                 Err(Halt::NotOwner) => {
                     log::error!("oncedb: replica {} was claimed by another store", self.name);
                     feed.lose_ownership();
@@ -404,8 +421,9 @@ impl Link {
                     continue;
                 }
             }
-            // While a run waits to be shipped, the next round starts as soon as it may.
-            let wait = if self.runs_pending {
+            // While a run waits to be shipped, or a subject to be removed, the next round
+            // starts as soon as it may.
+            let wait = if self.runs_pending || !self.removing.is_empty() {
                 Duration::ZERO
             } else {
                 IDLE_WAIT
@@ -450,7 +468,11 @@ impl Link {
                 offset += len;
                 self.cursors.insert(segment.id, offset);
             }
-            if segment.sealed && offset >= segment.end && !self.compacted.contains(&segment.id) {
+            if segment.sealed
+                && offset >= segment.end
+                && self.removal.compacts()
+                && !self.compacted.contains(&segment.id)
+            {
                 self.compact(feed, &segment.path, segment.id, segment.end)
                     .await?;
             }
@@ -463,7 +485,7 @@ impl Link {
             .copied()
             .collect();
         for id in gone {
-            self.purge_owned(segment_subject(&self.name, id)).await?;
+            self.queue_removal(segment_subject(&self.name, id));
             self.cursors.remove(&id);
             self.compacted.remove(&id);
         }
@@ -536,7 +558,7 @@ impl Link {
             .copied()
             .collect();
         for run_id in gone {
-            self.purge_owned(run_subject(&self.name, run_id)).await?;
+            self.queue_removal(run_subject(&self.name, run_id));
             self.runs.remove(&run_id);
         }
         Ok(())
@@ -594,12 +616,11 @@ impl Link {
             offset += len;
         }
         if let Some(first) = first {
-            self.stream
-                .purge()
-                .filter(subject)
-                .sequence(first)
+            let mut budget = usize::MAX;
+            self.removal
+                .remove(&self.stream, &subject, Some(first), &mut budget)
                 .await
-                .map_err(|err| Halt::Down(err.to_string()))?;
+                .map_err(Halt::Down)?;
         }
         self.compacted.insert(id);
         Ok(())
@@ -683,16 +704,34 @@ impl Link {
         }
     }
 
-    /// Purges `subject` (a segment or run that left the store) if this store still owns
-    /// the replica: a purge carries no expected sequence, so a fenced store, whose clock
-    /// may run ahead of the new owner's, must not purge what the new owner still needs.
-    async fn purge_owned(&mut self, subject: String) -> Result<(), Halt> {
+    /// Queues `subject` (a segment or run that left the store) for removal.
+    fn queue_removal(&mut self, subject: String) {
+        if !self.removing.contains(&subject) {
+            self.removing.push_back(subject);
+        }
+    }
+
+    /// Removes the queued subjects, up to a round's budget of deletions, if this store
+    /// still owns the replica: a removal carries no expected sequence, so a fenced
+    /// store, whose clock may run ahead of the new owner's, must not remove what the new
+    /// owner still needs.
+    async fn remove_queued(&mut self) -> Result<(), Halt> {
+        if self.removing.is_empty() {
+            return Ok(());
+        }
         self.check_owner().await?;
-        self.stream
-            .purge()
-            .filter(subject)
-            .await
-            .map_err(|err| Halt::Down(err.to_string()))?;
+        let mut budget = DELETES_PER_ROUND;
+        while let Some(subject) = self.removing.front() {
+            let done = self
+                .removal
+                .remove(&self.stream, subject, None, &mut budget)
+                .await
+                .map_err(Halt::Down)?;
+            if !done {
+                break;
+            }
+            self.removing.pop_front();
+        }
         Ok(())
     }
 }

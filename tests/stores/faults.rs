@@ -11,14 +11,11 @@
 //! that no writer was told was admitted (unless its write's outcome was unknown and a
 //! writer or the data moved on since: `docs/guarantees.md`).
 //!
-//! One fixed seed and one random seed (printed) run 25 s each, with `--ignored` for now:
-//! on the nats-server the tests use (Debian's 2.9.10) the schedule finds restores that
-//! stall, see no manifest or miss a segment's start after a node restart. A node
-//! recovering a clustered stream there replays a filtered purge (a segment that left the
-//! window, a compaction) as a purge of the whole stream below it (nats-server#4196,
-//! fixed in later releases): the owner, manifest and other segments' first chunks go.
-//! The store must not purge on such a server before these run by default
-//! (docs/guarantees.md).
+//! One fixed seed and one random seed (printed) run 25 s each. On the nats-server the
+//! tests use (Debian's 2.9.10) a node recovering a clustered stream replays a purge by
+//! subject as a purge of the whole stream below it (nats-server#4196): the schedule found
+//! restores that stalled, saw no manifest or missed a segment's start after a node
+//! restart, until the store stopped purging on such servers (`src/replica/removal.rs`).
 //! `ONCEDB_FAULT_SECONDS` sets longer runs and `ONCEDB_FAULT_SEED` the random seed. A
 //! node's loss with its disk is drawn only with `ONCEDB_FAULT_DISK_LOSS=1` (see
 //! [`disk_loss_drawn`]).
@@ -412,15 +409,11 @@ fn check(seed: u64, duration: Duration) {
 }
 
 #[test]
-#[ignore = "nats-server 2.9.10 replays a filtered purge as a full purge when a node recovers \
-            (nats-server#4196): run with `cargo test --test stores -- --ignored faults::`"]
 fn a_fixed_fault_schedule_keeps_every_promise() {
     check(FIXED_SEED, duration_or(Duration::from_secs(25)));
 }
 
 #[test]
-#[ignore = "nats-server 2.9.10 replays a filtered purge as a full purge when a node recovers \
-            (nats-server#4196): run with `cargo test --test stores -- --ignored faults::`"]
 fn a_random_fault_schedule_keeps_every_promise() {
     check(random_seed(), duration_or(Duration::from_secs(25)));
 }

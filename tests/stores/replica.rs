@@ -302,9 +302,13 @@ fn segment_messages(url: &str, name: &str) -> u64 {
     })
 }
 
+/// How many segment subjects replica `name`'s stream holds, and its bytes; `url` names
+/// one server or several, separated by commas.
 fn stream_state(url: &str, name: &str) -> (usize, u64) {
+    let servers: Vec<async_nats::ServerAddr> =
+        url.split(',').map(|url| url.parse().unwrap()).collect();
     servers::runtime().block_on(async {
-        let client = async_nats::connect(url).await.unwrap();
+        let client = async_nats::connect(servers).await.unwrap();
         let js = async_nats::jetstream::new(client);
         let mut stream = js.get_stream(format!("ONCEDB_{name}")).await.unwrap();
         let bytes = stream.info().await.unwrap().state.bytes;
@@ -382,6 +386,89 @@ fn expired_buckets_leave_the_replica_and_sealed_segments_are_compacted() {
         "an expired key came back"
     );
     assert!(stream_bytes > 0);
+}
+
+/// Segments that left the window leave a replica on a three-node cluster, and the
+/// replica outlives a restart of every node: each node replays the removals as they were
+/// made. (On nats-server before 2.9.18 a restarted node replays a purge by subject as a
+/// purge of the whole stream below it, nats-server#4196: the store deletes message by
+/// message there, `removal.rs`.)
+#[test]
+fn expired_segments_leave_a_cluster_replica_that_outlives_a_restart_of_every_node() {
+    let mut cluster = NatsCluster::start(3);
+    let url = cluster.url();
+    let work = tempfile::tempdir().unwrap();
+    let clock = manual_clock();
+    let options = |dir: &Path| {
+        Options::new(dir)
+            .window(Duration::from_secs(600))
+            .bucket_width(Duration::from_secs(60))
+            .durability(Durability::Sync)
+            .clock(clock.clone())
+            .segment_max_bytes(16 << 10)
+            .replicate(Replication::new(url.clone(), "restart").replicas(3))
+    };
+    let dir = work.path().join("db");
+    let db = open_when_ready(|| options(&dir));
+    let mut n = 0;
+    for _minute in 0..14 {
+        for _ in 0..40 {
+            assert!(db.insert_if_absent(&key(n)).unwrap());
+            n += 1;
+        }
+        clock.forward(Duration::from_secs(60));
+    }
+    assert!(db.insert_if_absent(b"last").unwrap());
+    db.flush().unwrap();
+    let segments = || {
+        std::fs::read_dir(&dir)
+            .unwrap()
+            .filter(|entry| {
+                let name = entry.as_ref().unwrap().file_name();
+                name.to_string_lossy().starts_with("seg-")
+            })
+            .count()
+    };
+    // The shipper removes the expired segments on its next rounds.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while stream_state(&url, "restart").0 != segments() {
+        assert!(
+            Instant::now() < deadline,
+            "expired segments stay on the stream"
+        );
+        std::thread::yield_now();
+    }
+    drop(db);
+    for node in 0..3 {
+        cluster.kill(node);
+    }
+    for node in 0..3 {
+        cluster.restart(node);
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+    let restored_dir = work.path().join("restored");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (restored, _) = loop {
+        match Db::restore(options(&restored_dir), &mut |_, _| {}) {
+            Err(Error::Unavailable { .. }) if Instant::now() < deadline => {
+                std::thread::yield_now();
+            }
+            answer => break answer.unwrap(),
+        }
+    };
+    // Every key of the live window, the first minute's gone.
+    for live in 40 * 5..n {
+        assert!(
+            restored.contains(&key(live)).unwrap(),
+            "live key {live} lost"
+        );
+    }
+    assert!(restored.contains(b"last").unwrap());
+    assert!(
+        !restored.contains(&key(0)).unwrap(),
+        "an expired key came back"
+    );
+    assert!(restored.insert_if_absent(b"after the restarts").unwrap());
 }
 
 /// A restore checks what it fetches: a chunk that leaves a gap in its segment is
