@@ -35,6 +35,9 @@ const RUN_CHUNKS_PER_ROUND: usize = 8;
 /// Messages a round deletes at most (against servers that need one request a message,
 /// `removal.rs`), so that removals never hold the next round back for long.
 const DELETES_PER_ROUND: usize = 64;
+
+/// Whole chunks a round publishes at most to compact sealed segments.
+const COMPACT_CHUNKS_PER_ROUND: usize = 8;
 /// How long it waits before trying an unreachable JetStream again.
 const RETRY_WAIT: Duration = Duration::from_millis(200);
 
@@ -158,6 +161,20 @@ struct Link {
     /// Subjects of segments and runs that left the store, still on the stream: removed
     /// after a round's acknowledgements, a budget a round.
     removing: VecDeque<String>,
+    /// The compaction under way, if it was left part-way.
+    compaction: Option<Compaction>,
+}
+
+/// A sealed segment being published again in whole chunks ([`Link::compact_some`]).
+#[derive(Debug, Clone)]
+struct Compaction {
+    id: (u64, u32),
+    path: PathBuf,
+    end: u64,
+    /// Where the next whole chunk starts.
+    offset: u64,
+    /// The stream sequence of the first whole chunk: the chunks before it are purged.
+    first: Option<u64>,
 }
 
 /// A stream JetStream would not create: too few nodes for the copies asked is the
@@ -260,6 +277,7 @@ impl Link {
             runs_pending: false,
             removal,
             removing: VecDeque::new(),
+            compaction: None,
         };
         link.settle_ownership(feed, dir).await?;
         link.resume(feed).await?;
@@ -395,11 +413,12 @@ impl Link {
     async fn ship_until_stopped(&mut self, feed: &Arc<LogFeed>, stop: &AtomicBool) {
         let mut snapshot = feed.snapshot();
         while !stop.load(Ordering::Acquire) {
-            // Removals follow the round's acknowledgements: no writer waits on them.
+            // Compaction and removals follow the round's acknowledgements: no writer
+            // waits on them.
             let round = match self.ship(feed, &snapshot).await {
                 Ok(()) => {
                     feed.shipped(snapshot.counter);
-                    self.remove_queued().await
+                    self.tidy(feed, &snapshot).await
                 }
                 Err(halt) => Err(halt),
             };
@@ -421,13 +440,14 @@ impl Link {
                     continue;
                 }
             }
-            // While a run waits to be shipped, or a subject to be removed, the next round
-            // starts as soon as it may.
-            let wait = if self.runs_pending || !self.removing.is_empty() {
-                Duration::ZERO
-            } else {
-                IDLE_WAIT
-            };
+            // While a run, a compaction or a removal waits, the next round starts as soon
+            // as it may.
+            let wait =
+                if self.runs_pending || self.compaction.is_some() || !self.removing.is_empty() {
+                    Duration::ZERO
+                } else {
+                    IDLE_WAIT
+                };
             let (waiting, shipped) = (Arc::clone(feed), snapshot.counter);
             let next = tokio::task::spawn_blocking(move || waiting.wait_past(shipped, wait));
             match next.await {
@@ -468,14 +488,6 @@ impl Link {
                 offset += len;
                 self.cursors.insert(segment.id, offset);
             }
-            if segment.sealed
-                && offset >= segment.end
-                && self.removal.compacts()
-                && !self.compacted.contains(&segment.id)
-            {
-                self.compact(feed, &segment.path, segment.id, segment.end)
-                    .await?;
-            }
         }
         let live: BTreeSet<(u64, u32)> = snapshot.segments.iter().map(|s| s.id).collect();
         let gone: Vec<(u64, u32)> = self
@@ -488,8 +500,19 @@ impl Link {
             self.queue_removal(segment_subject(&self.name, id));
             self.cursors.remove(&id);
             self.compacted.remove(&id);
+            if self.compaction.as_ref().is_some_and(|job| job.id == id) {
+                self.compaction = None;
+            }
         }
-        self.ship_runs(feed).await
+        Ok(())
+    }
+
+    /// What a round does once its log is acknowledged: compaction, sealed runs and
+    /// removals, a few chunks or deletes each, so that no writer waits for them.
+    async fn tidy(&mut self, feed: &LogFeed, snapshot: &FeedSnapshot) -> Result<(), Halt> {
+        self.compact_some(feed, snapshot).await?;
+        self.ship_runs(feed).await?;
+        self.remove_queued().await
     }
 
     /// Publishes the sealed runs of the directory the stream lacks, in run id order and
@@ -586,44 +609,75 @@ impl Link {
         })
     }
 
-    /// Publishes sealed segment `id` again in whole chunks, then purges the chunks
-    /// before them: the stream then holds the segment in as few messages as the chunk
-    /// size allows, about its own size, where a segment shipped group by group took one
-    /// message (and its headers) per group. A restore meanwhile reads both, and skips
-    /// the bytes it already has.
-    async fn compact(
-        &mut self,
-        feed: &LogFeed,
-        path: &std::path::Path,
-        id: (u64, u32),
-        end: u64,
-    ) -> Result<(), Halt> {
-        let subject = segment_subject(&self.name, id);
-        let mut first = None;
-        let mut offset = 0;
-        while offset < end {
-            let len = (end - offset).min(CHUNK_BYTES);
-            let mut chunk = vec![0u8; usize::try_from(len).unwrap_or(0)];
-            match feed.storage().read_at(path, offset, &mut chunk) {
-                Ok(()) => {}
-                Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-                Err(err) => return Err(local_failure(feed, "reading the log", err)),
+    /// Compacts sealed segments, at most `COMPACT_CHUNKS_PER_ROUND` chunks a round, after
+    /// the round's acknowledgement: a sealed segment is published again in whole
+    /// chunks, then the chunks before them are purged, so that the stream holds it in
+    /// about its own size, where a segment shipped group by group took one message (and
+    /// its headers) per group. A restore meanwhile reads both, and skips the bytes it
+    /// already has. A compaction left part-way goes on from its offset next round.
+    async fn compact_some(&mut self, feed: &LogFeed, snapshot: &FeedSnapshot) -> Result<(), Halt> {
+        let mut budget = COMPACT_CHUNKS_PER_ROUND;
+        loop {
+            let mut job = match self.compaction.take() {
+                Some(job) => job,
+                None => match self.next_compaction(snapshot) {
+                    Some(job) => job,
+                    None => return Ok(()),
+                },
+            };
+            let subject = segment_subject(&self.name, job.id);
+            while job.offset < job.end {
+                if budget == 0 {
+                    self.compaction = Some(job);
+                    return Ok(());
+                }
+                let len = (job.end - job.offset).min(CHUNK_BYTES);
+                let mut chunk = vec![0u8; usize::try_from(len).unwrap_or(0)];
+                match feed.storage().read_at(&job.path, job.offset, &mut chunk) {
+                    Ok(()) => {}
+                    // Its bucket left the window meanwhile: the next round purges it.
+                    Err(err) if err.kind() == std::io::ErrorKind::NotFound => break,
+                    Err(err) => return Err(local_failure(feed, "reading the log", err)),
+                }
+                let published = self
+                    .publish(subject.clone(), Some(job.offset), chunk, ("whole.", None))
+                    .await;
+                let sequence = published.inspect_err(|_| self.compaction = Some(job.clone()))?;
+                job.first.get_or_insert(sequence);
+                job.offset += len;
+                budget -= 1;
             }
-            let sequence = self
-                .publish(subject.clone(), Some(offset), chunk, ("whole.", None))
-                .await?;
-            first.get_or_insert(sequence);
-            offset += len;
+            if let (Some(first), true) = (job.first, job.offset >= job.end) {
+                let mut budget = usize::MAX;
+                self.removal
+                    .remove(&self.stream, &subject, Some(first), &mut budget)
+                    .await
+                    .map_err(Halt::Down)?;
+            }
+            self.compacted.insert(job.id);
         }
-        if let Some(first) = first {
-            let mut budget = usize::MAX;
-            self.removal
-                .remove(&self.stream, &subject, Some(first), &mut budget)
-                .await
-                .map_err(Halt::Down)?;
+    }
+
+    /// The next sealed segment to compact: shipped whole, and not compacted yet.
+    fn next_compaction(&self, snapshot: &FeedSnapshot) -> Option<Compaction> {
+        if !self.removal.compacts() {
+            return None;
         }
-        self.compacted.insert(id);
-        Ok(())
+        let segment = snapshot.segments.iter().find(|segment| {
+            segment.sealed
+                && !self.compacted.contains(&segment.id)
+                && self
+                    .cursors
+                    .get(&segment.id)
+                    .is_some_and(|&held| held >= segment.end)
+        })?;
+        Some(Compaction {
+            id: segment.id,
+            path: segment.path.clone(),
+            end: segment.end,
+            offset: 0,
+            first: None,
+        })
     }
 
     /// Publishes one message after the last one this store saw. A refusal for a wrong
