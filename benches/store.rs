@@ -67,7 +67,7 @@ impl Call {
             }
             Call::Advance => assert_eq!(db.advance(scope, key, 1).unwrap(), Advance::Applied),
             Call::RunOnce => {
-                let ran = db.run_once(scope, (key, b"req"), RunOnce::new(), |_| {
+                let ran = db.run_once(scope, (key, b"req"), RunOnce::new(), |_, _| {
                     Ok::<_, String>(b"response".to_vec())
                 });
                 assert!(matches!(ran.unwrap(), Once::Ran(_)));

@@ -78,8 +78,8 @@ mod wal;
 #[cfg(feature = "replicate")]
 pub use api::Standby;
 pub use api::{
-    Advance, BucketInfo, Db, InFlight, Lease, LeaseError, OnError, Once, Options, Record,
-    RecordStatus, Reservation, RunOnce, Scope, Stats, is_archive, verify, verify_with,
+    Advance, BucketInfo, Db, InFlight, Lease, LeaseError, LeaseWatch, Lost, OnError, Once, Options,
+    Record, RecordStatus, Reservation, RunOnce, Scope, Stats, is_archive, verify, verify_with,
 };
 #[cfg(feature = "postgres")]
 pub use backend::postgres;

@@ -15,9 +15,9 @@ pub use crate::base::{Advance, Record, RecordStatus};
 #[cfg(feature = "replicate")]
 pub use db::Standby;
 pub use db::{BucketInfo, Db, is_archive, verify, verify_with};
+pub use once::{LeaseWatch, Lost, OnError, Once, RunOnce};
 #[cfg(feature = "async")]
-pub(crate) use once::renew_every;
-pub use once::{OnError, Once, RunOnce};
+pub(crate) use once::{Renewals, cut_to, too_large_note, unfinished_note};
 pub use options::Options;
 pub use record::{InFlight, Lease, LeaseError, Reservation, Scope};
 pub use stats::Stats;

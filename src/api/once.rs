@@ -5,6 +5,9 @@
 //! its outcome ([`Db::wait_finished`]) instead of failing at once. The asynchronous
 //! form for every store is [`Store::run_once`](crate::Store::run_once).
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
 use super::db::{Db, with_scoped_key};
@@ -87,6 +90,195 @@ pub(crate) fn renew_every(lease_timeout: Duration) -> Duration {
     (lease_timeout / 3).max(Duration::from_millis(1))
 }
 
+/// The first wait before a failed renewal is sent again; it doubles up to a third of the
+/// lease timeout.
+const FIRST_RETRY: Duration = Duration::from_millis(10);
+
+/// When the next renewal of a lease goes out, given how the last ones went: every third
+/// of the lease timeout; after a refusal that may pass (a lock wait, an unreachable
+/// store), again with a growing back-off while the lease still holds; never after
+/// `Fenced` or `LeaseLost`, or once the lease timeout passed since the last renewal the
+/// store took (another caller may have taken the record over).
+#[derive(Debug)]
+pub(crate) struct Renewals {
+    timeout: Duration,
+    /// Until when the store's last accepted renewal (or the grant) holds the lease.
+    held_until: Instant,
+    retry: Duration,
+}
+
+impl Renewals {
+    /// Renewals of a lease granted just now, under `timeout`.
+    pub(crate) fn new(timeout: Duration) -> Renewals {
+        Renewals {
+            timeout,
+            held_until: crate::base::deadline_after(timeout),
+            retry: FIRST_RETRY,
+        }
+    }
+
+    /// How long to wait before the first renewal.
+    pub(crate) fn first(&self) -> Duration {
+        renew_every(self.timeout)
+    }
+
+    /// The answer to a renewal sent at `sent`: how long to wait before the next one, or
+    /// `None` when the lease is lost and renewals stop.
+    pub(crate) fn after(&mut self, sent: Instant, answer: &Result<()>) -> Option<Duration> {
+        match answer {
+            Ok(()) => {
+                self.held_until = sent.checked_add(self.timeout).unwrap_or(sent);
+                self.retry = FIRST_RETRY;
+                Some(renew_every(self.timeout))
+            }
+            Err(Error::Fenced | Error::LeaseLost) => None,
+            Err(_) => {
+                let left = self.held_until.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return None;
+                }
+                let wait = self.retry.min(left);
+                self.retry = (self.retry * 2).min(renew_every(self.timeout));
+                Some(wait)
+            }
+        }
+    }
+}
+
+/// What an operation run by `run_once` knows of its lease: the fencing epoch to guard its
+/// own side effects with, and whether the lease was lost while it ran (a renewal was
+/// refused as `Fenced` or `LeaseLost`, or none was taken for a whole lease timeout, so
+/// another caller may run the operation now). An operation told so should stop before
+/// its side effect, or fence it with the epoch; its output will not be stored.
+#[derive(Debug, Clone)]
+pub struct LeaseWatch {
+    inner: Arc<Watched>,
+}
+
+#[derive(Debug)]
+struct Watched {
+    epoch: u64,
+    lost: AtomicBool,
+    waiters: Mutex<Vec<Waker>>,
+    changed: Condvar,
+}
+
+impl LeaseWatch {
+    pub(crate) fn new(epoch: u64) -> LeaseWatch {
+        LeaseWatch {
+            inner: Arc::new(Watched {
+                epoch,
+                lost: AtomicBool::new(false),
+                waiters: Mutex::new(Vec::new()),
+                changed: Condvar::new(),
+            }),
+        }
+    }
+
+    /// The lease's fencing epoch ([`Lease::epoch`]).
+    pub fn epoch(&self) -> u64 {
+        self.inner.epoch
+    }
+
+    /// Whether the lease was lost.
+    pub fn is_lost(&self) -> bool {
+        self.inner.lost.load(Ordering::Acquire)
+    }
+
+    /// Blocks until the lease is lost or `timeout` passes; whether it was lost. For a
+    /// synchronous operation that waits on something of its own.
+    pub fn wait_lost(&self, timeout: Duration) -> bool {
+        let deadline = crate::base::deadline_after(timeout);
+        let mut waiters = lock(&self.inner.waiters);
+        while !self.is_lost() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            waiters = match self.inner.changed.wait_timeout(waiters, left) {
+                Ok((waiters, _)) => waiters,
+                Err(poisoned) => poisoned.into_inner().0,
+            };
+        }
+        true
+    }
+
+    /// A future that ends when the lease is lost: `select!` it against the operation's
+    /// work to stop that work.
+    pub fn lost(&self) -> Lost {
+        Lost {
+            watch: self.clone(),
+        }
+    }
+
+    /// Marks the lease lost and wakes everything waiting for that.
+    pub(crate) fn mark_lost(&self) {
+        self.inner.lost.store(true, Ordering::Release);
+        let waiters = std::mem::take(&mut *lock(&self.inner.waiters));
+        self.inner.changed.notify_all();
+        for waker in waiters {
+            waker.wake();
+        }
+    }
+}
+
+/// The future of [`LeaseWatch::lost`].
+#[derive(Debug)]
+#[must_use = "a future does nothing unless awaited"]
+pub struct Lost {
+    watch: LeaseWatch,
+}
+
+impl std::future::Future for Lost {
+    type Output = ();
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<()> {
+        if self.watch.is_lost() {
+            return Poll::Ready(());
+        }
+        let mut waiters = lock(&self.watch.inner.waiters);
+        // Checked again under the lock `mark_lost` takes: no wake-up is missed.
+        if self.watch.is_lost() {
+            return Poll::Ready(());
+        }
+        if !waiters.iter().any(|waiter| waiter.will_wake(cx.waker())) {
+            waiters.push(cx.waker().clone());
+        }
+        Poll::Pending
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The text a record whose operation's output was over the store's limit is failed with.
+pub(crate) fn too_large_note(len: usize, max: usize) -> String {
+    format!("the output of {len} bytes is over the store's limit of {max} bytes: not stored")
+}
+
+/// `text` cut to at most `max` bytes, at a character boundary.
+pub(crate) fn cut_to(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.get(..end).unwrap_or_default()
+}
+
+/// The note a record is left with when its operation was cancelled or panicked: a
+/// side effect may have happened, so nothing takes the record over automatically; a
+/// reconciler (`in_flight`, then `take_over`) settles it.
+pub(crate) fn unfinished_note() -> &'static [u8] {
+    if std::thread::panicking() {
+        b"run_once: the operation panicked: outcome unknown"
+    } else {
+        b"run_once: the operation was cancelled: outcome unknown"
+    }
+}
+
 impl Db {
     /// Waits until the record of `key` in `scope` is no longer in flight (completed,
     /// failed, released or expired) or `timeout` passes, and returns the record as it
@@ -109,11 +301,12 @@ impl Db {
 
     /// Runs `operation` once for `key` in `scope` and `request`, whoever calls:
     ///
-    /// - the first caller reserves the key and runs `operation` with the lease (renewed
-    ///   every third of the lease timeout while it runs, when the store has one); its
-    ///   output is stored and returned as [`Once::Ran`]; its error releases the record
-    ///   or stores the failure ([`RunOnce::on_error`]) and is returned as
-    ///   [`Once::Errored`];
+    /// - the first caller reserves the key and runs `operation` with the lease and a
+    ///   [`LeaseWatch`]. While it runs, a thread renews the lease every third of the
+    ///   lease timeout (when the store has one), retrying a failed renewal with back-off
+    ///   while the lease holds; the watch says when the lease was lost. Its output is
+    ///   stored and returned as [`Once::Ran`]; its error releases the record or stores
+    ///   the failure ([`RunOnce::on_error`]) and is returned as [`Once::Errored`];
     /// - a retry after that gets the stored record, [`Once::Replayed`];
     /// - a retry while the first attempt runs waits for its outcome (up to
     ///   [`RunOnce::wait`]) and replays it, or runs the operation itself if the first
@@ -121,13 +314,19 @@ impl Db {
     ///   waiting longer gives [`Error::StillInFlight`];
     /// - the key used with another request gives [`Error::RequestMismatch`].
     ///
-    /// An operation that panics leaves the record in flight (as a dropped lease does).
+    /// Every ending is an ending: an output over the store's limit fails the record with
+    /// a short text saying so (a retry replays that failure) and answers
+    /// [`Error::ResponseTooLarge`]; a failure text over it is cut to the limit. An
+    /// operation that panics leaves the record in flight with a note ("outcome
+    /// unknown"), which nothing takes over automatically. A lease lost while the
+    /// operation ran makes its completion `Fenced`: `run_once` never answers `Ran` for
+    /// output made after another caller took the record over.
     pub fn run_once<E: std::fmt::Display>(
         &self,
         scope: &Scope,
         (key, request): (&[u8], &[u8]),
         how: RunOnce,
-        operation: impl FnOnce(&Lease) -> std::result::Result<Vec<u8>, E>,
+        operation: impl FnOnce(&Lease, &LeaseWatch) -> std::result::Result<Vec<u8>, E>,
     ) -> Result<Once<E>> {
         // Read the clock only when an attempt is in flight: the common call acquires.
         let mut deadline = None;
@@ -154,13 +353,25 @@ impl Db {
         &self,
         lease: Lease,
         how: RunOnce,
-        operation: impl FnOnce(&Lease) -> std::result::Result<Vec<u8>, E>,
+        operation: impl FnOnce(&Lease, &LeaseWatch) -> std::result::Result<Vec<u8>, E>,
     ) -> Result<Once<E>> {
-        let output = match self.engine.lease_timeout() {
-            Some(timeout) => kept_alive(&lease, renew_every(timeout), operation),
-            None => operation(&lease),
+        let watch = LeaseWatch::new(lease.epoch());
+        let output = {
+            let _unfinished = NoteOnPanic(&lease);
+            match self.engine.lease_timeout() {
+                Some(timeout) => kept_alive(&lease, &watch, timeout, operation),
+                None => operation(&lease, &watch),
+            }
         };
+        let max = self.max_response_bytes();
         match output {
+            Ok(output) if output.len() > max => {
+                lease.fail(cut_to(&too_large_note(output.len(), max), max).as_bytes())?;
+                Err(Error::ResponseTooLarge {
+                    len: output.len(),
+                    max,
+                })
+            }
             Ok(output) => {
                 lease.complete(&output)?;
                 Ok(Once::Ran(output))
@@ -168,7 +379,7 @@ impl Db {
             Err(err) => {
                 match how.on_error {
                     OnError::Release => lease.release()?,
-                    OnError::Fail => lease.fail(err.to_string().as_bytes())?,
+                    OnError::Fail => lease.fail(cut_to(&err.to_string(), max).as_bytes())?,
                 }
                 Ok(Once::Errored(err))
             }
@@ -176,21 +387,42 @@ impl Db {
     }
 }
 
-/// Runs `operation` while a second thread renews `lease` every `every`; the renewals
-/// stop when it returns (or when one is refused: the lease was lost, and completing
-/// will say so).
-fn kept_alive<T>(lease: &Lease, every: Duration, operation: impl FnOnce(&Lease) -> T) -> T {
+/// Notes the record "outcome unknown" if the operation panics past it.
+struct NoteOnPanic<'a>(&'a Lease);
+
+impl Drop for NoteOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let _ = self.0.note(unfinished_note());
+        }
+    }
+}
+
+/// Runs `operation` while a second thread renews `lease` ([`Renewals`]); the renewals
+/// stop when it returns, or when the lease is lost, which `watch` then says.
+fn kept_alive<T>(
+    lease: &Lease,
+    watch: &LeaseWatch,
+    timeout: Duration,
+    operation: impl FnOnce(&Lease, &LeaseWatch) -> T,
+) -> T {
     let (done, stopped) = std::sync::mpsc::channel::<()>();
     std::thread::scope(|scope| {
         scope.spawn(move || {
-            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(every)
-            {
-                if lease.keep_alive().is_err() {
-                    return;
+            let mut renewals = Renewals::new(timeout);
+            let mut wait = renewals.first();
+            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(wait) {
+                let sent = Instant::now();
+                match renewals.after(sent, &lease.keep_alive()) {
+                    Some(next) => wait = next,
+                    None => {
+                        watch.mark_lost();
+                        return;
+                    }
                 }
             }
         });
-        let output = operation(lease);
+        let output = operation(lease, watch);
         drop(done);
         output
     })

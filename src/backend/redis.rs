@@ -86,7 +86,8 @@ if f[1] ~= ARGV[3] then return {'collision'} end
 if f[3] == 'in_flight' and f[7] == ARGV[4] then return {'acquired', f[8], f[4]} end
 if f[2] ~= ARGV[1] then return {'mismatch'} end
 local timeout = tonumber(ARGV[5])
-if f[3] == 'in_flight' and timeout > 0 and now - tonumber(f[9] or f[4]) >= timeout then
+if f[3] == 'in_flight' and timeout > 0 and not f[11]
+  and now - tonumber(f[9] or f[4]) >= timeout then
   local epoch = str(next_epoch(tonumber(f[8])))
   local taken = f[8]
   if f[10] then taken = f[10] .. ' ' .. f[8] end

@@ -68,7 +68,7 @@ pub use stored::StoredResponse;
 
 use crate::api::{Reservation, Scope};
 use crate::base::{Error, MAX_NOTE_BYTES};
-use crate::store::{Store, StoreLease};
+use crate::store::{Held, Store, StoreLease};
 
 /// The request header.
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -706,8 +706,7 @@ async fn reserve<S: Store>(
     keyed: &Keyed,
     settings: &Settings,
 ) -> Result<S::Lease, Response<Body>> {
-    let now = tokio::time::Instant::now();
-    let deadline = now.checked_add(settings.wait).unwrap_or(now);
+    let deadline = tokio::time::Instant::from_std(crate::base::deadline_after(settings.wait));
     loop {
         let reserved = store
             .reserve(&keyed.scope, keyed.key.as_bytes(), &keyed.fingerprint)
@@ -776,6 +775,10 @@ where
         Ok(lease) => lease,
         Err(answer) => return Ok(answer),
     };
+    // Renewed while the handler runs, so that a retry never takes over a handler that
+    // is still running; the handler can read the lease's state (`Extension<LeaseWatch>`).
+    let held = Held::start(lease, store.lease_timeout());
+    parts.extensions.insert(held.watch.clone());
     let Keyed {
         tenant,
         operation,
@@ -788,10 +791,17 @@ where
         operation,
         key,
     });
-    match inner
+    let answer = inner
         .call(Request::from_parts(parts, Body::from(body)))
-        .await
-    {
+        .await;
+    let lease = match held.stop().await {
+        Ok(lease) => lease,
+        Err(err) => {
+            log::warn!("idempotency: ending the lease: {err}");
+            return answer;
+        }
+    };
+    match answer {
         Ok(response) => Ok(finish(lease, response, &settings, store.max_response_bytes()).await),
         Err(err) => {
             // No answer, so nothing to store and no telling what happened downstream:
@@ -912,7 +922,11 @@ async fn finish<L: StoreLease>(
     }
     let Ok(body) = axum::body::to_bytes(body, limit).await else {
         // The body ended early or grew past its size hint: nothing whole to replay, so
-        // the record stays in flight (outcome unknown) for reconciliation.
+        // the record stays in flight, noted (outcome unknown), for reconciliation.
+        let note = format!("HTTP {status}: the response body could not be read: outcome unknown");
+        if let Err(err) = lease.note(note.as_bytes()).await {
+            log::warn!("idempotency: noting an unreadable response: {err}");
+        }
         return refuse(StatusCode::INTERNAL_SERVER_ERROR, "response_unreadable");
     };
     let stored = StoredResponse::capture(&parts, &body, &settings.replay_headers);

@@ -245,6 +245,13 @@ impl StoredRecord {
         }
     }
 
+    /// Whether a lease holder attached a note.
+    pub(crate) fn has_note(&self) -> bool {
+        self.extra
+            .as_ref()
+            .is_some_and(|extra| extra.note.is_some())
+    }
+
     /// The note a lease holder attached (only records in flight keep one).
     pub(crate) fn note(&self) -> Option<Arc<[u8]>> {
         self.extra.as_ref().and_then(|extra| extra.note.clone())

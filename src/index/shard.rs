@@ -667,11 +667,14 @@ impl Shard {
             Some(record) if record.request_hash != request_hash => Reserved::Mismatch {
                 key_logged: record.key_logged(),
             },
+            // A noted record (an outcome unknown) waits for a reconciler's explicit
+            // take-over: taking it over here could run its operation twice.
             Some(record)
-                if record.leased_ms().is_some_and(|leased_ms| {
-                    lease_timeout_ms
-                        .is_some_and(|timeout| now_ms.saturating_sub(leased_ms) >= timeout)
-                }) =>
+                if !record.has_note()
+                    && record.leased_ms().is_some_and(|leased_ms| {
+                        lease_timeout_ms
+                            .is_some_and(|timeout| now_ms.saturating_sub(leased_ms) >= timeout)
+                    }) =>
             {
                 let old = record.lease_id;
                 let lease_id = next_lease()?;

@@ -14,6 +14,9 @@
 //! thread; drop it off the runtime (`spawn_blocking(move || drop(db))`) where that matters.
 
 mod once;
+
+#[cfg(feature = "http")]
+pub(crate) use once::Held;
 mod outage;
 
 pub use outage::{Guarded, GuardedLease, HeldLease, OutagePolicy};
@@ -22,7 +25,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use crate::api::{
-    Advance, Db, InFlight, Lease, Once, Options, Record, Reservation, RunOnce, Scope,
+    Advance, Db, InFlight, Lease, LeaseWatch, Once, Options, Record, Reservation, RunOnce, Scope,
 };
 use crate::base::{DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_RESPONSE_BYTES, Error, Result};
 
@@ -282,10 +285,20 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Option<Record>>> + Send;
 
     /// [`Db::run_once`] on this store: reserves `key` for `request` in `scope`, runs
-    /// `operation` (given the lease's epoch) while the lease is renewed every third of
-    /// the store's lease timeout, and completes, releases or fails the record as
-    /// [`RunOnce`] says; a retry replays, waits for an attempt in flight, or is told of
-    /// a mismatch, exactly as on the embedded store.
+    /// `operation` (given a [`LeaseWatch`]: the lease's epoch, and whether the lease was
+    /// lost) while a task of its own renews the lease every third of the store's lease
+    /// timeout (a failed renewal is retried with back-off while the lease holds), and
+    /// completes, releases or fails the record as [`RunOnce`] says; a retry replays,
+    /// waits for an attempt in flight, or is told of a mismatch, exactly as on the
+    /// embedded store.
+    ///
+    /// Dropping the future while the operation runs (a timeout, a `select!`, a client
+    /// that left) leaves the record in flight with a note, "outcome unknown", and so
+    /// does a panic of the operation: no store takes a noted record over automatically,
+    /// so the operation never runs twice for it; a reconciler settles it
+    /// ([`Store::in_flight`], [`Store::take_over`]). To let the operation run to its end
+    /// whatever the caller does, spawn the call (`tokio::spawn`): a dropped `JoinHandle`
+    /// does not cancel its task.
     fn run_once<F, Fut, E>(
         &self,
         scope: &Scope,
@@ -295,7 +308,7 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Once<E>>> + Send
     where
         Self: Sized,
-        F: FnOnce(u64) -> Fut + Send,
+        F: FnOnce(LeaseWatch) -> Fut + Send,
         Fut: Future<Output = std::result::Result<Vec<u8>, E>> + Send,
         E: std::fmt::Display + Send,
     {

@@ -1,11 +1,20 @@
-//! [`Store::run_once`] on every store: the loop of [`Db::run_once`], asynchronous, with
-//! the lease renewed by a timer beside the operation.
+//! [`Store::run_once`] on every store: the loop of [`Db::run_once`](crate::Db::run_once),
+//! asynchronous, with the lease renewed by a task of its own beside the operation.
+//!
+//! Every ending is an ending: the operation's output completes the record, its error
+//! releases or fails it, an output over the store's limit fails it with a short text,
+//! and a cancelled or panicking operation leaves it in flight with a note ("outcome
+//! unknown"), which no store takes over automatically.
 
 use std::future::Future;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::{Store, StoreLease};
-use crate::api::{OnError, Once, Reservation, RunOnce, Scope, renew_every};
+use crate::api::{
+    LeaseWatch, OnError, Once, Renewals, Reservation, RunOnce, Scope, cut_to, too_large_note,
+    unfinished_note,
+};
 use crate::base::{Error, Result};
 
 pub(super) async fn run_once<S, F, Fut, E>(
@@ -17,7 +26,7 @@ pub(super) async fn run_once<S, F, Fut, E>(
 ) -> Result<Once<E>>
 where
     S: Store,
-    F: FnOnce(u64) -> Fut + Send,
+    F: FnOnce(LeaseWatch) -> Fut + Send,
     Fut: Future<Output = std::result::Result<Vec<u8>, E>> + Send,
     E: std::fmt::Display + Send,
 {
@@ -26,8 +35,10 @@ where
     loop {
         match store.reserve(scope, key, request).await? {
             Reservation::Acquired(lease) => {
-                let output = kept_alive(&lease, store.lease_timeout(), operation).await;
-                return finish(lease, how, output).await;
+                let held = Held::start(lease, store.lease_timeout());
+                let output = operation(held.watch.clone()).await;
+                let lease = held.stop().await?;
+                return finish(lease, how, store.max_response_bytes(), output).await;
             }
             Reservation::InFlight { since, .. } => {
                 let deadline =
@@ -46,29 +57,84 @@ where
     }
 }
 
-/// Runs `operation` while a timer renews `lease` every third of `lease_timeout` (if
-/// set); the renewals stop when it returns, or after one is refused (the lease was
-/// lost, and finishing will say so).
-async fn kept_alive<L, F, Fut, T>(lease: &L, lease_timeout: Option<Duration>, operation: F) -> T
-where
-    L: StoreLease,
-    F: FnOnce(u64) -> Fut,
-    Fut: Future<Output = T>,
-{
-    let work = operation(lease.epoch());
-    let Some(timeout) = lease_timeout else {
-        return work.await;
-    };
-    let every = renew_every(timeout);
-    let mut work = std::pin::pin!(work);
-    let mut renewing = true;
-    let mut next = tokio::time::Instant::now() + every;
+/// A lease while its operation runs: renewed by a task of its own (so an operation that
+/// keeps its own task busy does not starve the renewals on a multi-threaded runtime),
+/// and, if dropped before [`Held::stop`] (the caller's future was cancelled, or the
+/// operation panicked), left in flight with a note.
+pub(crate) struct Held<L: StoreLease> {
+    lease: Option<Arc<L>>,
+    renewer: Option<tokio::task::JoinHandle<()>>,
+    /// What the operation is told of its lease.
+    pub(crate) watch: LeaseWatch,
+}
+
+impl<L: StoreLease> Held<L> {
+    /// Starts renewing `lease` every third of `lease_timeout`, if set.
+    pub(crate) fn start(lease: L, lease_timeout: Option<Duration>) -> Held<L> {
+        let watch = LeaseWatch::new(lease.epoch());
+        let lease = Arc::new(lease);
+        let renewer = lease_timeout
+            .map(|timeout| tokio::spawn(renew(Arc::clone(&lease), watch.clone(), timeout)));
+        Held {
+            lease: Some(lease),
+            renewer,
+            watch,
+        }
+    }
+
+    /// Stops the renewals and hands the lease back, to end it.
+    pub(crate) async fn stop(mut self) -> Result<L> {
+        if let Some(renewer) = self.renewer.take() {
+            renewer.abort();
+            // An aborted task has dropped its future, and its handle on the lease, once
+            // this returns.
+            let _ = renewer.await;
+        }
+        let lease = self.lease.take().map(Arc::try_unwrap);
+        match lease {
+            Some(Ok(lease)) => Ok(lease),
+            _ => Err(Error::Io(std::io::Error::other(
+                "run_once: the lease is still shared after its renewals stopped",
+            ))),
+        }
+    }
+}
+
+impl<L: StoreLease> Drop for Held<L> {
+    fn drop(&mut self) {
+        if let Some(renewer) = self.renewer.take() {
+            renewer.abort();
+        }
+        let Some(lease) = self.lease.take() else {
+            return;
+        };
+        let note = unfinished_note();
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                drop(runtime.spawn(async move {
+                    if let Err(err) = lease.note(note).await {
+                        log::warn!("run_once: noting an unfinished operation: {err}");
+                    }
+                }));
+            }
+            Err(_) => log::warn!("run_once: an unfinished operation outside a runtime"),
+        }
+    }
+}
+
+/// Renews `lease` as [`Renewals`] says until it is lost (then `watch` says so) or the
+/// task is aborted.
+async fn renew<L: StoreLease>(lease: Arc<L>, watch: LeaseWatch, timeout: Duration) {
+    let mut renewals = Renewals::new(timeout);
+    let mut wait = renewals.first();
     loop {
-        tokio::select! {
-            output = &mut work => return output,
-            () = tokio::time::sleep_until(next), if renewing => {
-                renewing = lease.keep_alive().await.is_ok();
-                next = tokio::time::Instant::now() + every;
+        tokio::time::sleep(wait).await;
+        let sent = Instant::now();
+        match renewals.after(sent, &lease.keep_alive().await) {
+            Some(next) => wait = next,
+            None => {
+                watch.mark_lost();
+                return;
             }
         }
     }
@@ -77,9 +143,19 @@ where
 async fn finish<L: StoreLease, E: std::fmt::Display>(
     lease: L,
     how: RunOnce,
+    max: usize,
     output: std::result::Result<Vec<u8>, E>,
 ) -> Result<Once<E>> {
     match output {
+        Ok(output) if output.len() > max => {
+            lease
+                .fail(cut_to(&too_large_note(output.len(), max), max).as_bytes())
+                .await?;
+            Err(Error::ResponseTooLarge {
+                len: output.len(),
+                max,
+            })
+        }
         Ok(output) => {
             lease.complete(&output).await?;
             Ok(Once::Ran(output))
@@ -87,7 +163,9 @@ async fn finish<L: StoreLease, E: std::fmt::Display>(
         Err(err) => {
             match how.on_error {
                 OnError::Release => lease.release().await?,
-                OnError::Fail => lease.fail(err.to_string().as_bytes()).await?,
+                OnError::Fail => {
+                    lease.fail(cut_to(&err.to_string(), max).as_bytes()).await?;
+                }
             }
             Ok(Once::Errored(err))
         }

@@ -82,7 +82,7 @@ fn sixteen_callers_run_the_operation_once_and_all_get_its_output() {
             .map(|_| {
                 threads.spawn(|| {
                     let how = RunOnce::new().wait(Duration::from_secs(60));
-                    db.run_once(&scope, (b"k", b"req"), how, |_lease| {
+                    db.run_once(&scope, (b"k", b"req"), how, |_lease, _watch| {
                         runs.fetch_add(1, Ordering::SeqCst);
                         gate.lock().unwrap().recv().unwrap();
                         Ok::<_, String>(b"output".to_vec())
@@ -121,7 +121,7 @@ fn a_renewing_holder_is_never_taken_over_and_a_silent_one_is() {
     let holder = {
         let (db, scope) = (Arc::clone(&db), scope.clone());
         std::thread::spawn(move || {
-            db.run_once(&scope, (b"k", b"req"), RunOnce::new(), |_lease| {
+            db.run_once(&scope, (b"k", b"req"), RunOnce::new(), |_lease, _watch| {
                 entered.send(()).unwrap();
                 released.recv().unwrap();
                 Ok::<_, String>(b"first".to_vec())
@@ -134,7 +134,7 @@ fn a_renewing_holder_is_never_taken_over_and_a_silent_one_is() {
         &scope,
         (b"k", b"req"),
         RunOnce::new().wait(timeout * 4),
-        |_| Ok::<_, String>(b"second".to_vec()),
+        |_, _| Ok::<_, String>(b"second".to_vec()),
     );
     assert!(matches!(busy, Err(Error::StillInFlight { .. })), "{busy:?}");
     release.send(()).unwrap();
@@ -147,7 +147,7 @@ fn a_renewing_holder_is_never_taken_over_and_a_silent_one_is() {
             &scope,
             (b"silent", b"req"),
             RunOnce::new().wait(timeout * 10),
-            |_| Ok::<_, String>(b"taken over".to_vec()),
+            |_, _| Ok::<_, String>(b"taken over".to_vec()),
         )
         .unwrap();
     assert!(matches!(taken, Once::Ran(ref out) if out == b"taken over"));

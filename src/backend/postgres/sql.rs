@@ -106,14 +106,15 @@ pub(super) const NOTE: &str = concat!(
 
 /// The lease timeout's take-over: a new epoch for the live record of `$1..$3` in flight
 /// for the request `$4` whose lease was granted `$5` ms ago or more, by the server's
-/// clock (`updated_at` of a record in flight is when its lease was granted).
+/// clock (`updated_at` of a record in flight is when its lease was granted), unless it
+/// carries a note (an outcome unknown, left to a reconciler's explicit take-over).
 pub(super) const TAKE_OVER_STUCK: &str = concat!(
     "UPDATE idempotency_records SET taken_epochs = taken_epochs || epoch,
          epoch = nextval('oncedb_lease_epoch'), updated_at = now()
      WHERE",
     scoped_key!("idempotency_key"),
     "AND request_hash = $4 AND status = 'processing' AND expires_at > now()
-     AND updated_at <= now() - $5::bigint * interval '1 millisecond'
+     AND updated_at <= now() - $5::bigint * interval '1 millisecond' AND note IS NULL
      RETURNING epoch, created_at"
 );
 

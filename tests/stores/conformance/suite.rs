@@ -53,6 +53,7 @@ pub async fn run<H: Harness>(harness: &H) {
     races(&store).await;
     window(harness).await;
     lease_timeout(harness).await;
+    run_once_endings(harness).await;
     keep_alive(harness).await;
     waiting(&store).await;
     run_once(&store).await;
@@ -546,15 +547,132 @@ async fn lease_timeout<H: Harness>(harness: &H) {
         store.reserve(&scope, b"k", b"req").await.unwrap(),
         Reservation::Completed(_)
     ));
-    // A note does not reset the timeout: it counts from the grant on every store.
+    // A noted record (an outcome unknown) is never taken over automatically: past the
+    // timeout a reserve still answers in flight, with the note. A reconciler's
+    // explicit take-over gets it.
     let noted = acquired(store.reserve(&scope, b"noted", b"req").await.unwrap());
-    harness.approach(&store, timeout).await;
-    noted.note(b"still calling").await.unwrap();
-    harness.approach(&store, timeout / 2).await;
-    let taker = acquired(store.reserve(&scope, b"noted", b"req").await.unwrap());
+    noted.note(b"provider timed out").await.unwrap();
+    harness.pass(&store, timeout).await;
+    match store.reserve(&scope, b"noted", b"req").await.unwrap() {
+        Reservation::InFlight { note, .. } => {
+            assert_eq!(note.as_deref(), Some(&b"provider timed out"[..]));
+        }
+        other => panic!("a noted record answered {}", describe(&other)),
+    }
+    let taker = store.take_over(&scope, b"noted").await.unwrap();
+    let taker = taker.expect("a reconciler takes a noted record over");
     assert!(taker.epoch() > noted.epoch());
     assert!(matches!(noted.complete(b"late").await, Err(Error::Fenced)));
     taker.complete(b"done").await.unwrap();
+}
+
+/// Every ending of `run_once` is an ending: an output over the store's limit fails the
+/// record with a text saying so (a retry replays it, the operation does not run
+/// again); a call dropped while its operation runs, or whose operation panics, leaves
+/// the record in flight with a note ("outcome unknown"), which no reserve takes over
+/// after the lease timeout.
+async fn run_once_endings<H: Harness>(harness: &H) {
+    let timeout = Duration::from_millis(600);
+    let options = StoreOptions::new(Duration::from_secs(60))
+        .lease_timeout(timeout)
+        .max_response_bytes(64);
+    let store = harness.store_with(options).await;
+    let scope = Scope::new("t", "run-once-endings");
+    let runs = std::sync::atomic::AtomicUsize::new(0);
+    let large = || {
+        store.run_once(&scope, (b"large", b"req"), RunOnce::new(), |_| async {
+            runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok::<_, String>(vec![7; 65])
+        })
+    };
+    assert!(matches!(
+        large().await,
+        Err(Error::ResponseTooLarge { len: 65, max: 64 })
+    ));
+    let Once::Replayed(record) = large().await.unwrap() else {
+        panic!("an output over the limit is run again");
+    };
+    assert_eq!(record.status(), RecordStatus::Failed);
+    assert!(
+        record
+            .response()
+            .unwrap()
+            .starts_with(b"the output of 65 bytes")
+    );
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+    // A failure text over the limit is cut to it.
+    let long_failure = store.run_once(
+        &scope,
+        (b"long-failure", b"req"),
+        RunOnce::new().on_error(OnError::Fail),
+        |_| async { Err::<Vec<u8>, _>("x".repeat(100)) },
+    );
+    assert!(matches!(long_failure.await.unwrap(), Once::Errored(_)));
+    let record = store.get(&scope, b"long-failure").await.unwrap().unwrap();
+    assert_eq!(record.response(), Some(&[b'x'; 64][..]));
+    // Cancelled while the operation runs.
+    let cancelled = tokio::time::timeout(
+        Duration::from_millis(50),
+        store.run_once(&scope, (b"cancelled", b"req"), RunOnce::new(), |_| {
+            std::future::pending::<std::result::Result<Vec<u8>, String>>()
+        }),
+    );
+    assert!(cancelled.await.is_err());
+    unfinished_stays(harness, &store, &scope, b"cancelled", b"cancelled").await;
+    // Panicked while the operation runs.
+    let panicked = {
+        let (store, scope) = (store.clone(), scope.clone());
+        tokio::spawn(async move {
+            store
+                .run_once(&scope, (b"panicked", b"req"), RunOnce::new(), |_| async {
+                    panic!("the operation panics");
+                    #[expect(unreachable_code, reason = "the closure's output type")]
+                    Ok::<Vec<u8>, String>(Vec::new())
+                })
+                .await
+        })
+    };
+    assert!(panicked.await.unwrap_err().is_panic());
+    unfinished_stays(harness, &store, &scope, b"panicked", b"panicked").await;
+}
+
+/// Waits until the record of `key` carries the note of an unfinished operation (noted by
+/// a task of its own), then checks that it is not taken over past the lease timeout.
+async fn unfinished_stays<H: Harness>(
+    harness: &H,
+    store: &H::S,
+    scope: &Scope,
+    key: &[u8],
+    word: &[u8],
+) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let note = loop {
+        let listed = store.in_flight(Duration::ZERO).await.unwrap();
+        let note = listed
+            .into_iter()
+            .find(|record| record.scope == *scope && record.key == key)
+            .and_then(|record| record.note);
+        if let Some(note) = note {
+            break note;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no note on an unfinished operation"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(
+        note.windows(word.len()).any(|part| part == word) && note.ends_with(b"outcome unknown"),
+        "{}",
+        String::from_utf8_lossy(&note)
+    );
+    harness.pass(store, Duration::from_millis(600)).await;
+    let answer = store.reserve(scope, key, b"req").await.unwrap();
+    assert!(
+        matches!(answer, Reservation::InFlight { .. }),
+        "an unfinished operation's record answered {}",
+        describe(&answer)
+    );
 }
 
 /// `StoreLease::keep_alive`: a lease renewed before its timeout is not taken over
