@@ -427,3 +427,52 @@ fn kept_alive<T>(
         output
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{LeaseWatch, Renewals};
+    use crate::base::Error;
+    use std::time::{Duration, Instant};
+
+    /// A refusal that may pass is retried while the lease holds, with a growing
+    /// back-off; `Fenced`, `LeaseLost`, or a whole timeout without a renewal stop them.
+    #[test]
+    fn renewals_retry_until_the_lease_lapses_and_stop_when_fenced() {
+        let timeout = Duration::from_secs(3);
+        let mut renewals = Renewals::new(timeout);
+        assert_eq!(renewals.first(), Duration::from_secs(1));
+        let busy = Err(Error::TimedOut {
+            engine: "postgres",
+            message: "lock wait".to_owned(),
+        });
+        let first = renewals.after(Instant::now(), &busy).expect("retried");
+        let second = renewals
+            .after(Instant::now(), &busy)
+            .expect("retried again");
+        assert!(first < second && second <= Duration::from_secs(1));
+        assert_eq!(
+            renewals.after(Instant::now(), &Ok(())),
+            Some(Duration::from_secs(1))
+        );
+        assert_eq!(renewals.after(Instant::now(), &Err(Error::Fenced)), None);
+        assert_eq!(renewals.after(Instant::now(), &Err(Error::LeaseLost)), None);
+        // The last accepted renewal was sent a whole timeout ago: the lease lapsed.
+        let _ = renewals.after(Instant::now() - timeout, &Ok(()));
+        assert_eq!(renewals.after(Instant::now(), &busy), None);
+    }
+
+    #[test]
+    fn a_watch_tells_every_waiter_once_the_lease_is_lost() {
+        let watch = LeaseWatch::new(7);
+        assert_eq!(watch.epoch(), 7);
+        assert!(!watch.is_lost());
+        assert!(!watch.wait_lost(Duration::from_millis(1)));
+        let waiter = {
+            let watch = watch.clone();
+            std::thread::spawn(move || watch.wait_lost(Duration::from_secs(60)))
+        };
+        watch.mark_lost();
+        assert!(waiter.join().unwrap());
+        assert!(watch.is_lost());
+    }
+}

@@ -349,6 +349,125 @@ impl std::fmt::Display for Report {
     }
 }
 
+/// What the callers of a property test of "once" did and were told, per key: every side
+/// effect an operation made, whether its lease was reported lost to it while it ran,
+/// and every caller's answer.
+#[derive(Debug, Default)]
+pub struct Effects {
+    inner: Mutex<EffectsSeen>,
+}
+
+#[derive(Debug, Default)]
+struct EffectsSeen {
+    /// Per key, the callers whose operation made its side effect.
+    acts: BTreeMap<u64, Vec<u64>>,
+    /// Callers whose operation was told its lease was lost.
+    told_lost: std::collections::BTreeSet<u64>,
+    /// Per caller: its key and its answer, once it has one.
+    callers: BTreeMap<u64, (u64, Option<String>)>,
+    faults: Vec<String>,
+}
+
+/// What a caller of a property test of "once" was answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// An answer of the store: ran, replayed, errored, or a typed error.
+    Typed,
+    /// The caller's future was dropped (a cancellation the schedule drew).
+    Cancelled,
+    /// The caller's operation panicked (the schedule drew it).
+    Panicked,
+    /// Anything else: the call hung, or failed with an untyped error.
+    Untyped,
+}
+
+impl Effects {
+    /// An empty record of a run.
+    pub fn new() -> Effects {
+        Effects::default()
+    }
+
+    /// Caller `caller` calls about `key`.
+    pub fn called(&self, caller: u64, key: u64) {
+        self.inner.lock().callers.insert(caller, (key, None));
+    }
+
+    /// `caller`'s operation made its side effect for `key`.
+    pub fn acted(&self, caller: u64, key: u64) {
+        self.inner.lock().acts.entry(key).or_default().push(caller);
+    }
+
+    /// `caller`'s operation was told its lease was lost.
+    pub fn told_lost(&self, caller: u64) {
+        self.inner.lock().told_lost.insert(caller);
+    }
+
+    /// `caller` got `answer`, described as `what`.
+    pub fn answered(&self, caller: u64, answer: Answer, what: &str) {
+        let mut seen = self.inner.lock();
+        if let Some(entry) = seen.callers.get_mut(&caller) {
+            entry.1 = Some(match answer {
+                Answer::Untyped => format!("untyped: {what}"),
+                _ => what.to_owned(),
+            });
+        }
+    }
+
+    /// A fault the schedule injected.
+    pub fn fault(&self, what: impl Into<String>) {
+        self.inner.lock().faults.push(what.into());
+    }
+
+    /// The promises of "once", held against what was recorded and against `stuck`: the
+    /// keys the store still holds in flight, unnoted, a lease timeout after every
+    /// caller ended.
+    /// - every side effect beyond a key's first is excused only by an operation (the
+    ///   first's, or its own) that was told its lease was lost;
+    /// - every caller got an answer of the store or a typed error (or was cancelled,
+    ///   or panicked, as the schedule drew);
+    /// - no key stays in flight past its lease timeout unless it is noted.
+    pub fn check(&self, stuck: &[u64]) -> Report {
+        let seen = self.inner.lock();
+        let mut report = Report {
+            faults: seen.faults.len() as u64,
+            fault_list: seen.faults.clone(),
+            ..Report::default()
+        };
+        for (key, callers) in &seen.acts {
+            report.keys += 1;
+            report.admitted += 1;
+            let told = callers
+                .iter()
+                .filter(|c| seen.told_lost.contains(c))
+                .count();
+            if callers.len() > 1 + told {
+                report.shortfalls.push(format!(
+                    "key {key}: its side effect made {} times (callers {callers:?}), only {told} \
+                     of them told their lease was lost",
+                    callers.len()
+                ));
+            }
+        }
+        for (caller, (key, answer)) in &seen.callers {
+            match answer {
+                None => report
+                    .shortfalls
+                    .push(format!("caller {caller} (key {key}) got no answer")),
+                Some(what) if what.starts_with("untyped") => report
+                    .shortfalls
+                    .push(format!("caller {caller} (key {key}) got {what}")),
+                Some(_) => report.seen += 1,
+            }
+        }
+        for key in stuck {
+            report.shortfalls.push(format!(
+                "key {key} stays in flight past its lease timeout without a note"
+            ));
+        }
+        report
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -383,6 +502,32 @@ mod tests {
         assert!(found("key 4 ", "answered seen"));
         assert_eq!(report.faults, 3);
         assert_eq!(history.keys_below(), 6);
+    }
+
+    #[test]
+    fn the_once_checker_finds_each_broken_promise() {
+        let effects = Effects::new();
+        for caller in 0..6 {
+            effects.called(caller, caller / 2);
+        }
+        effects.acted(0, 0);
+        effects.acted(1, 0); // twice, nobody told
+        effects.acted(2, 1);
+        effects.told_lost(2);
+        effects.acted(3, 1); // twice, the first told: excused
+        effects.answered(0, Answer::Typed, "ran");
+        effects.answered(1, Answer::Typed, "ran");
+        effects.answered(2, Answer::Typed, "fenced");
+        effects.answered(3, Answer::Typed, "ran");
+        effects.answered(4, Answer::Untyped, "hung");
+        // Caller 5 got nothing.
+        let report = effects.check(&[2]);
+        let found = |what: &str| report.shortfalls.iter().any(|line| line.contains(what));
+        assert_eq!(report.shortfalls.len(), 4, "{:?}", report.shortfalls);
+        assert!(found("key 0: its side effect made 2 times"));
+        assert!(found("caller 4 (key 2) got untyped: hung"));
+        assert!(found("caller 5 (key 2) got no answer"));
+        assert!(found("key 2 stays in flight"));
     }
 
     #[test]

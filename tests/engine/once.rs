@@ -187,3 +187,60 @@ fn a_renewal_survives_a_reopen() {
     assert!(taker.epoch() > epoch);
     assert!(matches!(lease.keep_alive(), Err(Error::Fenced)));
 }
+
+/// Every ending of `Db::run_once` is an ending: an output over the limit fails the record
+/// with a short text (replayed, not run again); a failure text over it is cut to it; an
+/// operation that panics leaves the record in flight with a note, which a reserve past
+/// the lease timeout does not take over.
+#[test]
+fn run_once_ends_its_record_on_every_path() {
+    let clock = manual_clock();
+    let db = Db::open(
+        Options::in_memory()
+            .clock(clock.clone())
+            .max_response_bytes(64)
+            .lease_timeout(Duration::from_secs(1)),
+    )
+    .unwrap();
+    let scope = Scope::new("t", "endings");
+    let runs = AtomicUsize::new(0);
+    let large = || {
+        db.run_once(&scope, (b"large", b"req"), RunOnce::new(), |_, _| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, String>(vec![1; 65])
+        })
+    };
+    assert!(matches!(
+        large(),
+        Err(Error::ResponseTooLarge { len: 65, max: 64 })
+    ));
+    let Ok(Once::Replayed(record)) = large() else {
+        panic!("an output over the limit is run again");
+    };
+    assert_eq!(record.status(), RecordStatus::Failed);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    let failed = db.run_once(
+        &scope,
+        (b"long", b"req"),
+        RunOnce::new().on_error(oncedb::OnError::Fail),
+        |_, _| Err::<Vec<u8>, _>("é".repeat(40)),
+    );
+    assert!(matches!(failed, Ok(Once::Errored(_))));
+    let record = db.get(&scope, b"long").unwrap().unwrap();
+    assert_eq!(record.response(), Some("é".repeat(32).as_bytes()));
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        db.run_once(&scope, (b"panics", b"req"), RunOnce::new(), |_, _| {
+            panic!("the operation panics")
+        })
+        .map(|_: Once<String>| ())
+    }));
+    assert!(panicked.is_err());
+    clock.forward(Duration::from_secs(2));
+    let Reservation::InFlight {
+        note: Some(note), ..
+    } = db.reserve(&scope, b"panics", b"req").unwrap()
+    else {
+        panic!("a panicked operation's record was taken over or left unnoted");
+    };
+    assert!(note.ends_with(b"outcome unknown"));
+}

@@ -3,6 +3,7 @@
 //! and a three-primary Redis Cluster. The servers are real, started by the tests on free
 //! loopback ports and stopped when a test ends, passed or failed.
 
+pub mod once;
 pub mod suite;
 
 #[cfg(any(feature = "redis", feature = "postgres"))]
@@ -229,5 +230,27 @@ mod redis {
             tls: None,
         };
         suite::run(&harness).await;
+    }
+}
+
+/// The property test of "once" (`once.rs`) on the embedded store with the system clock,
+/// in memory and durable: leases time out for real, so renewal outages longer than the
+/// timeout let another caller take a record over. The seed is printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_holds_on_a_real_clock() {
+    let dir = tempfile::tempdir().unwrap();
+    for durable in [false, true] {
+        let options = match durable {
+            true => Options::new(dir.path()).durability(Durability::Sync),
+            false => Options::in_memory(),
+        };
+        let store = Db::open(
+            StoreOptions::new(Duration::from_secs(60))
+                .lease_timeout(Duration::from_millis(200))
+                .embedded(options)
+                .bucket_width(Duration::from_secs(6)),
+        )
+        .unwrap();
+        suite::check_once(store, "real-clock", 12).await;
     }
 }

@@ -738,3 +738,46 @@ async fn keys_come_from_any_header_or_a_body_pointer() {
             .is_err()
     );
 }
+
+/// With a lease timeout, the layer renews the lease while the handler runs: a retry that
+/// waits for the outcome through five lease timeouts never takes over the handler still
+/// running, and gets `409` at its deadline; the handler ran once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_handler_keeps_its_lease() {
+    let handler = Arc::new(Handler::default());
+    let db = Db::open(
+        oncedb::StoreOptions::new(Duration::from_secs(60))
+            .lease_timeout(Duration::from_millis(300))
+            .embedded(Options::in_memory())
+            .bucket_width(Duration::from_secs(6)),
+    )
+    .unwrap();
+    let layer = IdempotencyLayer::new(db, |_| Some("tenant_a".to_owned()))
+        .wait_for_outcome(Duration::from_millis(1500));
+    let app = Router::new()
+        .route("/things", post(handle).route_layer(layer))
+        .with_state(Arc::clone(&handler));
+    let first = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, request(Some(KEY), "wait", "{}")).await }
+    });
+    while handler.calls.load(Ordering::SeqCst) == 0 {
+        tokio::task::yield_now().await;
+    }
+    let mut retry = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, request(Some(KEY), "wait", "{}")).await }
+    });
+    let answered = tokio::time::timeout(Duration::from_secs(20), &mut retry).await;
+    assert_eq!(
+        handler.calls.load(Ordering::SeqCst),
+        1,
+        "a retry took over a running handler"
+    );
+    let retry = answered
+        .expect("the retry answers at its deadline")
+        .unwrap();
+    assert_eq!(retry.0, StatusCode::CONFLICT);
+    handler.gate.notify_one();
+    assert_eq!(first.await.unwrap().0, StatusCode::CREATED);
+}

@@ -79,7 +79,7 @@ fn a_durable_db_never_fsyncs_on_the_runtime_thread() {
     let runtime_thread = std::thread::current().id();
     // Before the harness drops the stores.
     let threads = harness.threads.lock().unwrap().clone();
-    assert_eq!(harness.stores.lock().unwrap().len(), 6);
+    assert_eq!(harness.stores.lock().unwrap().len(), 7);
     assert!(
         threads.len() > 40,
         "the writes were fsynced: {}",

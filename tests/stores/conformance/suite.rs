@@ -59,6 +59,33 @@ pub async fn run<H: Harness>(harness: &H) {
     run_once(&store).await;
     run_once_errors(&store).await;
     longest_keys(harness).await;
+    let options =
+        StoreOptions::new(Duration::from_secs(60)).lease_timeout(Duration::from_millis(200));
+    check_once(harness.store_with(options).await, "suite", 6).await;
+}
+
+/// The property test of "once" (`once.rs`) on `store`, whose lease timeout is set, for
+/// `batches` batches; the seed is printed, and `ONCEDB_FAULT_SEED` replays it.
+pub async fn check_once<S: Store + Clone>(store: S, name: &str, batches: u64) {
+    let seed = oncedb_testkit::schedule::random_seed();
+    eprintln!(
+        "once property ({name}): seed {seed} (replay with {}={seed})",
+        oncedb_testkit::schedule::SEED_VARIABLE
+    );
+    let scope = Scope::new("t", format!("once-{name}-{seed}"));
+    let report = super::once::property(store, &scope, seed, batches).await;
+    eprintln!(
+        "once property ({name}) {seed}: {} callers answered, {} keys acted on; faults: {}",
+        report.seen,
+        report.keys,
+        report.fault_list.join(", ")
+    );
+    assert!(report.keys > 0, "seed {seed}: no operation acted");
+    assert!(
+        report.shortfalls.is_empty(),
+        "seed {seed}:\n{}",
+        report.shortfalls.join("\n")
+    );
 }
 
 fn acquired<L>(answer: Reservation<L>) -> L {
