@@ -91,10 +91,10 @@ fn main() {
         Some(dir) => Options::new(dir).durability(Durability::Sync),
         None => Options::in_memory(),
     };
-    // A day of message ids: senders retry for up to a few days; size the window to the
-    // sender's retry schedule.
-    let db =
-        Db::open(options.window(std::time::Duration::from_secs(86_400))).expect("open the store");
+    // A week of message ids: senders retry for up to a few days (Stripe for three,
+    // Svix for about five); size the window past the sender's longest retry schedule.
+    let db = Db::open(options.window(std::time::Duration::from_secs(7 * 86_400)))
+        .expect("open the store");
     let addr: SocketAddr = addr.parse().expect("a socket address");
     let runtime = tokio::runtime::Runtime::new().expect("a runtime");
     runtime.block_on(async move {

@@ -160,11 +160,29 @@ impl Db {
                 }
                 Err(waiting) => waiting,
             };
-            let fired = std::future::poll_fn(|cx| watch.1.poll_fired(cx));
+            // Taken back when this wait ends without its ending, however it ends: at
+            // its wake-up time, or dropped by its caller (a timeout, a `select!`).
+            let registered = Registered {
+                engine: &self.engine,
+                watch,
+            };
+            let fired = std::future::poll_fn(|cx| registered.watch.1.poll_fired(cx));
             let wake = tokio::time::Instant::from_std(wake);
-            if tokio::time::timeout_at(wake, fired).await.is_err() {
-                self.engine.forget_ending(&watch);
-            }
+            let _ = tokio::time::timeout_at(wake, fired).await;
+        }
+    }
+}
+
+/// A wait's registration on an ending, taken back when dropped unless the ending came.
+struct Registered<'a> {
+    engine: &'a crate::engine::Engine,
+    watch: crate::engine::Watch,
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        if !self.watch.1.fired() {
+            self.engine.forget_ending(&self.watch);
         }
     }
 }

@@ -90,6 +90,13 @@ pub(crate) fn lease_ending(scope: &Scope, key_hash: u64, ending: &'static str) {
     }
 }
 
+/// A lease renewed (`keep_alive`).
+pub(crate) fn renewal(scope: &Scope) {
+    let _ = scope;
+    #[cfg(feature = "metrics")]
+    metrics::counter!("oncedb_lease_renewals_total", "operation" => operation(scope)).increment(1);
+}
+
 /// A take-over.
 pub(crate) fn take_over(scope: &Scope, key: &[u8], epoch: u64) {
     let _ = (scope, key, epoch);

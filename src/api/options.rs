@@ -87,8 +87,11 @@ impl Options {
     /// is idempotent by the same key (a provider that dedups on the operation id), since
     /// the first attempt may still be running, or may have succeeded without recording
     /// it. Choose a timeout above the longest a live attempt can take.
+    ///
+    /// The timeout counts in whole milliseconds, rounded up (as on every store): a
+    /// timeout under 1 ms is 1 ms, never 0.
     pub fn lease_timeout(mut self, timeout: Duration) -> Self {
-        self.config.lease_timeout_ms = Some(duration_to_ms(timeout));
+        self.config.lease_timeout_ms = Some(duration_to_ms(timeout).max(1));
         self
     }
 

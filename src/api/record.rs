@@ -274,6 +274,11 @@ impl Lease {
 
     pub(super) fn observe(&self, result: &Result<()>, ending: &'static str) {
         let ending = match result {
+            // A renewal is not an ending: counted on its own.
+            Ok(()) if ending == "renewed" => {
+                super::observe::renewal(&self.scope);
+                return;
+            }
             Ok(()) => ending,
             Err(crate::base::Error::Fenced) => "fenced",
             Err(crate::base::Error::LeaseLost) => "lost",

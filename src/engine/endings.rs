@@ -82,12 +82,12 @@ impl Endings {
     /// [`Endings::forget`] if it returns before the ending fires.
     pub(crate) fn register(&self, key: u128) -> Arc<Ending> {
         let ending = Arc::new(Ending::default());
-        self.waiting
-            .lock()
-            .entry(key)
-            .or_default()
-            .push(Arc::clone(&ending));
+        let mut waiting = self.waiting.lock();
+        waiting.entry(key).or_default().push(Arc::clone(&ending));
+        // Counted under the lock that `ended` and `forget` take: no count goes below
+        // the registrations it covers.
         self.count.fetch_add(1, Ordering::AcqRel);
+        drop(waiting);
         ending
     }
 

@@ -1028,10 +1028,10 @@ impl Engine {
 
     /// One look of a wait for the end of the record of `scoped_key`: registered on its
     /// ending first, then the record read, so that no ending between the two is missed.
-    /// The record if it is no longer in flight (finished, released, expired) or
-    /// `deadline` passed; otherwise the registration and when to look again (the
-    /// deadline, or a lease timeout from now: a holder that stopped renewing may be
-    /// taken over then). A caller that wakes without the ending forgets the
+    /// The record if it is no longer in flight (finished, released, expired), if its
+    /// lease lapsed (it may be taken over now), or if `deadline` passed; otherwise the
+    /// registration and when to look again (the deadline, or when the holder's lease
+    /// runs out: a holder that stopped renewing may be taken over then). A caller that wakes without the ending forgets the
     /// registration ([`Engine::forget_ending`]) and looks again.
     pub(crate) fn look_for_ending(
         &self,
@@ -1043,14 +1043,48 @@ impl Engine {
         let record = self.get_settled(scoped_key, settle);
         let now = std::time::Instant::now();
         let in_flight = matches!(&record, Ok(Some(r)) if r.status == RecordStatus::InFlight);
-        if !in_flight || now >= deadline {
+        let lease_left = match in_flight {
+            true => self.lease_left(scoped_key),
+            false => Ok(None),
+        };
+        // A lapsed lease answers at once: the caller may take the record over now.
+        let lapsed = matches!(lease_left, Ok(Some(left)) if left.is_zero());
+        if !in_flight || lapsed || now >= deadline {
             self.forget_ending(&watch);
             return Ok(record);
         }
-        let wake = self
-            .lease_timeout()
-            .map_or(deadline, |timeout| deadline.min(now + timeout));
+        let wake = match lease_left {
+            Ok(Some(left)) => deadline.min(now + left),
+            Ok(None) => deadline,
+            Err(err) => {
+                self.forget_ending(&watch);
+                return Ok(Err(err));
+            }
+        };
         Err((watch, wake))
+    }
+
+    /// How long the lease holding the record of `scoped_key` in flight has left before
+    /// it may be taken over, on the store's clock: `None` without a lease timeout, for a
+    /// noted record (never taken over automatically), or a record not in flight.
+    fn lease_left(&self, scoped_key: &[u8]) -> Result<Option<std::time::Duration>> {
+        let Some(timeout_ms) = self.lease_timeout_ms else {
+            return Ok(None);
+        };
+        let fingerprint = self.hasher.record(scoped_key);
+        let held = {
+            let mut shard = self.index.lock(fingerprint, self.current_bucket());
+            shard.lease_of(fingerprint, scoped_key, self.sealed_records())?
+        };
+        Ok(match held {
+            Some((leased_ms, false)) => {
+                let held_ms = self.clock.now_ms().saturating_sub(leased_ms);
+                Some(std::time::Duration::from_millis(
+                    timeout_ms.saturating_sub(held_ms),
+                ))
+            }
+            _ => None,
+        })
     }
 
     /// Blocks until the record of `scoped_key` is not in flight or `deadline` passes,

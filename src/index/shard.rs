@@ -1108,6 +1108,22 @@ impl Shard {
         Ok(record.map(|r| r.snapshot(retention, current)))
     }
 
+    /// The lease holding the live record of `scoped_key` in flight: when it was granted
+    /// or last renewed, and whether its holder noted the record. `None` if the record is
+    /// not in flight.
+    pub(crate) fn lease_of(
+        &mut self,
+        fingerprint: Fingerprint,
+        scoped_key: &[u8],
+        sealed: Option<&dyn SealedRecords>,
+    ) -> Result<Option<(u64, bool)>> {
+        let (window, current) = (self.view(), self.current);
+        let record =
+            self.records
+                .live_mut(fingerprint.0, Some(scoped_key), (window, current), sealed)?;
+        Ok(record.and_then(|r| Some((r.leased_ms()?, r.has_note()))))
+    }
+
     /// What a record seal takes from this shard ([`RecordMap::sealable`]).
     pub(crate) fn sealable_records(&self) -> Sealable {
         self.records.sealable(self.view(), self.current)

@@ -244,3 +244,73 @@ fn run_once_ends_its_record_on_every_path() {
     };
     assert!(note.ends_with(b"outcome unknown"));
 }
+
+/// A waiter wakes when a silent holder's lease runs out, and `run_once` takes the record
+/// over then, not at the end of its own 20 s wait.
+#[test]
+fn a_waiter_takes_over_when_a_silent_holders_lease_runs_out() {
+    let db = Db::open(Options::in_memory().lease_timeout(Duration::from_millis(300))).unwrap();
+    let scope = Scope::new("t", "silent");
+    // The holder dies: its lease is dropped, neither ended nor noted.
+    drop(acquire(&db, &scope, b"k"));
+    let started = Instant::now();
+    let how = RunOnce::new().wait(Duration::from_secs(20));
+    let ran = db.run_once(&scope, (b"k", b"req"), how, |_, _| {
+        Ok::<_, String>(b"taken over".to_vec())
+    });
+    assert!(matches!(ran, Ok(Once::Ran(_))));
+    let waited = started.elapsed();
+    assert!(
+        waited < Duration::from_secs(10),
+        "waited {waited:?} for a lease of 300 ms"
+    );
+}
+
+/// A wait dropped before its ending (a timeout around it, a `select!`) takes its
+/// registration back: a million of them leave no waiter behind.
+#[cfg(feature = "async")]
+#[test]
+fn a_cancelled_wait_leaves_no_waiter_behind() {
+    let db = Db::open(Options::in_memory()).unwrap();
+    let scope = Scope::new("t", "cancelled-waits");
+    let lease = acquire(&db, &scope, b"k");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        for _ in 0..1000 {
+            let wait = oncedb::Store::wait_finished(&db, &scope, b"k", Duration::from_secs(60));
+            let mut wait = std::pin::pin!(wait);
+            // Polled once (registered), then dropped.
+            assert!(futures_util::poll!(wait.as_mut()).is_pending());
+        }
+    });
+    assert_eq!(db.stats().outcome_waiters, 0);
+    lease.complete(b"done").unwrap();
+}
+
+/// A lease timeout under a millisecond is a millisecond, as on every store: a record just
+/// reserved is not taken over at once.
+#[test]
+fn a_lease_timeout_under_a_millisecond_is_one() {
+    let clock = manual_clock();
+    let db = Db::open(
+        Options::in_memory()
+            .clock(clock.clone())
+            .lease_timeout(Duration::from_micros(500)),
+    )
+    .unwrap();
+    let scope = Scope::new("t", "short");
+    let lease = acquire(&db, &scope, b"k");
+    assert!(matches!(
+        db.reserve(&scope, b"k", b"req").unwrap(),
+        Reservation::InFlight { .. }
+    ));
+    clock.forward(Duration::from_millis(1));
+    assert!(matches!(
+        db.reserve(&scope, b"k", b"req").unwrap(),
+        Reservation::Acquired(_)
+    ));
+    assert!(matches!(lease.complete(b"late"), Err(e) if matches!(e.error(), Error::Fenced)));
+}

@@ -30,6 +30,11 @@ pub(super) const CHANNEL: &str = "oncedb_finished";
 /// How often a waiter looks at the record when no connection listens.
 pub(super) const POLL_WITHOUT_LISTENER: Duration = Duration::from_millis(50);
 
+/// How often a waiter looks at the record while a connection listens and no lease
+/// timeout is set: a safety net under NOTIFY, which a pooler in transaction mode, or a
+/// wait registered while the listener closes, may miss.
+pub(super) const LOOK_AGAIN_WHILE_LISTENING: Duration = Duration::from_secs(1);
+
 /// Opens a listening connection: its client (kept while it listens) and the payloads
 /// of its notifications, until the connection ends.
 type Connector = Arc<

@@ -417,7 +417,9 @@ impl PostgresStore {
         let look_again = match (signal, self.options.lease_timeout) {
             (None, _) => listen::POLL_WITHOUT_LISTENER,
             (Some(_), Some(timeout)) => timeout,
-            (Some(_), None) => deadline - now,
+            // NOTIFY alone may miss an ending (a pooler in transaction mode, a wait
+            // registered while the listener closes): look again at least every second.
+            (Some(_), None) => listen::LOOK_AGAIN_WHILE_LISTENING,
         };
         let wake = deadline.min(now + look_again);
         match woken.as_mut().as_pin_mut() {
