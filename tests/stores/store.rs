@@ -313,3 +313,58 @@ fn a_failed_commit_wakes_every_waiting_write() {
     let after = runtime.block_on(Store::insert_if_absent(&db, b"after"));
     assert!(matches!(after, Err(oncedb::Error::Poisoned)), "{after:?}");
 }
+
+/// A waiter never answers an ending before it is durable: with the completion's fsync
+/// held, neither a wait nor a reserve answers the record completed (they wait for the
+/// write they would rest on); once the fsync is let through, both do.
+#[test]
+fn a_waiter_never_answers_an_ending_before_it_is_durable() {
+    let gate = SyncGate::writers();
+    let db = sync_db_behind(&gate);
+    let scope = oncedb::Scope::new("t", "durable-ending");
+    let oncedb::Reservation::Acquired(lease) = db.reserve(&scope, b"k", b"req").unwrap() else {
+        panic!("acquired");
+    };
+    db.flush().unwrap();
+    gate.hold(1);
+    std::thread::scope(|s| {
+        // A failed assertion below lets the held fsync go, so the scope's threads end.
+        let _release = gate.release_on_drop();
+        let completing = s.spawn(|| lease.complete(b"done").unwrap());
+        gate.await_held(1);
+        let (told, answers) = std::sync::mpsc::channel();
+        let waiting = {
+            let (db, scope, told) = (db.clone(), scope.clone(), told.clone());
+            s.spawn(move || {
+                let record = db.wait_finished(&scope, b"k", Duration::from_secs(60));
+                told.send(("wait", record.unwrap().unwrap().status())).unwrap();
+            })
+        };
+        let reserving = {
+            let (db, scope) = (db.clone(), scope.clone());
+            s.spawn(move || {
+                let status = match db.reserve(&scope, b"k", b"req").unwrap() {
+                    oncedb::Reservation::Completed(record) => record.status(),
+                    _ => oncedb::RecordStatus::InFlight,
+                };
+                told.send(("reserve", status)).unwrap();
+            })
+        };
+        // While the fsync is held, nothing may answer "completed".
+        if let Ok((who, status)) = answers.recv_timeout(Duration::from_millis(300)) {
+            assert_ne!(
+                status,
+                oncedb::RecordStatus::Completed,
+                "{who} answered an ending whose fsync is held"
+            );
+        }
+        gate.release_all();
+        completing.join().unwrap();
+        waiting.join().unwrap();
+        reserving.join().unwrap();
+    });
+    assert_eq!(
+        db.get(&scope, b"k").unwrap().unwrap().status(),
+        oncedb::RecordStatus::Completed
+    );
+}
