@@ -5,7 +5,7 @@
 //! its outcome ([`Db::wait_finished`]) instead of failing at once. The asynchronous
 //! form for every store is [`Store::run_once`](crate::Store::run_once).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
@@ -108,11 +108,11 @@ pub(crate) struct Renewals {
 }
 
 impl Renewals {
-    /// Renewals of a lease granted just now, under `timeout`.
-    pub(crate) fn new(timeout: Duration) -> Renewals {
+    /// Renewals of a lease asked for at `asked`, under `timeout`.
+    pub(crate) fn new(timeout: Duration, asked: Instant) -> Renewals {
         Renewals {
             timeout,
-            held_until: crate::base::deadline_after(timeout),
+            held_until: asked.checked_add(timeout).unwrap_or(asked),
             retry: FIRST_RETRY,
         }
     }
@@ -159,16 +159,28 @@ pub struct LeaseWatch {
 struct Watched {
     epoch: u64,
     lost: AtomicBool,
+    /// Until when the last renewal the store took holds the lease, in microseconds
+    /// after `origin`; `u64::MAX` without a lease timeout.
+    held_until_us: AtomicU64,
+    origin: Instant,
     waiters: Mutex<Vec<Waker>>,
     changed: Condvar,
 }
 
 impl LeaseWatch {
-    pub(crate) fn new(epoch: u64) -> LeaseWatch {
+    /// The watch of a lease asked for at `asked` (its grant came after: the lease is
+    /// counted from there, at the earliest the store may count it from), under
+    /// `timeout` if the store has one.
+    pub(crate) fn new(epoch: u64, timeout: Option<Duration>, asked: Instant) -> LeaseWatch {
+        let held_until_us = timeout.map_or(u64::MAX, |timeout| {
+            u64::try_from(timeout.as_micros()).unwrap_or(u64::MAX)
+        });
         LeaseWatch {
             inner: Arc::new(Watched {
                 epoch,
                 lost: AtomicBool::new(false),
+                held_until_us: AtomicU64::new(held_until_us),
+                origin: asked,
                 waiters: Mutex::new(Vec::new()),
                 changed: Condvar::new(),
             }),
@@ -180,9 +192,32 @@ impl LeaseWatch {
         self.inner.epoch
     }
 
-    /// Whether the lease was lost.
+    /// Whether the lease was lost: a renewal was refused as lost, or a whole lease
+    /// timeout passed since the last renewal the store took. The second is read from the
+    /// clock here, so it holds even while the renewals are held up (a starved thread).
     pub fn is_lost(&self) -> bool {
-        self.inner.lost.load(Ordering::Acquire)
+        if self.inner.lost.load(Ordering::Acquire) {
+            return true;
+        }
+        let held_until_us = self.inner.held_until_us.load(Ordering::Acquire);
+        let now_us = u64::try_from(self.inner.origin.elapsed().as_micros()).unwrap_or(u64::MAX);
+        now_us >= held_until_us
+    }
+
+    /// How long until the last renewal the store took lapses.
+    fn until_lapse(&self) -> Duration {
+        let held_until_us = self.inner.held_until_us.load(Ordering::Acquire);
+        let now_us = u64::try_from(self.inner.origin.elapsed().as_micros()).unwrap_or(u64::MAX);
+        Duration::from_micros(held_until_us.saturating_sub(now_us))
+    }
+
+    /// A renewal sent at `sent` was taken: the lease holds until a timeout after it.
+    pub(crate) fn renewed(&self, sent: Instant, timeout: Duration) {
+        let until = sent.saturating_duration_since(self.inner.origin) + timeout;
+        let until_us = u64::try_from(until.as_micros()).unwrap_or(u64::MAX);
+        self.inner
+            .held_until_us
+            .fetch_max(until_us, Ordering::AcqRel);
     }
 
     /// Blocks until the lease is lost or `timeout` passes; whether it was lost. For a
@@ -195,6 +230,8 @@ impl LeaseWatch {
             if left.is_zero() {
                 return false;
             }
+            // Woken by a refused renewal, or at the lapse of the last renewal taken.
+            let left = left.min(self.until_lapse());
             waiters = match self.inner.changed.wait_timeout(waiters, left) {
                 Ok((waiters, _)) => waiters,
                 Err(poisoned) => poisoned.into_inner().0,
@@ -331,8 +368,11 @@ impl Db {
         // Read the clock only when an attempt is in flight: the common call acquires.
         let mut deadline = None;
         loop {
+            let asked = Instant::now();
             match self.reserve(scope, key, request)? {
-                Reservation::Acquired(lease) => return self.run_leased(lease, how, operation),
+                Reservation::Acquired(lease) => {
+                    return self.run_leased((lease, asked), how, operation);
+                }
                 Reservation::InFlight { since, .. } => {
                     let deadline = *deadline.get_or_insert_with(|| how.deadline());
                     let left = deadline.saturating_duration_since(Instant::now());
@@ -351,15 +391,15 @@ impl Db {
 
     fn run_leased<E: std::fmt::Display>(
         &self,
-        lease: Lease,
+        (lease, asked): (Lease, Instant),
         how: RunOnce,
         operation: impl FnOnce(&Lease, &LeaseWatch) -> std::result::Result<Vec<u8>, E>,
     ) -> Result<Once<E>> {
-        let watch = LeaseWatch::new(lease.epoch());
+        let watch = LeaseWatch::new(lease.epoch(), self.engine.lease_timeout(), asked);
         let output = {
             let _unfinished = NoteOnPanic(&lease);
             match self.engine.lease_timeout() {
-                Some(timeout) => kept_alive(&lease, &watch, timeout, operation),
+                Some(timeout) => kept_alive(&lease, &watch, (timeout, asked), operation),
                 None => operation(&lease, &watch),
             }
         };
@@ -403,17 +443,21 @@ impl Drop for NoteOnPanic<'_> {
 fn kept_alive<T>(
     lease: &Lease,
     watch: &LeaseWatch,
-    timeout: Duration,
+    (timeout, asked): (Duration, Instant),
     operation: impl FnOnce(&Lease, &LeaseWatch) -> T,
 ) -> T {
     let (done, stopped) = std::sync::mpsc::channel::<()>();
     std::thread::scope(|scope| {
         scope.spawn(move || {
-            let mut renewals = Renewals::new(timeout);
+            let mut renewals = Renewals::new(timeout, asked);
             let mut wait = renewals.first();
             while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(wait) {
                 let sent = Instant::now();
-                match renewals.after(sent, &lease.keep_alive()) {
+                let answer = lease.keep_alive();
+                if answer.is_ok() {
+                    watch.renewed(sent, timeout);
+                }
+                match renewals.after(sent, &answer) {
                     Some(next) => wait = next,
                     None => {
                         watch.mark_lost();
@@ -439,7 +483,7 @@ mod tests {
     #[test]
     fn renewals_retry_until_the_lease_lapses_and_stop_when_fenced() {
         let timeout = Duration::from_secs(3);
-        let mut renewals = Renewals::new(timeout);
+        let mut renewals = Renewals::new(timeout, Instant::now());
         assert_eq!(renewals.first(), Duration::from_secs(1));
         let busy = Err(Error::TimedOut {
             engine: "postgres",
@@ -463,7 +507,7 @@ mod tests {
 
     #[test]
     fn a_watch_tells_every_waiter_once_the_lease_is_lost() {
-        let watch = LeaseWatch::new(7);
+        let watch = LeaseWatch::new(7, None, Instant::now());
         assert_eq!(watch.epoch(), 7);
         assert!(!watch.is_lost());
         assert!(!watch.wait_lost(Duration::from_millis(1)));
@@ -474,5 +518,12 @@ mod tests {
         watch.mark_lost();
         assert!(waiter.join().unwrap());
         assert!(watch.is_lost());
+        // A lease whose timeout passed with no renewal taken is lost, whether or not a
+        // renewal was refused yet.
+        let lapsed = LeaseWatch::new(8, Some(Duration::ZERO), Instant::now());
+        assert!(lapsed.is_lost() && lapsed.wait_lost(Duration::from_secs(60)));
+        let renewed = LeaseWatch::new(9, Some(Duration::ZERO), Instant::now());
+        renewed.renewed(Instant::now(), Duration::from_secs(60));
+        assert!(!renewed.is_lost());
     }
 }

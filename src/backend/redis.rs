@@ -138,6 +138,15 @@ redis.call('HSET', KEYS[1], 'leased', str(now_ms()))
 return 'ok'
 ";
 
+/// KEYS: record. How long ago the lease holding the record in flight was granted or
+/// renewed, by the server's clock; -1 if the record is not in flight or is noted (never
+/// taken over automatically).
+const LEASE_AGE: &str = r"
+local f = redis.call('HMGET', KEYS[1], 'status', 'leased', 'created', 'note')
+if f[1] ~= 'in_flight' or f[4] then return -1 end
+return now_ms() - tonumber(f[2] or f[3])
+";
+
 const RESUME: &str = r"
 local state = owner(KEYS[1], ARGV[1])
 if state ~= 'owned' then return {state} end
@@ -447,6 +456,24 @@ impl RedisStore {
         invocation.invoke_async(&mut conn).await.map_err(backend)
     }
 
+    /// How long the lease holding the record of `key` in flight has left before a
+    /// reserve may take it over: `None` without a lease timeout, for a noted record, or
+    /// a record not in flight.
+    async fn lease_left(&self, scope: &Scope, key: &[u8]) -> Result<Option<Duration>> {
+        let Some(timeout) = self.options.lease_timeout else {
+            return Ok(None);
+        };
+        let (_, record, _) = self.record_keys(scope, key)?;
+        let age_ms: i64 = self.invoke(&SCRIPTS.lease_age, &[&record], &[]).await?;
+        let Ok(age_ms) = u64::try_from(age_ms) else {
+            return Ok(None);
+        };
+        let timeout_ms = duration_to_ms(timeout).max(1);
+        Ok(Some(Duration::from_millis(
+            timeout_ms.saturating_sub(age_ms),
+        )))
+    }
+
     async fn lines(&self, script: &Script, keys: &[&str], args: &[&[u8]]) -> Result<Vec<Vec<u8>>> {
         self.invoke(script, keys, args).await
     }
@@ -512,6 +539,7 @@ struct Scripts {
     finish: Script,
     note: Script,
     renew: Script,
+    lease_age: Script,
     resume: Script,
     take_over: Script,
     advance: Script,
@@ -524,6 +552,7 @@ static SCRIPTS: std::sync::LazyLock<Scripts> = std::sync::LazyLock::new(|| {
         finish: script(FINISH),
         note: script(NOTE),
         renew: script(RENEW),
+        lease_age: script(LEASE_AGE),
         resume: script(RESUME),
         take_over: script(TAKE_OVER),
         advance: script(&ADVANCE.replace("KEPT_TOKENS", &ADVANCE_TOKENS_KEPT.to_string())),
@@ -714,7 +743,13 @@ impl Store for RedisStore {
             {
                 return Ok(record);
             }
-            tokio::time::sleep_until(deadline.min(now + interval)).await;
+            // A lapsed lease answers at once: the caller may take the record over now.
+            let left = self.lease_left(scope, key).await?;
+            if left.is_some_and(|left| left.is_zero()) {
+                return Ok(record);
+            }
+            let look_again = left.map_or(interval, |left| interval.min(left));
+            tokio::time::sleep_until(deadline.min(now + look_again)).await;
             interval = (interval * 2).min(WAIT_POLL_MAX);
         }
     }

@@ -771,13 +771,14 @@ where
         Admitted::Unguarded(body) => return inner.call(Request::from_parts(parts, body)).await,
         Admitted::Keyed(keyed) => keyed,
     };
+    let asked = std::time::Instant::now();
     let lease = match reserve(&store, &keyed, &settings).await {
         Ok(lease) => lease,
         Err(answer) => return Ok(answer),
     };
     // Renewed while the handler runs, so that a retry never takes over a handler that
     // is still running; the handler can read the lease's state (`Extension<LeaseWatch>`).
-    let held = Held::start(lease, store.lease_timeout());
+    let held = Held::start((lease, asked), store.lease_timeout());
     parts.extensions.insert(held.watch.clone());
     let Keyed {
         tenant,

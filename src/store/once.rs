@@ -33,9 +33,10 @@ where
     // Read the clock only when an attempt is in flight: the common call acquires.
     let mut deadline = None;
     loop {
+        let asked = Instant::now();
         match store.reserve(scope, key, request).await? {
             Reservation::Acquired(lease) => {
-                let held = Held::start(lease, store.lease_timeout());
+                let held = Held::start((lease, asked), store.lease_timeout());
                 let output = operation(held.watch.clone()).await;
                 let lease = held.stop().await?;
                 return finish(lease, how, store.max_response_bytes(), output).await;
@@ -69,12 +70,14 @@ pub(crate) struct Held<L: StoreLease> {
 }
 
 impl<L: StoreLease> Held<L> {
-    /// Starts renewing `lease` every third of `lease_timeout`, if set.
-    pub(crate) fn start(lease: L, lease_timeout: Option<Duration>) -> Held<L> {
-        let watch = LeaseWatch::new(lease.epoch());
+    /// Starts renewing `lease`, asked for at `asked`, every third of `lease_timeout`,
+    /// if set.
+    pub(crate) fn start((lease, asked): (L, Instant), lease_timeout: Option<Duration>) -> Held<L> {
+        let watch = LeaseWatch::new(lease.epoch(), lease_timeout, asked);
         let lease = Arc::new(lease);
-        let renewer = lease_timeout
-            .map(|timeout| tokio::spawn(renew(Arc::clone(&lease), watch.clone(), timeout)));
+        let renewer = lease_timeout.map(|timeout| {
+            tokio::spawn(renew(Arc::clone(&lease), watch.clone(), (timeout, asked)))
+        });
         Held {
             lease: Some(lease),
             renewer,
@@ -124,13 +127,21 @@ impl<L: StoreLease> Drop for Held<L> {
 
 /// Renews `lease` as [`Renewals`] says until it is lost (then `watch` says so) or the
 /// task is aborted.
-async fn renew<L: StoreLease>(lease: Arc<L>, watch: LeaseWatch, timeout: Duration) {
-    let mut renewals = Renewals::new(timeout);
+async fn renew<L: StoreLease>(
+    lease: Arc<L>,
+    watch: LeaseWatch,
+    (timeout, asked): (Duration, Instant),
+) {
+    let mut renewals = Renewals::new(timeout, asked);
     let mut wait = renewals.first();
     loop {
         tokio::time::sleep(wait).await;
         let sent = Instant::now();
-        match renewals.after(sent, &lease.keep_alive().await) {
+        let answer = lease.keep_alive().await;
+        if answer.is_ok() {
+            watch.renewed(sent, timeout);
+        }
+        match renewals.after(sent, &answer) {
             Some(next) => wait = next,
             None => {
                 watch.mark_lost();

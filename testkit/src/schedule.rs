@@ -441,10 +441,18 @@ impl Effects {
                 .filter(|c| seen.told_lost.contains(c))
                 .count();
             if callers.len() > 1 + told {
+                let answers: Vec<String> = callers
+                    .iter()
+                    .map(|c| {
+                        let answer = seen.callers.get(c).and_then(|(_, a)| a.clone());
+                        format!("{c}: {}", answer.unwrap_or_else(|| "no answer".to_owned()))
+                    })
+                    .collect();
                 report.shortfalls.push(format!(
                     "key {key}: its side effect made {} times (callers {callers:?}), only {told} \
-                     of them told their lease was lost",
-                    callers.len()
+                     of them told their lease was lost ({})",
+                    callers.len(),
+                    answers.join("; ")
                 ));
             }
         }

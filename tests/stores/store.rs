@@ -79,7 +79,7 @@ fn a_durable_db_never_fsyncs_on_the_runtime_thread() {
     let runtime_thread = std::thread::current().id();
     // Before the harness drops the stores.
     let threads = harness.threads.lock().unwrap().clone();
-    assert_eq!(harness.stores.lock().unwrap().len(), 7);
+    assert_eq!(harness.stores.lock().unwrap().len(), 8);
     assert!(
         threads.len() > 40,
         "the writes were fsynced: {}",
@@ -337,7 +337,8 @@ fn a_waiter_never_answers_an_ending_before_it_is_durable() {
             let (db, scope, told) = (db.clone(), scope.clone(), told.clone());
             s.spawn(move || {
                 let record = db.wait_finished(&scope, b"k", Duration::from_secs(60));
-                told.send(("wait", record.unwrap().unwrap().status())).unwrap();
+                told.send(("wait", record.unwrap().unwrap().status()))
+                    .unwrap();
             })
         };
         let reserving = {

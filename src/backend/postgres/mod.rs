@@ -414,11 +414,20 @@ impl PostgresStore {
         if !in_flight || now >= deadline {
             return Some(record);
         }
-        let look_again = match (signal, self.options.lease_timeout) {
+        let left = match self.lease_left(scope, key).await {
+            Ok(left) => left,
+            Err(err) => return Some(Err(err)),
+        };
+        // A lapsed lease answers at once: the caller may take the record over now.
+        if left.is_some_and(|left| left.is_zero()) {
+            return Some(record);
+        }
+        // Woken by NOTIFY, and looking again when the holder's lease runs out and at
+        // least every second: NOTIFY alone may miss an ending (a pooler in transaction
+        // mode, a wait registered while the listener closes).
+        let look_again = match (signal, left) {
             (None, _) => listen::POLL_WITHOUT_LISTENER,
-            (Some(_), Some(timeout)) => timeout,
-            // NOTIFY alone may miss an ending (a pooler in transaction mode, a wait
-            // registered while the listener closes): look again at least every second.
+            (Some(_), Some(left)) => left.min(listen::LOOK_AGAIN_WHILE_LISTENING),
             (Some(_), None) => listen::LOOK_AGAIN_WHILE_LISTENING,
         };
         let wake = deadline.min(now + look_again);
@@ -429,6 +438,31 @@ impl PostgresStore {
             None => tokio::time::sleep_until(wake).await,
         }
         None
+    }
+
+    /// How long the lease holding the record of `key` in flight has left before a
+    /// reserve may take it over, by the server's clock: `None` without a lease timeout,
+    /// for a noted record, or a record not in flight.
+    async fn lease_left(&self, scope: &Scope, key: &[u8]) -> Result<Option<Duration>> {
+        let Some(timeout) = self.options.lease_timeout else {
+            return Ok(None);
+        };
+        let client = self.client().await?;
+        let row = client
+            .opt(sql::LEASE_AGE, &[&scope.tenant(), &scope.operation(), &key])
+            .await?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let (age_ms, noted): (Option<i64>, bool) = (row.get(0), row.get(1));
+        if noted {
+            return Ok(None);
+        }
+        let age_ms = u64::try_from(age_ms.unwrap_or(0)).unwrap_or(0);
+        let timeout_ms = crate::base::duration_to_ms(timeout).max(1);
+        Ok(Some(Duration::from_millis(
+            timeout_ms.saturating_sub(age_ms),
+        )))
     }
 
     async fn client(&self) -> Result<Object> {

@@ -55,6 +55,15 @@ pub(super) const GET: &str = concat!(
     "AND expires_at > now()"
 );
 
+/// How long ago the lease holding the live record in flight was granted or renewed, in
+/// milliseconds by the server's clock, and whether the record carries a note.
+pub(super) const LEASE_AGE: &str = concat!(
+    "SELECT (extract(epoch FROM now() - updated_at) * 1000)::bigint, note IS NOT NULL
+     FROM idempotency_records WHERE",
+    scoped_key!("idempotency_key"),
+    "AND status = 'processing' AND expires_at > now()"
+);
+
 /// What decides whether a lease owns the live record.
 pub(super) const LEASE_STATE: &str = concat!(
     "SELECT status, epoch, taken_epochs, created_at FROM idempotency_records WHERE",

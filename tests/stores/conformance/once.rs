@@ -256,8 +256,12 @@ async fn call<S: Store + Clone>(
 ) -> ((u64, u64), Answer, String) {
     let name = format!("k{key}");
     let how = RunOnce::new().wait(timeout * 3).on_error(OnError::Fail);
+    // The operation's watch, kept here too: a caller dropped mid-operation asks it
+    // whether the lease was lost while the operation ran.
+    let kept = Arc::new(Mutex::new(None::<LeaseWatch>));
     let operation = |watch: LeaseWatch| {
         let effects = Arc::clone(&effects);
+        *kept.lock().unwrap() = Some(watch.clone());
         async move {
             tokio::time::sleep(plan.before).await;
             if watch.is_lost() {
@@ -266,6 +270,9 @@ async fn call<S: Store + Clone>(
             }
             effects.acted(caller, key);
             if plan.panics {
+                if watch.is_lost() {
+                    effects.told_lost(caller);
+                }
                 effects.answered(caller, Answer::Panicked, "panicked");
                 panic!("caller {caller} panics after its side effect");
             }
@@ -285,7 +292,17 @@ async fn call<S: Store + Clone>(
     let answered = match plan.cancel_after {
         Some(after) => match tokio::time::timeout(after, run).await {
             Ok(answered) => Some(answered),
-            Err(_) => return ((caller, key), Answer::Cancelled, "cancelled".to_owned()),
+            Err(_) => {
+                if kept
+                    .lock()
+                    .unwrap()
+                    .as_ref()
+                    .is_some_and(LeaseWatch::is_lost)
+                {
+                    effects.told_lost(caller);
+                }
+                return ((caller, key), Answer::Cancelled, "cancelled".to_owned());
+            }
         },
         None => tokio::time::timeout(limit, run).await.ok(),
     };

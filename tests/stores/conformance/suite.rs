@@ -54,6 +54,7 @@ pub async fn run<H: Harness>(harness: &H) {
     window(harness).await;
     lease_timeout(harness).await;
     run_once_endings(harness).await;
+    silent_holder(harness).await;
     keep_alive(harness).await;
     waiting(&store).await;
     run_once(&store).await;
@@ -661,6 +662,32 @@ async fn run_once_endings<H: Harness>(harness: &H) {
     };
     assert!(panicked.await.unwrap_err().is_panic());
     unfinished_stays(harness, &store, &scope, b"panicked", b"panicked").await;
+}
+
+/// A caller of `run_once` waiting on a record whose holder went silent (its lease
+/// dropped, neither ended nor noted) takes it over once the lease runs out, long before
+/// its own 60 s wait ends: the wait looks again when the holder's lease runs out.
+async fn silent_holder<H: Harness>(harness: &H) {
+    let timeout = Duration::from_millis(600);
+    let options = StoreOptions::new(Duration::from_secs(60)).lease_timeout(timeout);
+    let store = harness.store_with(options).await;
+    let scope = Scope::new("t", "silent-holder");
+    drop(acquired(store.reserve(&scope, b"k", b"req").await.unwrap()));
+    let waiter = {
+        let (store, scope) = (store.clone(), scope.clone());
+        tokio::spawn(async move {
+            let how = RunOnce::new().wait(Duration::from_secs(60));
+            store
+                .run_once(&scope, (b"k", b"req"), how, |_| async {
+                    Ok::<_, String>(b"taken over".to_vec())
+                })
+                .await
+        })
+    };
+    harness.pass(&store, timeout).await;
+    let ran = tokio::time::timeout(Duration::from_secs(30), waiter).await;
+    let ran = ran.expect("the waiter took the record over when the lease ran out");
+    assert!(matches!(ran.unwrap(), Ok(Once::Ran(_))));
 }
 
 /// Waits until the record of `key` carries the note of an unfinished operation (noted by
