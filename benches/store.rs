@@ -3,7 +3,8 @@
 //! `Store` on a tokio runtime, for an in-memory store and a durable `Sync` and `Interval`
 //! store (each write on the calling task, awaiting its group commit); and an ordering-guard
 //! advance per iteration, the same ways; and `run_once` (reserve, the operation, complete)
-//! against the same reserve and complete written by hand.
+//! against the same reserve and complete written by hand, also on a store with a lease
+//! timeout (where `run_once` renews its lease beside the operation).
 //!
 //! `cargo bench --bench store --features async`.
 
@@ -34,6 +35,11 @@ fn stores() -> Vec<(&'static str, Db, tempfile::TempDir)> {
         };
         out.push((name, Db::open(options).unwrap(), dir));
     }
+    // With a lease timeout: `run_once` renews the lease beside the operation (a thread on
+    // the synchronous API, a task on `Store`), the hand-written loop does not.
+    let dir = tempfile::tempdir().unwrap();
+    let leased = Options::in_memory().lease_timeout(Duration::from_secs(30));
+    out.push(("memory_leased", Db::open(leased).unwrap(), dir));
     out
 }
 

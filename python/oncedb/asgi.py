@@ -38,10 +38,16 @@ it with ``"release"``, or leaves it in flight, noted ``HTTP <status>: outcome un
 with ``"keep_in_flight"``. A handler that knows better marks its answer with
 :func:`mark_side_effect`. An exception in the app is noted (``service error: ...``) and
 follows ``server_errors`` too: stored as a ``500`` (and answered so), released, or kept in
-flight; the last two re-raise it. A streaming answer (a body sent in several messages) is
-passed through as it comes and releases the key, so buffering is bounded by
-``max_response_bytes``; an answer over that limit is sent whole and stored without its
-body (``Idempotent-Body-Omitted: true`` on replays).
+flight; the last two re-raise it, and every app exception is logged with its traceback
+(``oncedb.asgi``). An answer with a ``Content-Length`` within ``max_response_bytes`` is
+collected whole however many messages carry it (a ``BaseHTTPMiddleware`` inside this one
+re-sends every answer in chunks). A streaming answer (no ``Content-Length``, or over the
+limit) is passed through as it comes and releases the key, so buffering is bounded by
+``max_response_bytes``; the request ends when the stream does, and a client that went
+away makes the app's next send fail, so an endless stream stops. An answer over the
+limit is sent whole and stored without its body (``Idempotent-Body-Omitted: true`` on
+replays). An app that ends with a ``BaseException`` (a ``CancelledError`` from a task it
+awaited) is treated as a raised exception: the request still gets an answer.
 
 The first attempt runs on a task of its own: a cancelled request (a timeout middleware, a
 server shutting down, a client going away) never cancels the handler or the storing of its
@@ -554,8 +560,11 @@ class IdempotencyMiddleware:
         except Exception as err:  # noqa: BLE001 - any app failure follows the policy
             return await self._failed(lease, err)
         if answer is None:
-            # Streamed to the client as it came: nothing whole to store.
+            # Streamed to the client as it came: nothing whole to store. The request
+            # ends when the stream does (a server closes a connection whose app returned
+            # mid-answer).
             await self._safely(lease.arelease)
+            await call.finished()
             return None
         status, headers, content = answer
         marked = scope.get("extensions", {}).get(SIDE_EFFECT)
@@ -563,7 +572,10 @@ class IdempotencyMiddleware:
         return answer
 
     async def _failed(self, lease: Any, err: Exception) -> Any:
-        """An app that raised before answering: noted, then per ``server_errors``."""
+        """An app that raised before answering: logged with its traceback (a stored
+        ``500`` would hide it from the server's error handling), noted, then per
+        ``server_errors``."""
+        log.error("oncedb: the app raised before answering", exc_info=err)
         note = f"service error: {err!r}".encode("utf-8", "replace")[:1024]
         await self._safely(lease.anote, note)
         if self.server_errors == "store":
@@ -651,6 +663,10 @@ class _AppCall:
         self.body, self.client, self.limit = body, send, limit
         self.status, self.headers, self.chunks, self.size = 500, [], [], 0
         self.streaming = False
+        #: The answer's ``content-length``: a body of known length within the limit is
+        #: collected whole across any number of messages (a ``BaseHTTPMiddleware`` re-sends
+        #: every answer in chunks, then an empty last one).
+        self.length: Optional[int] = None
         self.done = asyncio.Event()
         loop = asyncio.get_running_loop()
         self.answer: asyncio.Future = loop.create_future()
@@ -661,21 +677,35 @@ class _AppCall:
         streamed its answer; the app's exception if it raised before answering."""
         return await self.answer
 
+    async def finished(self) -> None:
+        """Waits until the app's run ended (a streamed answer was sent whole)."""
+        await asyncio.wait([self.task])
+
     async def _run(self, app: Any, scope: Scope) -> None:
         try:
             await app(scope, _replaying(self.body), self._send)
             if not self.answer.done():
                 self.answer.set_result((self.status, self.headers, b"".join(self.chunks)))
-        except Exception as err:  # noqa: BLE001
+        except BaseException as err:  # noqa: BLE001 - a cancelled await in the app too
+            failure = err
+            if not isinstance(err, Exception):
+                # A `CancelledError` (the app awaited a task something else cancelled) or
+                # another `BaseException`: the request still gets an answer.
+                failure = RuntimeError(f"the app ended with {err!r}")
             if not self.answer.done():
-                self.answer.set_exception(err)
+                self.answer.set_exception(failure)
             else:
                 log.warning("oncedb: the app raised after it answered: %r", err)
+            if isinstance(err, (KeyboardInterrupt, SystemExit)):
+                raise
 
     async def _send(self, message: Message) -> None:
         if message["type"] == "http.response.start":
             self.status = message["status"]
             self.headers = list(message.get("headers", []))
+            for name, value in self.headers:
+                if name.lower() == b"content-length" and value.strip().isdigit():
+                    self.length = int(value)
             return
         if message["type"] != "http.response.body":
             return
@@ -684,6 +714,10 @@ class _AppCall:
             await self._forward(message)
             return
         self.size += len(chunk)
+        if more and self.length is not None and self.size <= min(self.length, self.limit):
+            # A body of known length sent in several messages: collected whole.
+            self.chunks.append(chunk)
+            return
         if more:
             # A stream: what came so far goes out, then the rest as it comes.
             self.streaming = True
@@ -699,5 +733,8 @@ class _AppCall:
     async def _forward(self, message: Message) -> None:
         try:
             await self.client(message)
-        except Exception as err:  # noqa: BLE001 - the client went away
+        except Exception as err:
+            # The client went away: the app's send fails, as the server's would, so an
+            # endless stream (server-sent events) stops.
             log.debug("oncedb: the client went away mid-stream: %r", err)
+            raise

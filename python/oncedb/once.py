@@ -10,7 +10,7 @@ import threading
 import time
 from typing import Any, Callable, Optional, Union
 
-from ._oncedb import Db, Error, Lease, Reservation, SharedStore
+from ._oncedb import Db, Error, Fenced, Lease, LeaseLost, Reservation, SharedStore
 
 
 class Mismatch(Error):
@@ -39,24 +39,66 @@ def _default_payload(*args: Any, **kwargs: Any) -> Any:
     return {"args": list(args), "kwargs": kwargs}
 
 
-class _Renewal:
-    """Renews a lease every third of the store's lease timeout on a thread of its own
-    (the renewal waits on an fsync with the GIL released), until stopped."""
+#: A renewal refused for a reason that may pass is sent again after this long at first,
+#: doubling up to a third of the lease timeout, while the lease still holds (as in Rust).
+FIRST_RETRY = 0.01
 
-    def __init__(self, lease: Lease, timeout: Optional[float]) -> None:
+#: The note a record is left with when its call was cancelled or interrupted after the
+#: function started: its side effect may have happened, so no store takes it over
+#: automatically; a reconciler settles it (``in_flight``, then ``take_over``).
+UNFINISHED_NOTE = b"idempotent: the call was cancelled: outcome unknown"
+
+
+class _Renewals:
+    """When the next renewal goes out: every third of the timeout; after a refusal that
+    may pass, again with a growing back-off while the lease holds; never after
+    ``Fenced`` or ``LeaseLost``, or once a timeout passed since the last renewal taken."""
+
+    def __init__(self, timeout: float, asked: float) -> None:
+        self.timeout = timeout
+        self.held_until = asked + timeout
+        self.retry = FIRST_RETRY
+
+    def first(self) -> float:
+        return self.timeout / 3
+
+    def after(self, sent: float, err: Optional[BaseException]) -> Optional[float]:
+        if err is None:
+            self.held_until = sent + self.timeout
+            self.retry = FIRST_RETRY
+            return self.timeout / 3
+        if isinstance(err, (Fenced, LeaseLost)):
+            return None
+        left = self.held_until - time.monotonic()
+        if left <= 0:
+            return None
+        wait = min(self.retry, left)
+        self.retry = min(self.retry * 2, self.timeout / 3)
+        return wait
+
+
+class _Renewal:
+    """Renews a lease on a thread of its own (the renewal waits on an fsync with the GIL
+    released), retrying a refusal that may pass while the lease holds, until stopped."""
+
+    def __init__(self, lease: Lease, timeout: Optional[float], asked: float) -> None:
         self.stopped = threading.Event()
         self.thread = None
         if timeout:
-            self.thread = threading.Thread(target=self._loop, args=(lease, timeout / 3), daemon=True)
+            renewals = _Renewals(timeout, asked)
+            self.thread = threading.Thread(target=self._loop, args=(lease, renewals), daemon=True)
             self.thread.start()
 
-    def _loop(self, lease: Lease, every: float) -> None:
+    def _loop(self, lease: Lease, renewals: _Renewals) -> None:
+        wait: Optional[float] = renewals.first()
         # A timed wait is the renewal's period, not a stand-in for an event.
-        while not self.stopped.wait(every):
+        while wait is not None and not self.stopped.wait(wait):
+            sent = time.monotonic()
             try:
                 lease.keep_alive()
-            except Error:
-                return
+                wait = renewals.after(sent, None)
+            except Error as err:
+                wait = renewals.after(sent, err)
 
     def stop(self) -> None:
         self.stopped.set()
@@ -64,16 +106,20 @@ class _Renewal:
             self.thread.join()
 
 
-async def _renew(lease: Lease, timeout: Optional[float]) -> None:
-    """Renews ``lease`` every third of ``timeout`` until cancelled (or refused)."""
+async def _renew(lease: Lease, timeout: Optional[float], asked: float) -> None:
+    """Renews ``lease`` as :class:`_Renewals` says, until cancelled or lost."""
     if not timeout:
         return
-    while True:
-        await asyncio.sleep(timeout / 3)
+    renewals = _Renewals(timeout, asked)
+    wait: Optional[float] = renewals.first()
+    while wait is not None:
+        await asyncio.sleep(wait)
+        sent = time.monotonic()
         try:
             await lease.akeep_alive()
-        except Error:
-            return
+            wait = renewals.after(sent, None)
+        except Error as err:
+            wait = renewals.after(sent, err)
 
 
 class _Once:
@@ -117,9 +163,10 @@ class _Once:
         scope = self.scope(args, kwargs)
         deadline = time.monotonic() + self.given["wait"]
         while True:
+            asked = time.monotonic()
             answer = self.db.reserve(*scope)
             if answer.status == "acquired":
-                return self.run(answer.lease, function, args, kwargs)
+                return self.run(answer.lease, asked, function, args, kwargs)
             if answer.status != "in_flight":
                 return self.settled(answer)
             left = deadline - time.monotonic()
@@ -127,17 +174,38 @@ class _Once:
                 raise InFlight("another call of the key is still running")
             self.db.wait_finished(scope[0], scope[1], scope[2], left)
 
-    def run(self, lease: Lease, function: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        renewal = _Renewal(lease, self.db.lease_timeout)
+    def encoded(self, value: Any) -> tuple[Optional[bytes], Optional[bytes]]:
+        """The value as stored, or (when ``encode`` fails after the function ran) the
+        failure to store instead: the side effect happened, so a retry must not run the
+        function again."""
+        try:
+            return self.given["encode"](value), None
+        except Exception as err:  # noqa: BLE001 - any encoder failure
+            why = f"the result could not be encoded: {err!r}"
+            return None, why.encode("utf-8", "replace")
+
+    def run(
+        self, lease: Lease, asked: float, function: Callable[..., Any], args: tuple, kwargs: dict
+    ) -> Any:
+        renewal = _Renewal(lease, self.db.lease_timeout, asked)
         try:
             value = function(*args, **kwargs)
-        except BaseException as err:
+        except Exception as err:
             renewal.stop()
             stored = self.failure(err)
             lease.release() if stored is None else lease.fail(stored)
             raise
+        except BaseException:
+            # Interrupted (KeyboardInterrupt, SystemExit): the outcome is unknown.
+            renewal.stop()
+            lease.note(UNFINISHED_NOTE)
+            raise
         renewal.stop()
-        lease.complete(self.given["encode"](value))
+        stored, failure = self.encoded(value)
+        if stored is None:
+            lease.fail(failure)
+            raise TypeError(failure.decode("utf-8", "replace"))
+        lease.complete(stored)
         return value
 
     async def acall(self, function: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
@@ -146,9 +214,10 @@ class _Once:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.given["wait"]
         while True:
-            answer = await self.db.areserve(*scope)
+            asked = time.monotonic()
+            answer = await _reserved(self.db, scope)
             if answer.status == "acquired":
-                return await self.arun(answer.lease, function, args, kwargs)
+                return await self.arun(answer.lease, asked, function, args, kwargs)
             if answer.status != "in_flight":
                 return self.settled(answer)
             left = deadline - loop.time()
@@ -157,19 +226,60 @@ class _Once:
             await self.db.await_finished(scope[0], scope[1], scope[2], left)
 
     async def arun(
-        self, lease: Lease, function: Callable[..., Any], args: tuple, kwargs: dict
+        self, lease: Lease, asked: float, function: Callable[..., Any], args: tuple, kwargs: dict
     ) -> Any:
-        renewal = asyncio.ensure_future(_renew(lease, self.db.lease_timeout))
+        renewal = asyncio.ensure_future(_renew(lease, self.db.lease_timeout, asked))
         try:
             value = await function(*args, **kwargs)
-        except BaseException as err:
+        except Exception as err:
             renewal.cancel()
             stored = self.failure(err)
             await (lease.arelease() if stored is None else lease.afail(stored))
             raise
+        except BaseException:
+            # Cancelled (a timeout around the call, a task cancelled) or interrupted while
+            # the function ran: its side effect may have happened, so the record is noted,
+            # not released; a retry is not run again automatically. The note is written
+            # whatever happens to this task now.
+            renewal.cancel()
+            _keep(asyncio.ensure_future(lease.anote(UNFINISHED_NOTE)))
+            raise
         renewal.cancel()
-        await lease.acomplete(self.given["encode"](value))
+        stored, failure = self.encoded(value)
+        if stored is None:
+            await lease.afail(failure)
+            raise TypeError(failure.decode("utf-8", "replace"))
+        await lease.acomplete(stored)
         return value
+
+
+#: Tasks that must finish although nothing awaits them (a note after a cancel).
+_KEPT: set = set()
+
+
+def _keep(task: "asyncio.Future[Any]") -> None:
+    _KEPT.add(task)
+    task.add_done_callback(_KEPT.discard)
+
+
+async def _reserved(db: Union[Db, SharedStore], scope: tuple) -> Reservation:
+    """``db.areserve(*scope)``; if this call is cancelled while the reservation is on its
+    way, a lease it acquired is released when it arrives (the function never ran), so the
+    key is not left in flight."""
+    reserving = asyncio.ensure_future(db.areserve(*scope))
+    try:
+        return await asyncio.shield(reserving)
+    except asyncio.CancelledError:
+
+        def release(done: "asyncio.Future[Any]") -> None:
+            if done.cancelled() or done.exception() is not None:
+                return
+            answer = done.result()
+            if answer.status == "acquired":
+                _keep(asyncio.ensure_future(answer.lease.arelease()))
+
+        reserving.add_done_callback(release)
+        raise
 
 
 def idempotent(
@@ -197,9 +307,18 @@ def idempotent(
       (woken by it, never polling), then raises :class:`InFlight`;
     - an exception releases the key and propagates (``on_error="release"``), or is stored
       as the key's failure (``on_error="fail"``: retries raise :class:`Failed`);
+    - a result ``encode`` cannot store (the function ran) fails the key with a text
+      saying so and raises ``TypeError``: retries raise :class:`Failed`, the function
+      does not run again;
+    - a call cancelled (``asyncio.wait_for``, a cancelled task) or interrupted while the
+      function runs leaves the key in flight with a note, "outcome unknown": retries
+      raise :class:`InFlight`, and no lease timeout takes it over; a reconciler settles
+      it (``in_flight``, then ``take_over``). A call cancelled while its reservation is on
+      its way releases the lease it gets (the function never ran);
     - while the function runs, its lease is renewed every third of the store's
-      ``lease_timeout``, if it has one. An ``async def`` awaits the store without holding
-      a thread.
+      ``lease_timeout``, if it has one; a renewal refused for a reason that may pass is
+      sent again with a growing back-off while the lease holds. An ``async def`` awaits
+      the store without holding a thread.
     """
     once = _Once(
         db,

@@ -171,3 +171,56 @@ def test_awaitables_complete_from_the_commit_without_threads(tmp_path):
     before, during = asyncio.run(main())
     # One runtime thread at most, however many calls wait.
     assert during <= before + 1
+
+
+def test_a_result_that_cannot_be_encoded_fails_the_key_and_does_not_run_again():
+    import datetime
+
+    db = oncedb.Db()
+    calls = []
+
+    @oncedb.idempotent(db, tenant="t", operation="stamp", key=lambda order: order)
+    def stamp(order):
+        calls.append(order)
+        return {"at": datetime.datetime(2026, 12, 7)}
+
+    with pytest.raises(TypeError, match="could not be encoded"):
+        stamp("o-1")
+    # The side effect happened: a retry is told so, and does not run the function.
+    with pytest.raises(oncedb.Failed, match="could not be encoded"):
+        stamp("o-1")
+    assert calls == ["o-1"]
+
+
+def test_a_call_cancelled_after_its_side_effect_is_not_run_again():
+    db = oncedb.Db()
+    calls = []
+    started = None
+
+    @oncedb.idempotent(db, tenant="t", operation="slow", key=lambda order: order)
+    async def slow(order):
+        calls.append(order)
+        started.set()
+        await asyncio.Event().wait()  # the provider never answers
+        return "done"
+
+    async def scenario():
+        nonlocal started
+        started = asyncio.Event()
+        task = asyncio.ensure_future(slow("o-1"))
+        await started.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # The note is written by a task of its own: let it run, then retry.
+        for _ in range(100):
+            answer = await db.areserve("t", "slow", "o-1", b'{"args":["o-1"],"kwargs":{}}')
+            if answer.status == "in_flight" and answer.note:
+                break
+            await asyncio.sleep(0.01)
+        assert answer.status == "in_flight" and answer.note.endswith(b"outcome unknown")
+        with pytest.raises(oncedb.InFlight):
+            await slow("o-1")
+
+    asyncio.run(scenario())
+    assert calls == ["o-1"], "the retry ran the cancelled call's side effect again"

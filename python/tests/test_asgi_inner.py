@@ -1,0 +1,124 @@
+"""The middleware in front of what apps put inside it (in process, httpx's ASGI
+transport): a `BaseHTTPMiddleware`, which re-sends every answer in chunks; a streamed
+answer; an app that ends with `CancelledError`."""
+
+import asyncio
+
+import httpx
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+import oncedb
+from oncedb.asgi import IdempotencyMiddleware
+
+KEY = "key-0123456789abcdef"
+
+
+def guarded(app):
+    db = oncedb.Db(window=3600, bucket=60)
+    return IdempotencyMiddleware(app, db=db, tenant=lambda scope: "t")
+
+
+def send_all(app, requests):
+    async def main():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            answers = []
+            for path in requests:
+                post = client.post(path, headers={"idempotency-key": KEY}, json={"a": 1})
+                answers.append(await asyncio.wait_for(post, 10))
+            return answers
+
+    return asyncio.run(main())
+
+
+async def passing(request, call_next):
+    return await call_next(request)
+
+
+def test_a_base_http_middleware_inside_keeps_idempotency():
+    calls = []
+
+    async def things(request):
+        calls.append(1)
+        return JSONResponse({"call": len(calls)}, status_code=201)
+
+    inner = Starlette(
+        routes=[Route("/things", things, methods=["POST"])],
+        middleware=[Middleware(BaseHTTPMiddleware, dispatch=passing)],
+    )
+    answers = send_all(guarded(inner), ["/things"] * 3)
+    assert [a.status_code for a in answers] == [201, 201, 201]
+    assert [a.json() for a in answers] == [{"call": 1}] * 3
+    assert [a.headers.get("idempotent-replayed") for a in answers] == [None, "true", "true"]
+    assert len(calls) == 1, "the handler ran on a retry"
+
+
+def test_a_streamed_answer_is_sent_whole_and_releases_the_key():
+    async def stream(request):
+        async def chunks():
+            for n in range(5):
+                await asyncio.sleep(0.02)  # a slow producer: the call must wait for it
+                yield f"chunk {n}\n".encode()
+
+        return StreamingResponse(chunks(), media_type="text/plain")
+
+    inner = Starlette(routes=[Route("/stream", stream, methods=["POST"])])
+    (answer,) = send_all(guarded(inner), ["/stream"])
+    assert answer.text == "".join(f"chunk {n}\n" for n in range(5))
+    # Called as a server calls it: the call returns only once the answer is complete (a
+    # server closes a connection whose app returned mid-answer).
+    sent = []
+
+    async def main():
+        body = b'{"a":1}'
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": "/stream",
+            "raw_path": b"/stream",
+            "root_path": "",
+            "query_string": b"",
+            "headers": [
+                (b"idempotency-key", b"key-stream-0123456789"),
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+            "client": ("127.0.0.1", 1),
+            "server": ("test", 80),
+        }
+        given = False
+
+        async def receive():
+            nonlocal given
+            if not given:
+                given = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await asyncio.Event().wait()
+
+        async def send(message):
+            sent.append(message)
+
+        await guarded(inner)(scope, receive, send)
+
+    asyncio.run(main())
+    bodies = [m for m in sent if m["type"] == "http.response.body"]
+    assert bodies and not bodies[-1].get("more_body", False), "returned mid-answer"
+    assert b"".join(m.get("body", b"") for m in bodies).count(b"chunk") == 5
+
+
+def test_an_app_that_ends_with_cancelled_error_still_answers():
+    async def cancelled(request):
+        raise asyncio.CancelledError()
+
+    inner = Starlette(routes=[Route("/cancelled", cancelled, methods=["POST"])])
+    first, second = send_all(guarded(inner), ["/cancelled"] * 2)
+    assert first.status_code == 500
+    assert second.status_code == 500
+    assert second.headers.get("idempotent-replayed") == "true"
