@@ -36,7 +36,7 @@ where
         let asked = Instant::now();
         match store.reserve(scope, key, request).await? {
             Reservation::Acquired(lease) => {
-                let held = Held::start((lease, asked), store.lease_timeout());
+                let held = Held::started((lease, asked), store.lease_timeout()).await;
                 let output = operation(held.watch.clone()).await;
                 let lease = held.stop().await?;
                 return finish(lease, how, store.max_response_bytes(), output).await;
@@ -70,9 +70,22 @@ pub(crate) struct Held<L: StoreLease> {
 }
 
 impl<L: StoreLease> Held<L> {
+    /// [`Held::start`], then lets the renewal task run to its first sleep before the
+    /// caller goes on: a task spawned from a worker thread waits in that worker's own
+    /// next-task slot, which no other worker takes, so an operation that then blocks the
+    /// thread would keep it from ever starting. Once asleep, its timer wakes it on
+    /// whichever worker runs.
+    pub(crate) async fn started(leased: (L, Instant), lease_timeout: Option<Duration>) -> Held<L> {
+        let held = Held::start(leased, lease_timeout);
+        if held.renewer.is_some() {
+            tokio::task::yield_now().await;
+        }
+        held
+    }
+
     /// Starts renewing `lease`, asked for at `asked`, every third of `lease_timeout`,
     /// if set.
-    pub(crate) fn start((lease, asked): (L, Instant), lease_timeout: Option<Duration>) -> Held<L> {
+    fn start((lease, asked): (L, Instant), lease_timeout: Option<Duration>) -> Held<L> {
         let watch = LeaseWatch::new(lease.epoch(), lease_timeout, asked);
         let lease = Arc::new(lease);
         let renewer = lease_timeout.map(|timeout| {

@@ -369,3 +369,56 @@ fn a_waiter_never_answers_an_ending_before_it_is_durable() {
         oncedb::RecordStatus::Completed
     );
 }
+
+/// `Store::run_once` renews its lease from a task of its own: an operation that blocks
+/// its thread (synchronous I/O, heavy work) for four lease timeouts keeps its lease on a
+/// multi-threaded runtime, and a caller reserving meanwhile is told it is in flight.
+#[test]
+fn an_operation_that_blocks_its_thread_keeps_its_lease() {
+    use oncedb::Store;
+    let timeout = Duration::from_millis(300);
+    let db = Db::open(
+        StoreOptions::new(Duration::from_secs(60))
+            .lease_timeout(timeout)
+            .embedded(Options::in_memory())
+            .bucket_width(Duration::from_secs(6)),
+    )
+    .unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_time()
+        .build()
+        .unwrap();
+    let scope = oncedb::Scope::new("t", "blocking");
+    let (blocked, blocking) = std::sync::mpsc::channel();
+    let (released, release) = std::sync::mpsc::channel::<()>();
+    let running = {
+        let (db, scope) = (db.clone(), scope.clone());
+        runtime.spawn(async move {
+            let how = oncedb::RunOnce::new();
+            Store::run_once(&db, &scope, (b"k", b"req"), how, |_| async move {
+                blocked.send(()).unwrap();
+                // Blocks this worker thread (the workload under test), up to 10 s.
+                let _ = release.recv_timeout(Duration::from_secs(10));
+                Ok::<_, String>(b"done".to_vec())
+            })
+            .await
+        })
+    };
+    blocking.recv().unwrap();
+    // Four lease timeouts, looking every ~timeout/2: never taken over.
+    let started = std::time::Instant::now();
+    while started.elapsed() < timeout * 4 {
+        let answer = runtime
+            .block_on(Store::reserve(&db, &scope, b"k", b"req"))
+            .unwrap();
+        assert!(
+            matches!(answer, oncedb::Reservation::InFlight { .. }),
+            "a blocked operation's lease lapsed"
+        );
+        std::thread::sleep(timeout / 2);
+    }
+    released.send(()).unwrap();
+    let ran = runtime.block_on(running).unwrap().unwrap();
+    assert!(matches!(ran, oncedb::Once::Ran(_)));
+}
