@@ -47,6 +47,8 @@ fn stores() -> Vec<(&'static str, Db, tempfile::TempDir)> {
 fn two_workers() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        // Timers: `run_once` under a lease timeout renews on them.
+        .enable_time()
         .build()
         .unwrap()
 }

@@ -9,6 +9,7 @@ mod observe;
 mod once;
 mod options;
 mod record;
+mod renewer;
 mod stats;
 
 pub use crate::base::{Advance, Record, RecordStatus};

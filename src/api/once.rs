@@ -438,38 +438,17 @@ impl Drop for NoteOnPanic<'_> {
     }
 }
 
-/// Runs `operation` while a second thread renews `lease` ([`Renewals`]); the renewals
-/// stop when it returns, or when the lease is lost, which `watch` then says.
+/// Runs `operation` while the process's renewal thread renews `lease` ([`Renewals`],
+/// `renewer.rs`); the renewals stop when it returns, or when the lease is lost, which
+/// `watch` then says.
 fn kept_alive<T>(
     lease: &Lease,
     watch: &LeaseWatch,
     (timeout, asked): (Duration, Instant),
     operation: impl FnOnce(&Lease, &LeaseWatch) -> T,
 ) -> T {
-    let (done, stopped) = std::sync::mpsc::channel::<()>();
-    std::thread::scope(|scope| {
-        scope.spawn(move || {
-            let mut renewals = Renewals::new(timeout, asked);
-            let mut wait = renewals.first();
-            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(wait) {
-                let sent = Instant::now();
-                let answer = lease.keep_alive();
-                if answer.is_ok() {
-                    watch.renewed(sent, timeout);
-                }
-                match renewals.after(sent, &answer) {
-                    Some(next) => wait = next,
-                    None => {
-                        watch.mark_lost();
-                        return;
-                    }
-                }
-            }
-        });
-        let output = operation(lease, watch);
-        drop(done);
-        output
-    })
+    let _renewing = super::renewer::register(lease, watch, (timeout, asked));
+    operation(lease, watch)
 }
 
 #[cfg(test)]

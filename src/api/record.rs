@@ -288,7 +288,6 @@ impl Lease {
     }
 
     /// A second handle on the same lease, for moving a `&self` call to another thread.
-    #[cfg(feature = "async")]
     pub(crate) fn handle(&self) -> Lease {
         Lease {
             engine: Arc::clone(&self.engine),

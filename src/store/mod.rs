@@ -298,7 +298,9 @@ pub trait Store: Send + Sync + 'static {
     /// so the operation never runs twice for it; a reconciler settles it
     /// ([`Store::in_flight`], [`Store::take_over`]). To let the operation run to its end
     /// whatever the caller does, spawn the call (`tokio::spawn`): a dropped `JoinHandle`
-    /// does not cancel its task.
+    /// does not cancel its task. Under a lease timeout the renewals sleep on the
+    /// runtime's timers: build it with timers (`enable_time`, or `enable_all` as
+    /// `#[tokio::main]` does).
     fn run_once<F, Fut, E>(
         &self,
         scope: &Scope,
