@@ -88,8 +88,14 @@ impl<L: StoreLease> Held<L> {
     fn start((lease, asked): (L, Instant), lease_timeout: Option<Duration>) -> Held<L> {
         let watch = LeaseWatch::new(lease.epoch(), lease_timeout, asked);
         let lease = Arc::new(lease);
+        // The task holds the lease weakly, and strongly only while a renewal is on its
+        // way: `stop` then takes the lease back without waiting for the task to end.
         let renewer = lease_timeout.map(|timeout| {
-            tokio::spawn(renew(Arc::clone(&lease), watch.clone(), (timeout, asked)))
+            tokio::spawn(renew(
+                Arc::downgrade(&lease),
+                watch.clone(),
+                (timeout, asked),
+            ))
         });
         Held {
             lease: Some(lease),
@@ -100,18 +106,23 @@ impl<L: StoreLease> Held<L> {
 
     /// Stops the renewals and hands the lease back, to end it.
     pub(crate) async fn stop(mut self) -> Result<L> {
-        if let Some(renewer) = self.renewer.take() {
+        let renewer = self.renewer.take();
+        if let Some(renewer) = &renewer {
             renewer.abort();
-            // An aborted task has dropped its future, and its handle on the lease, once
-            // this returns.
-            let _ = renewer.await;
         }
-        let lease = self.lease.take().map(Arc::try_unwrap);
-        match lease {
-            Some(Ok(lease)) => Ok(lease),
-            _ => Err(Error::Io(std::io::Error::other(
-                "run_once: the lease is still shared after its renewals stopped",
-            ))),
+        let Some(lease) = self.lease.take() else {
+            return Err(still_shared());
+        };
+        match Arc::try_unwrap(lease) {
+            Ok(lease) => Ok(lease),
+            // A renewal on its way holds the lease: once the aborted task has ended, it
+            // no longer does.
+            Err(lease) => {
+                if let Some(renewer) = renewer {
+                    let _ = renewer.await;
+                }
+                Arc::try_unwrap(lease).map_err(|_| still_shared())
+            }
         }
     }
 }
@@ -138,10 +149,16 @@ impl<L: StoreLease> Drop for Held<L> {
     }
 }
 
-/// Renews `lease` as [`Renewals`] says until it is lost (then `watch` says so) or the
-/// task is aborted.
+fn still_shared() -> Error {
+    Error::Io(std::io::Error::other(
+        "run_once: the lease is still shared after its renewals stopped",
+    ))
+}
+
+/// Renews `lease` as [`Renewals`] says until it is lost (then `watch` says so), gone, or
+/// the task is aborted.
 async fn renew<L: StoreLease>(
-    lease: Arc<L>,
+    lease: std::sync::Weak<L>,
     watch: LeaseWatch,
     (timeout, asked): (Duration, Instant),
 ) {
@@ -149,8 +166,12 @@ async fn renew<L: StoreLease>(
     let mut wait = renewals.first();
     loop {
         tokio::time::sleep(wait).await;
+        let Some(lease) = lease.upgrade() else {
+            return;
+        };
         let sent = Instant::now();
         let answer = lease.keep_alive().await;
+        drop(lease);
         if answer.is_ok() {
             watch.renewed(sent, timeout);
         }
