@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import datetime
+import decimal
 import functools
 import inspect
 import json
 import threading
 import time
+import uuid
 from typing import Any, Callable, Optional, Union
 
 from ._oncedb import Db, Error, Fenced, Lease, LeaseLost, Reservation, SharedStore
@@ -35,8 +39,43 @@ def _json_decode(stored: bytes) -> Any:
     return json.loads(stored)
 
 
-def _default_payload(*args: Any, **kwargs: Any) -> Any:
-    return {"args": list(args), "kwargs": kwargs}
+def _canonical(value: Any) -> Any:
+    """The JSON form of a payload value the default fingerprint takes (the ``default``
+    of ``json.dumps``): one form per value whatever the process (no hash order, no
+    address), or a ``TypeError`` that asks for ``payload=``."""
+    if isinstance(value, (set, frozenset)):
+        items = [json.dumps(item, sort_keys=True, default=_canonical) for item in value]
+        return {"set": sorted(items)}
+    if isinstance(value, (bytes, bytearray)):
+        return {"bytes": bytes(value).hex()}
+    if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
+        return {type(value).__name__: value.isoformat()}
+    if isinstance(value, (decimal.Decimal, uuid.UUID)):
+        return {type(value).__name__: str(value)}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {type(value).__qualname__: dataclasses.asdict(value)}
+    raise TypeError(
+        f"the default fingerprint cannot take a {type(value).__qualname__} (its repr may hold "
+        "an address or a summary): give `payload=` a function of the arguments"
+    )
+
+
+def _payload_of(function: Callable[..., Any]) -> Callable[..., Any]:
+    """The default payload: the arguments bound to the function's parameters (so that
+    ``f("o", 5)`` and ``f("o", amount=5)`` are one payload), defaults applied."""
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        signature = None
+
+    def payload(*args: Any, **kwargs: Any) -> Any:
+        if signature is None:
+            return {"args": list(args), "kwargs": kwargs}
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return dict(bound.arguments)
+
+    return payload
 
 
 #: A renewal refused for a reason that may pass is sent again after this long at first,
@@ -131,11 +170,13 @@ class _Once:
         self.db = db
         self.given = given
 
-    def scope(self, args: tuple, kwargs: dict) -> tuple[str, str, Any, bytes]:
+    def scope(
+        self, function: Callable[..., Any], args: tuple, kwargs: dict
+    ) -> tuple[str, str, Any, bytes]:
         """Tenant, operation, key and the fingerprinted payload of one call."""
         part = lambda value: value(*args, **kwargs) if callable(value) else value  # noqa: E731
-        payload = (self.given["payload"] or _default_payload)(*args, **kwargs)
-        request = json.dumps(payload, separators=(",", ":"), sort_keys=True, default=repr)
+        payload = (self.given["payload"] or _payload_of(function))(*args, **kwargs)
+        request = json.dumps(payload, separators=(",", ":"), sort_keys=True, default=_canonical)
         return (
             part(self.given["tenant"]),
             part(self.given["operation"]),
@@ -160,7 +201,7 @@ class _Once:
         return None
 
     def call(self, function: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        scope = self.scope(args, kwargs)
+        scope = self.scope(function, args, kwargs)
         deadline = time.monotonic() + self.given["wait"]
         while True:
             asked = time.monotonic()
@@ -210,7 +251,7 @@ class _Once:
 
     async def acall(self, function: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         # The awaitables: no thread is held while a call waits on a commit or an outcome.
-        scope = self.scope(args, kwargs)
+        scope = self.scope(function, args, kwargs)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.given["wait"]
         while True:
@@ -299,8 +340,11 @@ def idempotent(
     - ``tenant`` and ``operation`` scope the key: strings, or callables of the function's
       arguments; ``key(*args, **kwargs)`` gives the key;
     - ``payload(*args, **kwargs)`` gives what the fingerprint covers (default: the
-      arguments, as canonical JSON); the key used again with another payload raises
-      :class:`Mismatch`;
+      arguments bound to the function's parameters, defaults applied, as canonical JSON:
+      ``f("o", 5)`` and ``f("o", amount=5)`` are one payload; sets, bytes, dates, times,
+      ``Decimal``, ``UUID`` and dataclasses have one form in every process; any other
+      object raises ``TypeError`` before the function runs, asking for ``payload=``);
+      the key used again with another payload raises :class:`Mismatch`;
     - the return value is stored with ``encode`` (JSON by default) and a retry returns it,
       ``decode``d, without calling the function;
     - a call that finds the key in flight waits up to ``wait`` seconds for the outcome

@@ -84,7 +84,7 @@ def test_a_call_in_flight_waits_for_the_outcome_or_raises_in_flight():
     def busy(n):
         return n
 
-    lease = db.reserve("t", "busy", "b", b'{"args":["b"],"kwargs":{}}').lease
+    lease = db.reserve("t", "busy", "b", b'{"n":"b"}').lease
     with pytest.raises(oncedb.InFlight):
         busy("b")
     lease.release()
@@ -214,7 +214,7 @@ def test_a_call_cancelled_after_its_side_effect_is_not_run_again():
             await task
         # The note is written by a task of its own: let it run, then retry.
         for _ in range(100):
-            answer = await db.areserve("t", "slow", "o-1", b'{"args":["o-1"],"kwargs":{}}')
+            answer = await db.areserve("t", "slow", "o-1", b'{"order":"o-1"}')
             if answer.status == "in_flight" and answer.note:
                 break
             await asyncio.sleep(0.01)
@@ -224,3 +224,50 @@ def test_a_call_cancelled_after_its_side_effect_is_not_run_again():
 
     asyncio.run(scenario())
     assert calls == ["o-1"], "the retry ran the cancelled call's side effect again"
+
+
+def test_the_default_fingerprint_is_one_form_in_every_process():
+    import subprocess
+    import sys
+
+    db = oncedb.Db()
+    calls = []
+
+    @oncedb.idempotent(db, tenant="t", operation="charge", key=lambda order, amount=0: order)
+    def charge(order, amount=0):
+        calls.append(order)
+        return amount
+
+    # Positional or keyword, one payload.
+    assert charge("o-1", 5) == 5
+    assert charge("o-1", amount=5) == 5
+    assert calls == ["o-1"]
+
+    # A set fingerprints alike whatever the hash seed of the process.
+    program = (
+        "import json, oncedb.once as o\n"
+        "print(json.dumps({'s': {'b', 'a', 'c', 'd', 'e'}}, sort_keys=True, default=o._canonical))"
+    )
+    printed = {
+        subprocess.run(
+            [sys.executable, "-c", program],
+            env={**os.environ, "PYTHONHASHSEED": str(seed)},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for seed in range(1, 6)
+    }
+    assert len(printed) == 1, printed
+
+    # An object whose repr may hold its address is refused before the function runs.
+    class Row:
+        pass
+
+    @oncedb.idempotent(db, tenant="t", operation="row", key=lambda row: "r")
+    def save(row):
+        calls.append("row")
+
+    with pytest.raises(TypeError, match="payload="):
+        save(Row())
+    assert "row" not in calls
