@@ -608,11 +608,20 @@ class IdempotencyMiddleware:
             await self._safely(lease.arelease)
             return
         kept = [(k.lower(), v) for k, v in headers if k.lower() in self.replayed]
+        omitted = kept + [(b"idempotent-body-omitted", b"true")]
+        end = lease.acomplete if status < 400 else lease.afail
         if len(content) > self.max_response_bytes:
-            kept.append((b"idempotent-body-omitted", b"true"))
-            content = b""
-        stored = encode_response(status, kept, content)
-        await self._safely(lease.acomplete if status < 400 else lease.afail, stored)
+            await self._safely(end, encode_response(status, omitted, b""))
+            return
+        try:
+            await end(encode_response(status, kept, content))
+        except InvalidInput:
+            # Over the store's own limit once encoded (status, headers, body): the
+            # refused end kept the lease, so the answer is stored without its body, and
+            # a retry learns the outcome instead of a 409 for the whole window.
+            await self._safely(end, encode_response(status, omitted, b""))
+        except Error as err:
+            log.warning("oncedb: storing the answer failed: %s", err)
 
     async def _replay(self, send: Send, stored: bytes) -> None:
         try:

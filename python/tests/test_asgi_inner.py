@@ -122,3 +122,19 @@ def test_an_app_that_ends_with_cancelled_error_still_answers():
     assert first.status_code == 500
     assert second.status_code == 500
     assert second.headers.get("idempotent-replayed") == "true"
+
+
+def test_an_answer_over_the_stores_limit_is_stored_without_its_body():
+    calls = []
+
+    async def big(request):
+        calls.append(1)
+        # Under the middleware's 1 MiB, over the store's limit once encoded.
+        return JSONResponse({"blob": "x" * ((1 << 20) - 12)}, status_code=201)
+
+    inner = Starlette(routes=[Route("/big", big, methods=["POST"])])
+    first, second = send_all(guarded(inner), ["/big"] * 2)
+    assert first.status_code == 201 and len(first.content) > 1 << 19
+    assert second.status_code == 201, "the retry did not learn the outcome"
+    assert second.headers.get("idempotent-body-omitted") == "true"
+    assert len(calls) == 1
