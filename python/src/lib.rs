@@ -227,6 +227,24 @@ fn same_process(pid: u32) -> PyResult<()> {
     )))
 }
 
+impl Drop for Db {
+    /// In a process forked from the one that opened it (a worker that exits normally,
+    /// `os.fork()` then `sys.exit`), the store is left alone: its drop would wait for a
+    /// group-commit leader that lives only in the parent, or seal and rename the
+    /// parent's files. The child's copy of its memory is leaked instead, and the parent
+    /// goes on with its store.
+    fn drop(&mut self) {
+        if std::process::id() == self.pid {
+            return;
+        }
+        let inherited = match self.db.get_mut() {
+            Ok(db) => db.take(),
+            Err(poisoned) => poisoned.into_inner().take(),
+        };
+        std::mem::forget(inherited);
+    }
+}
+
 impl Db {
     fn handle(&self) -> PyResult<std::sync::Arc<oncedb::Db>> {
         same_process(self.pid)?;

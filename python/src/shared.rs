@@ -209,6 +209,16 @@ pub(crate) struct SharedStore {
     pid: u32,
 }
 
+impl Drop for SharedStore {
+    /// In a forked process the store's connections belong to the parent's runtime
+    /// thread, which the child lacks: the child's copy is leaked, not closed.
+    fn drop(&mut self) {
+        if std::process::id() != self.pid {
+            std::mem::forget(Arc::clone(&self.store));
+        }
+    }
+}
+
 impl SharedStore {
     fn new(store: Backend) -> SharedStore {
         SharedStore {

@@ -271,3 +271,39 @@ def test_the_default_fingerprint_is_one_form_in_every_process():
     with pytest.raises(TypeError, match="payload="):
         save(Row())
     assert "row" not in calls
+
+
+def test_a_forked_child_that_drops_the_db_leaves_the_parents_files_alone(tmp_path):
+    import gc
+    import time as clock
+
+    db = oncedb.Db(tmp_path / "db", durability="sync")
+    db.insert_if_absent(b"before the fork")
+
+    def files():
+        return sorted((p.name, p.stat().st_size) for p in (tmp_path / "db").iterdir())
+
+    before = files()
+    pid = os.fork()
+    if pid == 0:
+        # A worker that exits normally drops what it inherited (as `sys.exit` would).
+        code = 1
+        try:
+            del db
+            gc.collect()
+            code = 0
+        finally:
+            os._exit(code)
+    deadline = clock.monotonic() + 30
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if clock.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            raise AssertionError("the child hung dropping the parent's store")
+        clock.sleep(0.01)
+    assert os.WEXITSTATUS(status) == 0
+    assert files() == before, "the child changed the parent's files"
+    assert db.insert_if_absent(b"after the fork")
