@@ -12,9 +12,18 @@ import json
 import threading
 import time
 import uuid
-from typing import Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar, Union
 
 from ._oncedb import Db, Error, Fenced, Lease, LeaseLost, Reservation, SharedStore
+
+
+if TYPE_CHECKING:
+    # For type checkers only (Python 3.9 has no `typing.ParamSpec` at run time): the
+    # decorated function keeps its signature.
+    from typing_extensions import ParamSpec
+
+    _P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
 class Mismatch(Error):
@@ -334,7 +343,7 @@ def idempotent(
     on_error: str = "release",
     encode: Callable[[Any], bytes] = _json_encode,
     decode: Callable[[bytes], Any] = _json_decode,
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
     """Makes a function (``def`` or ``async def``) run once per key:
 
     - ``tenant`` and ``operation`` scope the key: strings, or callables of the function's
@@ -376,19 +385,19 @@ def idempotent(
         decode=decode,
     )
 
-    def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
+    def decorate(function: Callable[_P, _R]) -> Callable[_P, _R]:
         if inspect.iscoroutinefunction(function):
 
             @functools.wraps(function)
             async def run_async(*args: Any, **kwargs: Any) -> Any:
                 return await once.acall(function, args, kwargs)
 
-            return run_async
+            return run_async  # type: ignore[return-value]
 
         @functools.wraps(function)
         def run_sync(*args: Any, **kwargs: Any) -> Any:
             return once.call(function, args, kwargs)
 
-        return run_sync
+        return run_sync  # type: ignore[return-value]
 
     return decorate

@@ -307,3 +307,26 @@ def test_a_forked_child_that_drops_the_db_leaves_the_parents_files_alone(tmp_pat
     assert os.WEXITSTATUS(status) == 0
     assert files() == before, "the child changed the parent's files"
     assert db.insert_if_absent(b"after the fork")
+
+
+def test_the_decorated_function_keeps_its_signature_for_type_checkers(tmp_path):
+    import subprocess
+    import sys
+
+    checked = tmp_path / "typed.py"
+    checked.write_text(
+        "import oncedb\n"
+        "db = oncedb.Db()\n"
+        "@oncedb.idempotent(db, tenant='t', operation='o', key=lambda order, amount: order)\n"
+        "def charge(order: str, amount: int) -> int:\n"
+        "    return amount\n"
+        "total: int = charge('o', 5)\n"
+        "charge('o', 'five')\n"
+    )
+    found = subprocess.run(
+        [sys.executable, "-m", "mypy", "--no-incremental", str(checked)],
+        capture_output=True,
+        text=True,
+    )
+    assert 'Argument 2 to "charge" has incompatible type "str"' in found.stdout, found.stdout
+    assert found.stdout.count("error:") == 1, found.stdout
