@@ -124,7 +124,7 @@ def idempotency_context(scope: Scope) -> Optional[dict]:
 
 
 TITLES = {
-    "idempotency_key_required": "An Idempotency-Key header is required",
+    "idempotency_key_required": "An idempotency key is required",
     "duplicate_idempotency_key": "Only one Idempotency-Key header is allowed",
     "invalid_idempotency_key": "The Idempotency-Key is not a valid key",
     "unauthorized": "Authentication is required",

@@ -473,7 +473,7 @@ pub struct Problem {
 /// The title of each of the layer's codes.
 fn title(code: &str) -> &'static str {
     match code {
-        "idempotency_key_required" => "An Idempotency-Key header is required",
+        "idempotency_key_required" => "An idempotency key is required",
         "invalid_idempotency_key" => "The Idempotency-Key header is malformed",
         "duplicate_idempotency_key" => "More than one Idempotency-Key header",
         "request_body_too_large" => "The request body is too large",
