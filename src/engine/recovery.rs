@@ -44,6 +44,8 @@ struct Replay<'a> {
     /// Keys entries before `covered.keys` are in key runs: not replayed. A record whose
     /// ending before `covered.records` settles it is in a record run: memory drops it.
     covered: Covered,
+    /// The record runs, so that a late reserve never hides a record a run holds.
+    sealed: Option<&'a dyn crate::index::SealedRecords>,
     report: RecoveryReport,
 }
 
@@ -140,6 +142,9 @@ pub(crate) fn open(config: &Config) -> Result<Engine> {
         max_lease: 0,
         adopt: None,
         covered,
+        sealed: sealer
+            .as_ref()
+            .map(|sealer| sealer.runs() as &dyn crate::index::SealedRecords),
         report,
     };
     let mut kept = BTreeMap::new();
@@ -570,9 +575,14 @@ impl Replay<'_> {
                     created_ms: *created_ms,
                     key_at: Some(span),
                 };
+                // A reserve past the record runs' cover is checked against them too: one
+                // that reached the log late must not hide a record a run holds. (One
+                // before the cover is its own record's reserve, settled by a finish that
+                // a run holds: no lookup needed.)
+                let runs = if sealed { None } else { self.sealed };
                 self.index
                     .lock(*fingerprint, *bucket)
-                    .restore_record(&record, *bucket);
+                    .restore_record(&record, *bucket, runs);
             }
             DecodedEntry::Finish {
                 fingerprint,

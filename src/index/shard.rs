@@ -754,7 +754,14 @@ impl Shard {
     /// caller's advance). It replaces the live record of the key only if that record was
     /// created under an older lease: log order within a key follows memory order, and
     /// this keeps a reserve that somehow reached the log late from undoing a newer one.
-    pub(crate) fn restore_record(&mut self, new: &NewRecord<'_>, stamp: u64) {
+    /// The record runs (`sealed`) count: a settled record a run holds under a newer
+    /// lease is not hidden by a late reserve (a take-over would run its operation again).
+    pub(crate) fn restore_record(
+        &mut self,
+        new: &NewRecord<'_>,
+        stamp: u64,
+        sealed: Option<&dyn SealedRecords>,
+    ) {
         let (window, current) = (self.view(), self.current);
         if !window.is_live(stamp, current) {
             return;
@@ -762,9 +769,11 @@ impl Shard {
         let newer_exists =
             match self
                 .records
-                .live_mut(new.fingerprint.0, None, (window, current), None)
+                .live_mut(new.fingerprint.0, None, (window, current), sealed)
             {
                 Ok(Some(record)) => record.lease_id >= new.lease_id,
+                // A run page that cannot be read is reported by the lookups that need
+                // it, as `Corrupted`; replay goes on as without the runs.
                 Ok(None) | Err(_) => false,
             };
         if !newer_exists {
@@ -1199,6 +1208,7 @@ impl Shard {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::base::SettledRecord;
 
     fn shard_with_marks(count: u64) -> Shard {
         let window = Window::new(4, 1);
@@ -1237,6 +1247,54 @@ mod tests {
             0,
             "bucket 0 left the window: all drained"
         );
+    }
+
+    /// A record run holding the key's settled record under a newer lease.
+    struct OneSettled(SettledRecord);
+
+    impl SealedRecords for OneSettled {
+        fn find(
+            &self,
+            fingerprint: Fingerprint,
+            _window: Window,
+            _current: u64,
+        ) -> Result<Option<SettledRecord>> {
+            Ok((fingerprint == Fingerprint(7)).then(|| self.0.clone()))
+        }
+    }
+
+    /// Replay of a reserve that reached the log late (an older lease) never hides the
+    /// completed record a record run holds under a newer lease.
+    #[test]
+    fn a_late_reserve_does_not_hide_a_sealed_record() {
+        let mut shard = shard_with_marks(0);
+        let span = LogSpan {
+            bucket: 0,
+            seq: 0,
+            start: 0,
+            len: 1,
+        };
+        let sealed = OneSettled(SettledRecord {
+            request_hash: 1,
+            bucket: 0,
+            created_ms: 0,
+            lease_id: 10,
+            status: RecordStatus::Completed,
+            finished_ms: 1,
+            response: span,
+            key: span,
+        });
+        let late = NewRecord {
+            fingerprint: Fingerprint(7),
+            scoped_key: b"k",
+            request_hash: 1,
+            lease_id: 5,
+            created_ms: 0,
+            key_at: Some(span),
+        };
+        shard.restore_record(&late, 0, Some(&sealed));
+        let record = shard.get(Fingerprint(7), b"k", Some(&sealed)).unwrap();
+        assert_eq!(record.map(|r| r.status), Some(RecordStatus::Completed));
     }
 
     /// An eviction narrows the window under the queues without moving the bucket:

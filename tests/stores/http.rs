@@ -725,7 +725,10 @@ async fn keys_come_from_any_header_or_a_body_pointer() {
     // A body without its key is told a key is required, not a header.
     let keyless = send(&by_body, delivery(None, r#"{"amount":5}"#)).await;
     let problem: serde_json::Value = serde_json::from_slice(&keyless.2).unwrap();
-    assert_eq!(problem["type"], "urn:oncedb:problem:idempotency_key_required");
+    assert_eq!(
+        problem["type"],
+        "urn:oncedb:problem:idempotency_key_required"
+    );
     assert_eq!(problem["title"], "An idempotency key is required");
     for bad in [
         r#"{"amount":5}"#,
