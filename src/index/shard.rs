@@ -1259,7 +1259,7 @@ mod tests {
             _window: Window,
             _current: u64,
         ) -> Result<Option<SettledRecord>> {
-            Ok((fingerprint == Fingerprint(7)).then(|| self.0))
+            Ok((fingerprint == Fingerprint(7)).then_some(self.0))
         }
     }
 
