@@ -326,22 +326,25 @@ impl StoredRecord {
         if self.lease_id != lease_id {
             return;
         }
+        // A response that aged out before its frame was located moves too: the record
+        // then settles (a record run keeps it, answering it expired), where one left
+        // unsettled would pin every later run's cover.
         let Body::Finished {
             bytes,
             key_len,
             status,
-            gone: false,
+            gone,
             at_ms,
             key_at,
         } = &self.body
         else {
             return;
         };
-        let (status, at_ms) = (*status, *at_ms);
+        let (status, gone, at_ms) = (*status, *gone, *at_ms);
         self.body = match key_at {
             Some(key) => Body::Logged {
                 status,
-                gone: false,
+                gone,
                 at_ms,
                 response: span,
                 key: *key,
@@ -349,7 +352,7 @@ impl StoredRecord {
             None => Body::KeyHeld {
                 scoped_key: bytes.get(..*key_len as usize).unwrap_or_default().into(),
                 status,
-                gone: false,
+                gone,
                 at_ms,
                 response: span,
             },
@@ -958,6 +961,26 @@ mod tests {
         assert_eq!(record.logged, Some((span(200), 1)));
         done.drop_response();
         assert_eq!(done.snapshot(None, 0).logged, None, "aged out");
+    }
+
+    /// A record whose response aged out before its finish frame was located still
+    /// settles once it is: it never pins a record run's cover.
+    #[test]
+    fn a_record_past_its_retention_settles_once_its_frame_is_located() {
+        let span = |start| LogSpan {
+            bucket: 0,
+            seq: 0,
+            start,
+            len: 64,
+        };
+        let mut done = StoredRecord::in_flight(b"key", Some(span(48)), (1, 1), (0, 0));
+        done.finish(RecordStatus::Completed, Ending::Held(&[7; 64]), 0);
+        done.drop_response();
+        assert!(done.settled().is_none());
+        done.log_response(1, span(200));
+        let settled = done.settled().expect("settled");
+        assert_eq!((settled.response, settled.key), (span(200), span(48)));
+        assert_eq!(done.snapshot(None, 0).logged, None, "still aged out");
     }
 
     /// Settled records (finished, response and key in the log) take the dense tier's
