@@ -628,7 +628,12 @@ class IdempotencyMiddleware:
             status, headers, body = decode_response(stored)
         except ValueError:
             return await self._problem(send, 500, "idempotency_store_error")
-        headers = headers + [(b"idempotent-replayed", b"true")]
+        # The length is the replayed body's: a stored one may be the omitted body's.
+        headers = [(k, v) for k, v in headers if k.lower() != b"content-length"]
+        headers += [
+            (b"content-length", str(len(body)).encode()),
+            (b"idempotent-replayed", b"true"),
+        ]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 

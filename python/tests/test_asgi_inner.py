@@ -138,3 +138,55 @@ def test_an_answer_over_the_stores_limit_is_stored_without_its_body():
     assert second.status_code == 201, "the retry did not learn the outcome"
     assert second.headers.get("idempotent-body-omitted") == "true"
     assert len(calls) == 1
+
+
+def test_a_replay_without_its_body_says_its_own_length():
+    async def big(request):
+        return JSONResponse({"blob": "x" * 4096}, status_code=201)
+
+    inner = Starlette(routes=[Route("/big", big, methods=["POST"])])
+    db = oncedb.Db(window=3600, bucket=60)
+    app = IdempotencyMiddleware(
+        inner,
+        db=db,
+        tenant=lambda scope: "t",
+        max_response_bytes=1024,
+        replayed_headers=["content-type", "content-length"],
+    )
+    sent = []
+
+    async def main():
+        for _ in range(2):
+            given = False
+
+            async def receive():
+                nonlocal given
+                if not given:
+                    given = True
+                    return {"type": "http.request", "body": b"{}", "more_body": False}
+                await asyncio.Event().wait()
+
+            async def send(message):
+                sent.append(message)
+
+            scope = {
+                "type": "http",
+                "asgi": {"version": "3.0"},
+                "http_version": "1.1",
+                "method": "POST",
+                "scheme": "http",
+                "path": "/big",
+                "raw_path": b"/big",
+                "root_path": "",
+                "query_string": b"",
+                "headers": [(b"idempotency-key", KEY.encode()), (b"content-length", b"2")],
+                "client": ("127.0.0.1", 1),
+                "server": ("test", 80),
+            }
+            await app(scope, receive, send)
+
+    asyncio.run(main())
+    starts = [m for m in sent if m["type"] == "http.response.start"]
+    replay = dict(starts[-1]["headers"])
+    assert replay[b"idempotent-body-omitted"] == b"true"
+    assert replay[b"content-length"] == b"0", replay
