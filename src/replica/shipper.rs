@@ -248,6 +248,16 @@ impl Link {
             .as_deref()
             .is_some_and(|name| !name.is_empty());
         let removal = Removal::for_server(&server.version, clustered);
+        if removal == Removal::Delete {
+            log::warn!(
+                "oncedb: replica {}: nats-server {:?} may replay a purge as a purge of the \
+                 whole stream when a node restarts (nats-server#4196): messages leave the \
+                 replica one delete at a time and sealed segments stay uncompacted; run \
+                 nats-server 2.10 or later",
+                replication.name,
+                server.version
+            );
+        }
         let js = async_nats::jetstream::new(client);
         let name = replication.name.clone();
         let mut stream = js
