@@ -141,7 +141,8 @@ fn wake_expired(commits: &mut Vec<PendingCommit>) {
 
 impl Shared {
     /// Wakes every pending commit: the store stopped taking writes (fenced), and each
-    /// reports why when polled.
+    /// reports why when polled. Only the replica's shipping stops a store this way.
+    #[cfg(feature = "replicate")]
     pub(super) fn wake_all_commits(&self, state: &mut WriterState) {
         for pending in state.commits.drain(..) {
             pending.waker.wake();
