@@ -35,6 +35,42 @@ def send_all(app, requests):
     return asyncio.run(main())
 
 
+def call_directly(app, path, headers, sent):
+    """Calls `app` as a server does, with a body of `{}`: every message it sends goes to
+    `sent`; returns once the call returns."""
+
+    async def main():
+        given = False
+
+        async def receive():
+            nonlocal given
+            if not given:
+                given = True
+                return {"type": "http.request", "body": b"{}", "more_body": False}
+            await asyncio.Event().wait()
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": path,
+            "raw_path": path.encode(),
+            "root_path": "",
+            "query_string": b"",
+            "headers": headers + [(b"content-length", b"2")],
+            "client": ("127.0.0.1", 1),
+            "server": ("test", 80),
+        }
+        await app(scope, receive, send)
+
+    asyncio.run(main())
+
+
 async def passing(request, call_next):
     return await call_next(request)
 
@@ -72,42 +108,8 @@ def test_a_streamed_answer_is_sent_whole_and_releases_the_key():
     # Called as a server calls it: the call returns only once the answer is complete (a
     # server closes a connection whose app returned mid-answer).
     sent = []
-
-    async def main():
-        body = b'{"a":1}'
-        scope = {
-            "type": "http",
-            "asgi": {"version": "3.0"},
-            "http_version": "1.1",
-            "method": "POST",
-            "scheme": "http",
-            "path": "/stream",
-            "raw_path": b"/stream",
-            "root_path": "",
-            "query_string": b"",
-            "headers": [
-                (b"idempotency-key", b"key-stream-0123456789"),
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-            ],
-            "client": ("127.0.0.1", 1),
-            "server": ("test", 80),
-        }
-        given = False
-
-        async def receive():
-            nonlocal given
-            if not given:
-                given = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            await asyncio.Event().wait()
-
-        async def send(message):
-            sent.append(message)
-
-        await guarded(inner)(scope, receive, send)
-
-    asyncio.run(main())
+    headers = [(b"idempotency-key", b"key-stream-0123456789"), (b"content-type", b"application/json")]
+    call_directly(guarded(inner), "/stream", headers, sent)
     bodies = [m for m in sent if m["type"] == "http.response.body"]
     assert bodies and not bodies[-1].get("more_body", False), "returned mid-answer"
     assert b"".join(m.get("body", b"") for m in bodies).count(b"chunk") == 5
@@ -154,38 +156,8 @@ def test_a_replay_without_its_body_says_its_own_length():
         replayed_headers=["content-type", "content-length"],
     )
     sent = []
-
-    async def main():
-        for _ in range(2):
-            given = False
-
-            async def receive():
-                nonlocal given
-                if not given:
-                    given = True
-                    return {"type": "http.request", "body": b"{}", "more_body": False}
-                await asyncio.Event().wait()
-
-            async def send(message):
-                sent.append(message)
-
-            scope = {
-                "type": "http",
-                "asgi": {"version": "3.0"},
-                "http_version": "1.1",
-                "method": "POST",
-                "scheme": "http",
-                "path": "/big",
-                "raw_path": b"/big",
-                "root_path": "",
-                "query_string": b"",
-                "headers": [(b"idempotency-key", KEY.encode()), (b"content-length", b"2")],
-                "client": ("127.0.0.1", 1),
-                "server": ("test", 80),
-            }
-            await app(scope, receive, send)
-
-    asyncio.run(main())
+    for _ in range(2):
+        call_directly(app, "/big", [(b"idempotency-key", KEY.encode())], sent)
     starts = [m for m in sent if m["type"] == "http.response.start"]
     replay = dict(starts[-1]["headers"])
     assert replay[b"idempotent-body-omitted"] == b"true"

@@ -5,8 +5,10 @@
 //! its outcome ([`Db::wait_finished`]) instead of failing at once. The asynchronous
 //! form for every store is [`Store::run_once`](crate::Store::run_once).
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+
+use parking_lot::{Condvar, Mutex};
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
@@ -224,7 +226,7 @@ impl LeaseWatch {
     /// synchronous operation that waits on something of its own.
     pub fn wait_lost(&self, timeout: Duration) -> bool {
         let deadline = crate::base::deadline_after(timeout);
-        let mut waiters = lock(&self.inner.waiters);
+        let mut waiters = self.inner.waiters.lock();
         while !self.is_lost() {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -232,10 +234,7 @@ impl LeaseWatch {
             }
             // Woken by a refused renewal, or at the lapse of the last renewal taken.
             let left = left.min(self.until_lapse());
-            waiters = match self.inner.changed.wait_timeout(waiters, left) {
-                Ok((waiters, _)) => waiters,
-                Err(poisoned) => poisoned.into_inner().0,
-            };
+            self.inner.changed.wait_for(&mut waiters, left);
         }
         true
     }
@@ -251,7 +250,7 @@ impl LeaseWatch {
     /// Marks the lease lost and wakes everything waiting for that.
     pub(crate) fn mark_lost(&self) {
         self.inner.lost.store(true, Ordering::Release);
-        let waiters = std::mem::take(&mut *lock(&self.inner.waiters));
+        let waiters = std::mem::take(&mut *self.inner.waiters.lock());
         self.inner.changed.notify_all();
         for waker in waiters {
             waker.wake();
@@ -273,7 +272,7 @@ impl std::future::Future for Lost {
         if self.watch.is_lost() {
             return Poll::Ready(());
         }
-        let mut waiters = lock(&self.watch.inner.waiters);
+        let mut waiters = self.watch.inner.waiters.lock();
         // Checked again under the lock `mark_lost` takes: no wake-up is missed.
         if self.watch.is_lost() {
             return Poll::Ready(());
@@ -283,12 +282,6 @@ impl std::future::Future for Lost {
         }
         Poll::Pending
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The text a record whose operation's output was over the store's limit is failed with.

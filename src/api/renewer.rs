@@ -10,8 +10,10 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
-use std::sync::{Condvar, Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
 
 use super::once::{LeaseWatch, Renewals};
 use super::record::Lease;
@@ -56,12 +58,6 @@ fn renewer() -> &'static Renewer {
     })
 }
 
-fn lock(mutex: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 /// A lease being renewed; the renewals stop when this is dropped.
 pub(crate) struct Registration {
     id: u64,
@@ -77,7 +73,7 @@ pub(crate) fn register(
     let renewer = renewer();
     let renewals = Renewals::new(timeout, asked);
     let first = Instant::now() + renewals.first();
-    let mut state = lock(&renewer.state);
+    let mut state = renewer.state.lock();
     let id = state.next_id;
     state.next_id += 1;
     state.leases.insert(
@@ -102,28 +98,22 @@ impl Drop for Registration {
     fn drop(&mut self) {
         if let Some(renewer) = RENEWER.get() {
             // Its heap entry is skipped when it comes due.
-            lock(&renewer.state).leases.remove(&self.id);
+            renewer.state.lock().leases.remove(&self.id);
         }
     }
 }
 
 impl Renewer {
     fn run(&self) {
-        let mut state = lock(&self.state);
+        let mut state = self.state.lock();
         loop {
             let Some(&Reverse((at, id))) = state.due.peek() else {
-                state = match self.changed.wait(state) {
-                    Ok(state) => state,
-                    Err(poisoned) => poisoned.into_inner(),
-                };
+                self.changed.wait(&mut state);
                 continue;
             };
             let now = Instant::now();
             if at > now {
-                state = match self.changed.wait_timeout(state, at - now) {
-                    Ok((state, _)) => state,
-                    Err(poisoned) => poisoned.into_inner().0,
-                };
+                self.changed.wait_for(&mut state, at - now);
                 continue;
             }
             state.due.pop();
@@ -133,7 +123,7 @@ impl Renewer {
             drop(state);
             let sent = Instant::now();
             let answer = lease.keep_alive();
-            state = lock(&self.state);
+            state = self.state.lock();
             let Some(entry) = state.leases.get_mut(&id) else {
                 continue;
             };

@@ -302,6 +302,17 @@ fn segment_messages(url: &str, name: &str) -> u64 {
     })
 }
 
+/// How many segment files the store in `dir` holds.
+fn segment_files(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter(|entry| {
+            let name = entry.as_ref().unwrap().file_name();
+            name.to_string_lossy().starts_with("seg-")
+        })
+        .count()
+}
+
 /// How many segment subjects replica `name`'s stream holds, and its bytes; `url` names
 /// one server or several, separated by commas.
 fn stream_state(url: &str, name: &str) -> (usize, u64) {
@@ -348,13 +359,7 @@ fn expired_buckets_leave_the_replica_and_sealed_segments_are_compacted() {
     }
     assert!(db.insert_if_absent(b"last").unwrap());
     db.flush().unwrap();
-    let local_segments = std::fs::read_dir(&dir)
-        .unwrap()
-        .filter(|entry| {
-            let name = entry.as_ref().unwrap().file_name();
-            name.to_string_lossy().starts_with("seg-")
-        })
-        .count();
+    let local_segments = segment_files(&dir);
     let local_bytes: u64 = std::fs::read_dir(&dir)
         .unwrap()
         .map(|entry| entry.unwrap().metadata().unwrap().len())
@@ -420,18 +425,9 @@ fn expired_segments_leave_a_cluster_replica_that_outlives_a_restart_of_every_nod
     }
     assert!(db.insert_if_absent(b"last").unwrap());
     db.flush().unwrap();
-    let segments = || {
-        std::fs::read_dir(&dir)
-            .unwrap()
-            .filter(|entry| {
-                let name = entry.as_ref().unwrap().file_name();
-                name.to_string_lossy().starts_with("seg-")
-            })
-            .count()
-    };
     // The shipper removes the expired segments on its next rounds.
     let deadline = Instant::now() + Duration::from_secs(60);
-    while stream_state(&url, "restart").0 != segments() {
+    while stream_state(&url, "restart").0 != segment_files(&dir) {
         assert!(
             Instant::now() < deadline,
             "expired segments stay on the stream"
