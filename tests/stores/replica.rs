@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::servers;
 use oncedb::{Db, Durability, Error, Options, ReplicaMode, Replication};
-use servers::nats::{NatsCluster, NatsServer};
+use servers::nats::{NatsCluster, NatsServer, Release};
 
 fn key(n: u64) -> Vec<u8> {
     format!("replicated-key-{n}").into_bytes()
@@ -400,7 +400,17 @@ fn expired_buckets_leave_the_replica_and_sealed_segments_are_compacted() {
 /// message there, `removal.rs`.)
 #[test]
 fn expired_segments_leave_a_cluster_replica_that_outlives_a_restart_of_every_node() {
-    let mut cluster = NatsCluster::start(3);
+    expired_segments_leave_a_replica_that_outlives_restarts(Release::Newest);
+}
+
+/// The same on a server before 2.9.18, through the store's message-by-message deletes.
+#[test]
+fn expired_segments_are_deleted_one_by_one_on_a_server_before_the_purge_fix() {
+    expired_segments_leave_a_replica_that_outlives_restarts(Release::BeforePurgeFix);
+}
+
+fn expired_segments_leave_a_replica_that_outlives_restarts(release: Release) {
+    let mut cluster = NatsCluster::start_release(3, release);
     let url = cluster.url();
     let work = tempfile::tempdir().unwrap();
     let clock = manual_clock();

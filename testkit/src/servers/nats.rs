@@ -1,9 +1,102 @@
-//! A `nats-server -js` child with its JetStream store in a temp dir.
+//! A `nats-server -js` child with its JetStream store in a temp dir, and clusters of them.
+//!
+//! Two releases are told apart ([`Release`]): the tests run the newest server installed
+//! (`scripts/install-nats-server` installs the pinned one), and the tests of the store's
+//! delete path run one from before 2.9.18 (Debian 12's 2.9.10), whose clustered purges
+//! the store does not trust.
 
 use std::net::TcpStream;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 
 use super::{free_port, wait_for};
+
+/// Which installed `nats-server` a test starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Release {
+    /// `ONCEDB_NATS_SERVER` when set, else the newest `nats-server` installed.
+    Newest,
+    /// `ONCEDB_NATS_SERVER_BEFORE_2_9_18` when set, else the oldest `nats-server`
+    /// installed that is older than 2.9.18: a server that replays a purge by subject wrongly on
+    /// restart, so the store deletes message by message there.
+    BeforePurgeFix,
+}
+
+/// `(major, minor, patch)` of `nats-server --version` (`nats-server: v2.9.10`).
+fn version_of(binary: &Path) -> Option<(u32, u32, u32)> {
+    let output = Command::new(binary).arg("--version").output().ok()?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    let number = text.trim().rsplit('v').next()?;
+    let mut parts = number
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|part| part.parse::<u32>().ok());
+    Some((parts.next()??, parts.next()??, parts.next()??))
+}
+
+/// Every distinct `nats-server` on the `PATH` or in `~/.local/bin` (where
+/// `scripts/install-nats-server` puts it when not run as root), with its version.
+fn installed() -> Vec<(PathBuf, (u32, u32, u32))> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let mut dirs: Vec<PathBuf> = std::env::split_paths(&path).collect();
+    if let Some(home) = std::env::var_os("HOME") {
+        dirs.push(Path::new(&home).join(".local/bin"));
+    }
+    let mut found: Vec<(PathBuf, (u32, u32, u32))> = Vec::new();
+    for dir in dirs {
+        let candidate = dir.join("nats-server");
+        let Ok(real) = candidate.canonicalize() else {
+            continue;
+        };
+        if found.iter().any(|(seen, _)| *seen == real) {
+            continue;
+        }
+        if let Some(version) = version_of(&real) {
+            found.push((real, version));
+        }
+    }
+    found
+}
+
+/// `release`'s binary and version, as a test prints them (`/usr/local/bin/nats-server v2.15.1`).
+pub fn describe(release: Release) -> String {
+    let path = binary(release);
+    match version_of(path) {
+        Some((major, minor, patch)) => format!("{} v{major}.{minor}.{patch}", path.display()),
+        None => format!("{} (version unknown)", path.display()),
+    }
+}
+
+/// The binary of `release`, found once per process.
+pub fn binary(release: Release) -> &'static Path {
+    static NEWEST: OnceLock<PathBuf> = OnceLock::new();
+    static BEFORE_FIX: OnceLock<PathBuf> = OnceLock::new();
+    let (cell, variable) = match release {
+        Release::Newest => (&NEWEST, "ONCEDB_NATS_SERVER"),
+        Release::BeforePurgeFix => (&BEFORE_FIX, "ONCEDB_NATS_SERVER_BEFORE_2_9_18"),
+    };
+    cell.get_or_init(|| {
+        if let Some(set) = std::env::var_os(variable) {
+            return PathBuf::from(set);
+        }
+        let mut found = installed();
+        found.sort_by_key(|&(_, version)| version);
+        let chosen = match release {
+            Release::Newest => found.pop(),
+            Release::BeforePurgeFix => found
+                .into_iter()
+                .find(|&(_, version)| version < (2, 9, 18)),
+        };
+        match chosen {
+            Some((path, _)) => path,
+            None => panic!(
+                "no {release:?} nats-server installed: `bash scripts/install-nats-server` \
+                 installs the newest, Debian 12's `nats-server` package one before 2.9.18 \
+                 (or set {variable})"
+            ),
+        }
+    })
+}
 
 /// A NATS server with JetStream, killed on drop.
 pub struct NatsServer {
@@ -14,13 +107,13 @@ pub struct NatsServer {
 }
 
 fn spawn(port: u16, dir: &std::path::Path) -> Child {
-    let child = Command::new("nats-server")
+    let child = Command::new(binary(Release::Newest))
         .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
         .arg(dir)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .expect("nats-server must be installed (.ci/run installs it)");
+        .expect("nats-server runs (scripts/install-nats-server installs it)");
     wait_for("nats-server start", || {
         TcpStream::connect(("127.0.0.1", port)).is_ok()
     });
@@ -106,6 +199,7 @@ fn distinct_ports(size: usize) -> Vec<(u16, u16)> {
 
 /// How one node of a [`NatsCluster`] is started, the same on every restart.
 struct NodeSetup {
+    binary: &'static Path,
     name: String,
     port: u16,
     cluster_port: u16,
@@ -124,7 +218,7 @@ pub struct ClusterNode {
 /// Starts a node; `None` if it exited before listening (one of its ports was taken
 /// meanwhile by another process: the caller picks new ports).
 fn try_spawn_node(setup: &NodeSetup, dir: &std::path::Path) -> Option<Child> {
-    let mut child = Command::new("nats-server")
+    let mut child = Command::new(setup.binary)
         .args(["-js", "-a", "127.0.0.1", "-p", &setup.port.to_string()])
         .args(["--server_name", &setup.name, "--cluster_name", "oncedb"])
         .arg("--cluster")
@@ -135,7 +229,7 @@ fn try_spawn_node(setup: &NodeSetup, dir: &std::path::Path) -> Option<Child> {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .expect("nats-server must be installed (.ci/run installs it)");
+        .expect("nats-server runs (scripts/install-nats-server installs it)");
     let port = setup.port;
     let mut exited = false;
     wait_for("nats-server start", || {
@@ -158,18 +252,25 @@ pub struct NatsCluster {
 }
 
 impl NatsCluster {
-    /// Starts `size` nodes, each routing to every other; on fresh ports again if a node
-    /// exits at start because another process took one of its ports meanwhile.
+    /// Starts `size` nodes of the newest server installed, each routing to every other;
+    /// on fresh ports again if a node exits at start because another process took one of
+    /// its ports meanwhile.
     pub fn start(size: usize) -> NatsCluster {
+        NatsCluster::start_release(size, Release::Newest)
+    }
+
+    /// [`start`](Self::start) with the server of `release`.
+    pub fn start_release(size: usize, release: Release) -> NatsCluster {
+        let binary = binary(release);
         for _ in 0..5 {
-            if let Some(cluster) = NatsCluster::try_start(size) {
+            if let Some(cluster) = NatsCluster::try_start(size, binary) {
                 return cluster;
             }
         }
         panic!("no cluster of {size} nats-server nodes started in 5 tries");
     }
 
-    fn try_start(size: usize) -> Option<NatsCluster> {
+    fn try_start(size: usize, binary: &'static Path) -> Option<NatsCluster> {
         let ports = distinct_ports(size);
         let nodes = ports
             .iter()
@@ -183,6 +284,7 @@ impl NatsCluster {
                     .collect::<Vec<_>>()
                     .join(",");
                 let setup = NodeSetup {
+                    binary,
                     name: format!("n{i}"),
                     port,
                     cluster_port,
