@@ -24,10 +24,11 @@ use crate::base::{
 };
 // What the API uses of the rooms below: it reaches the index, the log and `io` only
 // through these.
-pub(crate) use crate::index::{Grant, InFlightRecord, Reserved};
 use crate::index::{
-    Index, IndexStats, SealedKeys, SealedRecords, Shard, ShardGroups, for_each_prefetched,
+    BatchMark, BatchMarks, Index, IndexStats, PendingWrite, SealedKeys, SealedRecords, Shard,
+    ShardGroups, for_each_prefetched,
 };
+pub(crate) use crate::index::{Grant, InFlightRecord, Reserved};
 pub(crate) use crate::io::{StdStorage, Storage};
 #[cfg(feature = "replicate")]
 pub(crate) use crate::replica::{Follower, Replication, RestoreReport, StandbyLag};
@@ -108,6 +109,8 @@ pub(crate) struct Engine {
     /// Take-backs of failed writes so far ([`settle`]): an answer that waited for
     /// another call's write stands only if this did not move meanwhile.
     revocations: AtomicU64,
+    /// Under `Sync`: the marks of batches admitting and not logged yet ([`settle`]).
+    batch_marks: BatchMarks,
 }
 
 /// Counts and sizes of every room, for the API's `Stats`.
@@ -186,6 +189,7 @@ impl Engine {
             _shipper: parts.shipper,
             recovery: parts.recovery,
             revocations: AtomicU64::new(0),
+            batch_marks: BatchMarks::default(),
         }
     }
 
@@ -414,7 +418,9 @@ impl Engine {
             .index
             .admit_one(&mut shard, fingerprint, self.sealed_keys())?
         {
-            return Ok((false, self.key_dependency(&shard, fingerprint)));
+            let found = self.key_dependency(&shard, fingerprint);
+            drop(shard);
+            return Ok((false, self.resolve(found)));
         }
         let stamp = shard.current();
         let logged = self.enqueue_in(
@@ -427,7 +433,8 @@ impl Engine {
         match logged {
             Ok(ticket) => {
                 if let Some(ticket) = ticket {
-                    self.note_pending_key(&mut shard, fingerprint, ticket);
+                    let at = PendingWrite::Logged(ticket.position());
+                    self.note_pending_key(&mut shard, fingerprint, at);
                 }
                 Ok((true, ticket))
             }
@@ -515,6 +522,7 @@ impl Engine {
             groups,
             logged,
             pending,
+            marks,
         } = scratch;
         fingerprints.clear();
         fingerprints.extend(keys.iter().map(|k| self.hasher.key(k.as_ref())));
@@ -531,10 +539,21 @@ impl Engine {
             admitted,
             pending,
             logged,
+            marks,
         };
         let answers_wait = self.journal.as_ref().is_some_and(Journal::answers_wait);
-        let (own, dependency) = if self.index.bounded() || self.sealer.is_some() || answers_wait {
+        let (own, dependency) = if self.index.bounded() || self.sealer.is_some() {
             self.insert_held(&mut batch, groups, bucket)?
+        } else if answers_wait {
+            let acknowledged = self
+                .journal
+                .as_ref()
+                .map_or(0, Journal::acknowledged_position);
+            match self.batch_marks.claim(acknowledged) {
+                Some(mark) => self.insert_marked(&mut batch, groups, bucket, mark)?,
+                // Every slot busy: hold the shards instead.
+                None => self.insert_held(&mut batch, groups, bucket)?,
+            }
         } else {
             (self.insert_unheld(&mut batch, groups, bucket)?, None)
         };
@@ -609,13 +628,15 @@ impl Engine {
             self.insert_into(batch, shard, group, Some(members))?;
         }
         let admitted = &*batch.admitted;
-        let dependency = groups
-            .iter()
-            .zip(shards.iter())
-            .flat_map(|(group, shard)| group.iter().map(move |&i| (i as usize, shard)))
-            .filter(|&(i, _)| !admitted[i])
-            .filter_map(|(i, shard)| self.key_dependency(shard, fingerprints[i]))
-            .max();
+        let mut found = Found::default();
+        for (group, shard) in groups.iter().zip(shards.iter()) {
+            for &i in group.iter().filter(|&&i| !admitted[i as usize]) {
+                found.add(
+                    self.key_dependency(shard, fingerprints[i as usize]),
+                    batch.marks,
+                );
+            }
+        }
         let own = self
             .log_batch(batch)
             .inspect_err(|_| revoke_held(&mut shards, groups, fingerprints, batch.admitted))?;
@@ -623,20 +644,83 @@ impl Engine {
             for (group, shard) in groups.iter().zip(shards.iter_mut()) {
                 shard.logged(ticket.position());
                 for &i in group.iter().filter(|&&i| batch.admitted[i as usize]) {
-                    self.note_pending_key(shard, fingerprints[i as usize], ticket);
+                    let at = PendingWrite::Logged(ticket.position());
+                    self.note_pending_key(shard, fingerprints[i as usize], at);
                 }
             }
         }
-        Ok((own, dependency))
+        // Marked batches are waited for with no shard held: they take these locks.
+        drop(shards);
+        Ok((own, self.resolve_found(found, batch.marks)))
+    }
+
+    /// Under `Sync`, without a budget or a bound: admits a batch one shard at a time,
+    /// marking each key it admits with `mark` (a batch slot) in its shard, then logs it
+    /// and publishes its position to the mark. A duplicate that finds a mark waits for
+    /// that (outside the shard lock) before it waits for the log, so concurrent batches
+    /// overlap across shards as without `Sync`. A write the log refuses is taken back,
+    /// counted first, before the mark says so. Returns its own ticket and the newest
+    /// unacknowledged write its duplicates rest on.
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "every index is below a length fixed at construction (shard count, table capacity, batch size)"
+    )]
+    fn insert_marked(
+        &self,
+        batch: &mut Batch<'_>,
+        groups: &ShardGroups,
+        bucket: u64,
+        mark: BatchMark,
+    ) -> Result<(Option<Ticket>, Option<Ticket>)> {
+        let fingerprints = batch.fingerprints;
+        let mut found = Found::default();
+        let mut failed = None;
+        for n in batch_order(groups, fingerprints) {
+            let group = groups.get(n);
+            self.index.prefetch_group(group, fingerprints);
+            let mut shard = self.index.lock(fingerprints[group[0] as usize], bucket);
+            if let Err(err) = self.insert_into(batch, &mut shard, group, None) {
+                failed.get_or_insert(err);
+            }
+            for &i in group {
+                let fingerprint = fingerprints[i as usize];
+                if batch.admitted[i as usize] {
+                    let at = PendingWrite::Batch(mark);
+                    self.note_pending_key(&mut shard, fingerprint, at);
+                } else {
+                    found.add(self.key_dependency(&shard, fingerprint), batch.marks);
+                }
+            }
+        }
+        let logged = match failed {
+            Some(err) => Err(self.fail(err)),
+            None => self.log_batch(batch),
+        };
+        match &logged {
+            Ok(own) => self.batch_marks.publish(mark, own.map(Ticket::position)),
+            Err(_) => {
+                self.revocations.fetch_add(1, Ordering::AcqRel);
+                self.revoke_admitted(fingerprints, batch.admitted);
+                self.batch_marks.publish(mark, None);
+            }
+        }
+        let own = logged?;
+        Ok((own, self.resolve_found(found, batch.marks)))
+    }
+
+    /// The newest ticket among the writes a batch's duplicates found, waiting for the
+    /// marked batches among them to log (called with no shard lock held).
+    fn resolve_found(&self, found: Found, marks: &mut Vec<BatchMark>) -> Option<Ticket> {
+        let mut newest = found.logged;
+        for mark in marks.drain(..) {
+            newest = newest.max(self.resolve(Some(PendingWrite::Batch(mark))));
+        }
+        newest
     }
 
     /// Admits a batch one shard at a time, then logs what it admitted: outside `Sync`,
     /// where answers do not wait for the writes they depend on, and a write the log
     /// refuses (the store failed) is taken back after the fact. Returns its own ticket.
-    #[expect(
-        clippy::cast_possible_truncation,
-        reason = "bucket stamps are 32 bits by design; indices fit the tables they index"
-    )]
     #[expect(
         clippy::indexing_slicing,
         reason = "every index is below a length fixed at construction (shard count, table capacity, batch size)"
@@ -650,11 +734,10 @@ impl Engine {
         let fingerprints = batch.fingerprints;
         let mut failed = None;
         if groups.len() > 0 {
-            // Start at a shard that depends on the batch, so that concurrent batches do
-            // not walk the shards in lockstep and queue behind each other.
-            let start = (fingerprints[0].tag() % groups.len() as u64) as usize;
-            let mut order = (start..groups.len()).chain(0..start).peekable();
-            self.index.prefetch_group(groups.get(start), fingerprints);
+            let mut order = batch_order(groups, fingerprints).peekable();
+            if let Some(&start) = order.peek() {
+                self.index.prefetch_group(groups.get(start), fingerprints);
+            }
             while let Some(n) = order.next() {
                 // The next shard's first home slots are on their way while this one works.
                 if let Some(&next) = order.peek() {
@@ -819,7 +902,7 @@ impl Engine {
             let looked_at = self.looked_at();
             self.index.prefetch_home(fingerprint);
             let bucket = self.current_bucket();
-            let (live, dependency) = {
+            let (live, found) = {
                 let mut shard = self.index.lock(fingerprint, bucket);
                 let live = shard.contains_key_anywhere(fingerprint, self.sealed_keys())?;
                 (
@@ -828,7 +911,7 @@ impl Engine {
                         .flatten(),
                 )
             };
-            let rests = Rests::depending(dependency, looked_at);
+            let rests = Rests::depending(self.resolve(found), looked_at);
             if self.settle_answer(rests, &mut Settle::Block)? == Concluded::Stands {
                 return Ok(live);
             }
@@ -1523,6 +1606,21 @@ impl Engine {
     }
 }
 
+/// The order a batch visits its shard groups in: from one that depends on the batch, so
+/// that concurrent batches do not walk the shards in lockstep and queue behind each other.
+#[expect(
+    clippy::cast_possible_truncation,
+    reason = "the remainder is below the group count, a usize"
+)]
+fn batch_order(groups: &ShardGroups, fingerprints: &[Fingerprint]) -> impl Iterator<Item = usize> {
+    let count = groups.len();
+    let start = match fingerprints.first() {
+        Some(first) if count > 0 => (first.tag() % count as u64) as usize,
+        _ => 0,
+    };
+    (start..count).chain(0..start)
+}
+
 /// The batch path's buffers, one set per thread, kept across calls: once they have grown
 /// to the largest batch a thread sends, `insert_many` allocates nothing.
 #[derive(Default)]
@@ -1533,6 +1631,9 @@ struct Scratch {
     logged: Vec<(u64, Fingerprint)>,
     /// One group's keys that no older level holds.
     pending: Vec<u32>,
+    /// The marked batches a batch's duplicates found, waited for once its shards are
+    /// released.
+    marks: Vec<BatchMark>,
 }
 
 thread_local! {
@@ -1625,6 +1726,28 @@ struct Batch<'s> {
     pending: &'s mut Vec<u32>,
     /// The admitted keys as logged.
     logged: &'s mut Vec<(u64, Fingerprint)>,
+    /// The marked batches its duplicates found (see [`Found`]).
+    marks: &'s mut Vec<BatchMark>,
+}
+
+/// The unacknowledged writes a batch's duplicates found under their shard locks: the
+/// newest logged one here, and the marked batches (each once) in the batch's `marks`, to
+/// wait for once no shard is held.
+#[derive(Default)]
+struct Found {
+    logged: Option<Ticket>,
+}
+
+impl Found {
+    fn add(&mut self, write: Option<PendingWrite>, marks: &mut Vec<BatchMark>) {
+        match write {
+            Some(PendingWrite::Logged(position)) => {
+                self.logged = self.logged.max(Some(Ticket::at(position)));
+            }
+            Some(PendingWrite::Batch(mark)) if !marks.contains(&mark) => marks.push(mark),
+            Some(PendingWrite::Batch(_)) | None => {}
+        }
+    }
 }
 
 /// The shard locks a batch holds at once, inline for up to the default shard count.

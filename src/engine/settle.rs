@@ -21,7 +21,7 @@ use std::sync::atomic::Ordering;
 
 use super::Engine;
 use crate::base::{Fingerprint, Finish, Result};
-use crate::index::Shard;
+use crate::index::{PendingWrite, Shard};
 use crate::wal::{LogEntry, Ticket};
 
 /// How a write waits for its log entries: here, blocking (the synchronous API), or by
@@ -127,30 +127,46 @@ impl Engine {
             .filter(|journal| journal.answers_wait())
     }
 
-    /// The ticket an answer "seen" for dedup key `fingerprint` (found in `shard`) waits
-    /// for: the write that admitted it, while it is not acknowledged (under `Sync` only).
-    pub(super) fn key_dependency(&self, shard: &Shard, fingerprint: Fingerprint) -> Option<Ticket> {
+    /// The write an answer "seen" for dedup key `fingerprint` (found in `shard`, locked)
+    /// rests on: the write that admitted it, while it is not acknowledged (under `Sync`
+    /// only). [`Engine::resolve`] turns it into a ticket once the lock is released.
+    pub(super) fn key_dependency(
+        &self,
+        shard: &Shard,
+        fingerprint: Fingerprint,
+    ) -> Option<PendingWrite> {
         let acknowledged = self.sync_journal()?.acknowledged_position();
-        if shard.logged_to() <= acknowledged {
-            return None;
+        shard.pending_write(fingerprint, (acknowledged, &self.batch_marks))
+    }
+
+    /// The ticket a write found by [`Engine::key_dependency`] waits for, called with no
+    /// shard lock held (the batch it may wait for takes those locks until it logs). A
+    /// batch that logged nothing, or whose write the log refused (its keys taken back
+    /// first), leaves a ticket with nothing to wait for: the answer is still checked
+    /// against the take-back count, and asked again if it moved.
+    pub(super) fn resolve(&self, dependency: Option<PendingWrite>) -> Option<Ticket> {
+        match dependency? {
+            PendingWrite::Logged(position) => Some(Ticket::at(position)),
+            PendingWrite::Batch(mark) => {
+                Some(Ticket::at(self.batch_marks.wait_logged(mark).unwrap_or(0)))
+            }
         }
-        let position = shard.pending_key_position(fingerprint);
-        (position > acknowledged).then(|| Ticket::at(position))
     }
 
     /// Under `Sync`: remembers that key `fingerprint`, admitted in `shard` (locked), rests
-    /// on the write logged up to `ticket` until the log is acknowledged past it.
+    /// on write `at` (logged, or a batch's still admitting) until the log is acknowledged
+    /// past it.
     pub(super) fn note_pending_key(
         &self,
         shard: &mut Shard,
         fingerprint: Fingerprint,
-        ticket: Ticket,
+        at: PendingWrite,
     ) {
         if let Some(journal) = self.sync_journal() {
             shard.note_pending_key(
                 fingerprint,
-                ticket.position(),
-                journal.acknowledged_position(),
+                at,
+                (journal.acknowledged_position(), &self.batch_marks),
             );
         }
     }

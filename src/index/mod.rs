@@ -6,11 +6,13 @@
 mod counters;
 mod dense;
 mod marks;
+mod pending;
 mod records;
 mod shard;
 mod slots;
 mod table;
 
+pub(crate) use pending::{BatchMark, BatchMarks, PendingWrite};
 pub(crate) use records::{SealMark, Sealable};
 pub(crate) use shard::{Grant, InFlightRecord, NewRecord, Reserved, Shard};
 pub(crate) use table::DedupTable;

@@ -4,6 +4,7 @@ use std::collections::TryReserveError;
 
 use super::counters::Counters;
 use super::marks::MarkMap;
+use super::pending::{BatchMarks, PendingKeys, PendingWrite};
 use super::records::{Ending, RecordMap, StoredRecord};
 use super::table::{DedupTable, Inserted};
 use std::sync::Arc;
@@ -90,10 +91,6 @@ pub(crate) struct InFlightRecord {
     pub(crate) note: Option<std::sync::Arc<[u8]>>,
 }
 
-/// Entries a shard's queue of keys with unacknowledged writes holds without growing
-/// (16 bytes each, reserved under `Sync` only).
-const PENDING_KEYS_RESERVED: usize = 256;
-
 #[derive(Debug)]
 pub(crate) struct Shard {
     window: Window,
@@ -137,11 +134,9 @@ pub(crate) struct Shard {
     /// logged under its lock): an answer that depends on an earlier write of this shard
     /// (a key seen, a record found) waits until the log is acknowledged up to here.
     logged_to: u64,
-    /// Under `Sync`: (tag, log position past its entry) of the keys admitted here whose
-    /// writes may not be acknowledged yet, oldest first; entries leave once the log is
-    /// acknowledged past them. A duplicate waits for its own key's write, not the shard's
-    /// newest.
-    pending_keys: std::collections::VecDeque<(u64, u64)>,
+    /// Under `Sync`: the keys admitted here whose writes may not be acknowledged yet. A
+    /// duplicate waits for its own key's write, not the shard's newest.
+    pending_keys: PendingKeys,
 }
 
 impl Shard {
@@ -179,43 +174,35 @@ impl Shard {
             frozen: None,
             huge_pages,
             logged_to: 0,
-            pending_keys: std::collections::VecDeque::new(),
+            pending_keys: PendingKeys::default(),
         })
     }
 
-    /// Under `Sync`: key `fingerprint` was admitted by a write logged up to `position`,
-    /// not acknowledged yet; the keys whose writes are acknowledged up to `acknowledged`
-    /// are forgotten.
+    /// Under `Sync`: key `fingerprint` was admitted by write `at` (logged, or a batch's
+    /// not yet), not acknowledged yet; the keys whose writes are acknowledged up to
+    /// `acknowledged` are forgotten.
     pub(crate) fn note_pending_key(
         &mut self,
         fingerprint: Fingerprint,
-        position: u64,
-        acknowledged: u64,
+        at: PendingWrite,
+        (acknowledged, marks): (u64, &BatchMarks),
     ) {
-        if self.pending_keys.capacity() == 0 {
-            // Once, so that a shard's queue does not grow batch after batch: a batch of
-            // 16 Ki keys over 64 shards puts 256 in each.
-            self.pending_keys.reserve(PENDING_KEYS_RESERVED);
-        }
-        while self
-            .pending_keys
-            .front()
-            .is_some_and(|&(_, logged)| logged <= acknowledged)
-        {
-            self.pending_keys.pop_front();
-        }
-        self.pending_keys.push_back((fingerprint.tag(), position));
+        self.pending_keys
+            .note(fingerprint.tag(), at, acknowledged, marks);
     }
 
-    /// The log position past the write that admitted `fingerprint`, if it may not be
-    /// acknowledged yet (it is among the pending keys); else 0.
-    pub(crate) fn pending_key_position(&self, fingerprint: Fingerprint) -> u64 {
-        let tag = fingerprint.tag();
+    /// The write that admitted `fingerprint`, if it may not be acknowledged up to
+    /// `acknowledged` yet.
+    pub(crate) fn pending_write(
+        &self,
+        fingerprint: Fingerprint,
+        (acknowledged, marks): (u64, &BatchMarks),
+    ) -> Option<PendingWrite> {
+        if self.logged_to <= acknowledged && !self.pending_keys.has_marks() {
+            return None;
+        }
         self.pending_keys
-            .iter()
-            .rev()
-            .find(|&&(pending, _)| pending == tag)
-            .map_or(0, |&(_, position)| position)
+            .find(fingerprint.tag(), acknowledged, marks)
     }
 
     /// A write of this shard was logged up to `position` (called under the shard lock

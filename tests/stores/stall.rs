@@ -342,3 +342,158 @@ fn a_reopened_store_ships_the_log_its_replica_lacks_before_it_answers() {
         );
     }
 }
+
+/// One `insert_many` of the concurrent-batches schedule: when it started and ended (on
+/// one counter shared by every thread), its keys, and its answer (`None`: `Unavailable`).
+struct BatchCall {
+    started: u64,
+    ended: u64,
+    keys: Vec<u64>,
+    admitted: Option<Vec<bool>>,
+}
+
+/// Concurrent batches of overlapping keys through JetStream stalls, by seeded schedule
+/// (the seed printed; `ONCEDB_FAULT_SEED` replays one). Four threads send batches, half
+/// fresh keys and half recent ones, while the server is paused and resumed; a batch
+/// admits each shard's keys and releases that shard before it logs, marking the keys with
+/// its batch slot. The checker holds, for every key answered "seen": some call that
+/// started before that answer was told it was admitted, or had an unknown outcome, and
+/// the store holds the key at the end (a write taken back never stands behind a "seen");
+/// and no key is admitted twice.
+#[test]
+fn concurrent_batches_through_stalls_answer_seen_only_for_writes_that_stand() {
+    use oncedb_testkit::schedule::{Schedule, random_seed};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let seed = random_seed();
+    eprintln!("concurrent batches through stalls: seed {seed}");
+    let mut schedule = Schedule::new(seed);
+    let server = NatsServer::start();
+    let work = tempfile::tempdir().unwrap();
+    let db = stalled_store(
+        work.path(),
+        &server,
+        "stall-batches",
+        Duration::from_millis(300),
+    );
+    let (events, fresh, stop) = (AtomicU64::new(0), AtomicU64::new(0), AtomicBool::new(false));
+    let calls = parking_lot::Mutex::new(Vec::<BatchCall>::new());
+    let unknown = AtomicU64::new(0);
+    std::thread::scope(|scope| {
+        for writer in 0..4u64 {
+            let seed = seed ^ writer.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            let (db, events, fresh, stop, calls, unknown) =
+                (&db, &events, &fresh, &stop, &calls, &unknown);
+            scope.spawn(move || {
+                let mut draws = Schedule::new(seed);
+                while !stop.load(Ordering::Acquire) {
+                    let newest = fresh.fetch_add(16, Ordering::AcqRel);
+                    let mut keys: Vec<u64> = (newest..newest + 16).collect();
+                    keys.extend((0..16).map(|_| newest.saturating_sub(1 + draws.below(200))));
+                    let named: Vec<Vec<u8>> =
+                        keys.iter().map(|n| format!("b-{n}").into_bytes()).collect();
+                    let started = events.fetch_add(1, Ordering::AcqRel);
+                    let answer = db.insert_many(&named);
+                    let ended = events.fetch_add(1, Ordering::AcqRel);
+                    let admitted = match answer {
+                        Ok(admitted) => Some(admitted),
+                        Err(Error::Unavailable { .. }) => {
+                            unknown.fetch_add(1, Ordering::AcqRel);
+                            None
+                        }
+                        Err(err) => panic!("seed {seed}: {err}"),
+                    };
+                    calls.lock().push(BatchCall {
+                        started,
+                        ended,
+                        keys,
+                        admitted,
+                    });
+                }
+            });
+        }
+        for _stall in 0..6 {
+            let answered = calls.lock().len();
+            let running = 20 + schedule.below(200) as usize;
+            wait_for("batches answered", || {
+                calls.lock().len() >= answered + running
+            });
+            server.pause();
+            let failed = unknown.load(Ordering::Acquire);
+            wait_for("batches answered Unavailable", || {
+                unknown.load(Ordering::Acquire) >= failed + 4
+            });
+            server.resume();
+        }
+        stop.store(true, Ordering::Release);
+    });
+    let calls = calls.into_inner();
+    let held = |n: u64| once_acknowledged(|| db.contains(format!("b-{n}").as_bytes()));
+    let shortfalls = check_batch_calls(&calls, held);
+    let seen = calls
+        .iter()
+        .filter_map(|call| call.admitted.as_ref())
+        .flatten()
+        .filter(|&&new| !new)
+        .count();
+    eprintln!(
+        "seed {seed}: {} batches, {} unknown, {seen} keys answered seen",
+        calls.len(),
+        unknown.into_inner()
+    );
+    assert!(seen > 0, "seed {seed}: no duplicate was answered");
+    assert!(
+        shortfalls.is_empty(),
+        "seed {seed}:\n{}",
+        shortfalls.join("\n")
+    );
+}
+
+/// The broken promises of a concurrent-batches run (see its test).
+fn check_batch_calls(calls: &[BatchCall], held: impl Fn(u64) -> bool) -> Vec<String> {
+    use std::collections::HashMap;
+    // Per key: the start of every call admitted it or left it unknown, and the admissions.
+    let mut backing: HashMap<u64, Vec<u64>> = HashMap::new();
+    let mut admissions: HashMap<u64, u32> = HashMap::new();
+    for call in calls {
+        for (i, &key) in call.keys.iter().enumerate() {
+            match call
+                .admitted
+                .as_ref()
+                .map(|admitted| admitted.get(i).copied())
+            {
+                Some(Some(true)) => {
+                    backing.entry(key).or_default().push(call.started);
+                    *admissions.entry(key).or_default() += 1;
+                }
+                None => backing.entry(key).or_default().push(call.started),
+                Some(_) => {}
+            }
+        }
+    }
+    let mut shortfalls = Vec::new();
+    for (&key, &count) in &admissions {
+        if count > 1 {
+            shortfalls.push(format!("key {key} was admitted {count} times"));
+        }
+    }
+    for call in calls {
+        let Some(admitted) = &call.admitted else {
+            continue;
+        };
+        for (&key, _) in call.keys.iter().zip(admitted).filter(|&(_, &new)| !new) {
+            let backed = backing
+                .get(&key)
+                .is_some_and(|starts| starts.iter().any(|&start| start < call.ended));
+            if !backed {
+                shortfalls.push(format!(
+                    "key {key} was answered seen with no call before it told admitted or unknown"
+                ));
+            } else if !held(key) {
+                shortfalls.push(format!(
+                    "key {key} was answered seen, but the write it rested on was taken back"
+                ));
+            }
+        }
+    }
+    shortfalls
+}

@@ -83,9 +83,7 @@ pub fn binary(release: Release) -> &'static Path {
         found.sort_by_key(|&(_, version)| version);
         let chosen = match release {
             Release::Newest => found.pop(),
-            Release::BeforePurgeFix => found
-                .into_iter()
-                .find(|&(_, version)| version < (2, 9, 18)),
+            Release::BeforePurgeFix => found.into_iter().find(|&(_, version)| version < (2, 9, 18)),
         };
         match chosen {
             Some((path, _)) => path,
