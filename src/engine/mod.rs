@@ -682,15 +682,9 @@ impl Engine {
             if let Err(err) = self.insert_into(batch, &mut shard, group, None) {
                 failed.get_or_insert(err);
             }
-            for &i in group {
-                let fingerprint = fingerprints[i as usize];
-                if batch.admitted[i as usize] {
-                    let at = PendingWrite::Batch(mark);
-                    self.note_pending_key(&mut shard, fingerprint, at);
-                } else {
-                    found.add(self.key_dependency(&shard, fingerprint), batch.marks);
-                }
-            }
+            let members = (group, fingerprints, &*batch.admitted);
+            let at = PendingWrite::Batch(mark);
+            self.note_group(&mut shard, members, at, (&mut found, batch.marks));
         }
         let logged = match failed {
             Some(err) => Err(self.fail(err)),
@@ -1734,12 +1728,12 @@ struct Batch<'s> {
 /// newest logged one here, and the marked batches (each once) in the batch's `marks`, to
 /// wait for once no shard is held.
 #[derive(Default)]
-struct Found {
+pub(super) struct Found {
     logged: Option<Ticket>,
 }
 
 impl Found {
-    fn add(&mut self, write: Option<PendingWrite>, marks: &mut Vec<BatchMark>) {
+    pub(super) fn add(&mut self, write: Option<PendingWrite>, marks: &mut Vec<BatchMark>) {
         match write {
             Some(PendingWrite::Logged(position)) => {
                 self.logged = self.logged.max(Some(Ticket::at(position)));

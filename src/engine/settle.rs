@@ -171,6 +171,32 @@ impl Engine {
         }
     }
 
+    /// Under `Sync`, for one shard's `group` of a batch just admitted in `shard`
+    /// (locked): notes the keys it admitted as resting on write `at`, and adds what its
+    /// duplicates rest on to `found` (the marked batches among them to `marks`). The
+    /// acknowledged position is read once for the group.
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "every index is below a length fixed at construction (shard count, table capacity, batch size)"
+    )]
+    pub(super) fn note_group(
+        &self,
+        shard: &mut Shard,
+        (group, fingerprints, admitted): (&[u32], &[Fingerprint], &[bool]),
+        at: PendingWrite,
+        (found, marks): (&mut super::Found, &mut Vec<crate::index::BatchMark>),
+    ) {
+        let Some(journal) = self.sync_journal() else {
+            return;
+        };
+        let acknowledged = (journal.acknowledged_position(), &self.batch_marks);
+        let new = group.iter().filter(|&&i| admitted[i as usize]);
+        shard.note_pending_keys(new.map(|&i| fingerprints[i as usize]), at, acknowledged);
+        for &i in group.iter().filter(|&&i| !admitted[i as usize]) {
+            found.add(shard.pending_write(fingerprints[i as usize], acknowledged), marks);
+        }
+    }
+
     /// The take-back count, read before a call looks at what its answer depends on.
     pub(super) fn looked_at(&self) -> u64 {
         self.revocations.load(Ordering::Acquire)

@@ -185,6 +185,26 @@ impl PendingKeys {
         acknowledged: u64,
         marks: &BatchMarks,
     ) {
+        self.forget_acknowledged(acknowledged, marks);
+        self.push(tag, at);
+    }
+
+    /// Notes every key of `tags`, admitted by write `at`, after forgetting the keys
+    /// acknowledged up to `acknowledged` once for all of them.
+    pub(crate) fn note_all(
+        &mut self,
+        tags: impl Iterator<Item = u64>,
+        at: PendingWrite,
+        acknowledged: u64,
+        marks: &BatchMarks,
+    ) {
+        self.forget_acknowledged(acknowledged, marks);
+        for tag in tags {
+            self.push(tag, at);
+        }
+    }
+
+    fn forget_acknowledged(&mut self, acknowledged: u64, marks: &BatchMarks) {
         if self.keys.capacity() == 0 {
             // Once, so that a shard's queue does not grow batch after batch.
             self.keys.reserve(RESERVED);
@@ -201,6 +221,9 @@ impl PendingKeys {
             self.keys.pop_front();
             self.marks -= usize::from(front & MARK_BIT != 0);
         }
+    }
+
+    fn push(&mut self, tag: u64, at: PendingWrite) {
         let at = match at {
             PendingWrite::Logged(position) => position,
             PendingWrite::Batch(BatchMark(mark)) => {

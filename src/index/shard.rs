@@ -191,6 +191,21 @@ impl Shard {
             .note(fingerprint.tag(), at, acknowledged, marks);
     }
 
+    /// [`Shard::note_pending_key`] for every key of `fingerprints`, all admitted by `at`.
+    pub(crate) fn note_pending_keys(
+        &mut self,
+        fingerprints: impl Iterator<Item = Fingerprint>,
+        at: PendingWrite,
+        (acknowledged, marks): (u64, &BatchMarks),
+    ) {
+        self.pending_keys.note_all(
+            fingerprints.map(|fingerprint| fingerprint.tag()),
+            at,
+            acknowledged,
+            marks,
+        );
+    }
+
     /// The write that admitted `fingerprint`, if it may not be acknowledged up to
     /// `acknowledged` yet.
     pub(crate) fn pending_write(
