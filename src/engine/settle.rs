@@ -8,9 +8,12 @@
 //!   of memory, unless the log was acknowledged past them meanwhile; the next call for
 //!   such a key admits it, and that call's write is the one that counts.
 //! - **An answer that depends on another call's write waits for it.** Every write is
-//!   logged under the lock of the shard it changes, and the shard remembers the log
-//!   position past its newest write; an answer that found the key waits until the log is
-//!   acknowledged up to there. Since a failing call takes its keys back only while its
+//!   logged under the lock of the shard it changes, or (a batch's keys, without a budget
+//!   or a bound) marked there with the batch's slot, which the batch publishes its log
+//!   position to once logged (`index/pending.rs`); the shard remembers the log position
+//!   past its newest write and which keys rest on which write. An answer that found the
+//!   key waits for a marked batch to log (with no shard lock held), then until the log
+//!   is acknowledged up to its write. Since a failing call takes its keys back only while its
 //!   write is not acknowledged, and counts the take-back first, a waiter whose write it
 //!   waited for was taken back sees the count move and looks again.
 //!
