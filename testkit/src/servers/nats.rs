@@ -58,6 +58,11 @@ fn installed() -> Vec<(PathBuf, (u32, u32, u32))> {
     found
 }
 
+/// `(major, minor, patch)` of `release`'s binary, if it tells.
+pub fn version(release: Release) -> Option<(u32, u32, u32)> {
+    version_of(binary(release))
+}
+
 /// `release`'s binary and version, as a test prints them (`/usr/local/bin/nats-server v2.15.1`).
 pub fn describe(release: Release) -> String {
     let path = binary(release);
