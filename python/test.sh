@@ -18,7 +18,8 @@ if ! python3 -m venv "$scratch/venv" 2>/dev/null; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
     python3 -m venv "$scratch/venv"
 fi
-"$scratch/venv/bin/pip" install -q "maturin>=1.7,<2" "pytest>=8" uvicorn httpx starlette fastapi mypy
+"$scratch/venv/bin/pip" install -q "maturin>=1.7,<2" "pytest>=8" uvicorn httpx starlette fastapi mypy \
+    "celery[redis]>=5.7,<6"
 # The dev profile: a wheel with debug assertions on, built in about half the time of the
 # release one (`pip install ./python` builds that).
 "$scratch/venv/bin/maturin" build --quiet --manifest-path "$here/Cargo.toml" \
