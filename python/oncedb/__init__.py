@@ -48,7 +48,7 @@ from ._oncedb import (
     Unavailable,
     __version__,
 )
-from .once import Failed, InFlight, Mismatch, idempotent
+from .once import Expired, Failed, InFlight, Mismatch, idempotent
 
 __all__ = [
     "Closed",
@@ -72,6 +72,7 @@ __all__ = [
     "Mismatch",
     "InFlight",
     "Failed",
+    "Expired",
     "idempotent",
     "run",
     "__version__",

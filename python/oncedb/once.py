@@ -40,6 +40,12 @@ class Failed(Error):
     failure's text."""
 
 
+class Expired(Error):
+    """An earlier call of the key succeeded, and its stored value aged out (the store
+    keeps responses for less than its window): the function did not run again, and the
+    value cannot be returned."""
+
+
 def _json_encode(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
 
@@ -200,7 +206,7 @@ class _Once:
         if answer.status == "failed":
             raise Failed((answer.response or b"").decode("utf-8", "replace"))
         if answer.status == "expired":
-            raise Failed("the key's outcome is no longer stored")
+            raise Expired("the key's call succeeded; its value is no longer stored")
         raise Mismatch("the key was used before with another payload")
 
     def failure(self, err: BaseException) -> Optional[bytes]:
@@ -355,7 +361,8 @@ def idempotent(
       object raises ``TypeError`` before the function runs, asking for ``payload=``);
       the key used again with another payload raises :class:`Mismatch`;
     - the return value is stored with ``encode`` (JSON by default) and a retry returns it,
-      ``decode``d, without calling the function;
+      ``decode``d, without calling the function; once the store no longer keeps it
+      (``response_retention`` shorter than the window) a retry raises :class:`Expired`;
     - a call that finds the key in flight waits up to ``wait`` seconds for the outcome
       (woken by it, never polling), then raises :class:`InFlight`;
     - an exception releases the key and propagates (``on_error="release"``), or is stored

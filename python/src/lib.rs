@@ -838,6 +838,12 @@ fn _oncedb(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<Db>()?;
     m.add_function(wrap_pyfunction!(_settle, m)?)?;
+    // A test hook of debug builds: an attribute, not in `__all__` (so not in the stubs).
+    #[cfg(debug_assertions)]
+    m.setattr(
+        "_awaitable_that_panics",
+        wrap_pyfunction!(_awaitable_that_panics, m)?,
+    )?;
     m.add_class::<Reservation>()?;
     m.add_class::<Lease>()?;
     m.add_class::<shared::SharedStore>()?;
@@ -897,7 +903,8 @@ fn runtime_handle() -> Result<tokio::runtime::Handle, String> {
 
 /// An asyncio future of the running loop, settled from the runtime thread by `work`'s
 /// outcome (through `call_soon_threadsafe`, so the loop's own thread sets it). A future
-/// cancelled meanwhile is left alone.
+/// cancelled meanwhile is left alone. A task that panics settles it too, with
+/// `oncedb.Error` (outcome unknown), instead of leaving it pending.
 fn awaitable<'py, T>(
     py: Python<'py>,
     work: impl std::future::Future<Output = Result<T, (String, Kind)>> + Send + 'static,
@@ -907,8 +914,12 @@ where
 {
     let running = py.import("asyncio")?.call_method0("get_running_loop")?;
     let future = running.call_method0("create_future")?;
-    let (event_loop, target) = (running.unbind(), future.clone().unbind());
-    let settle = py.import("oncedb._oncedb")?.getattr("_settle")?.unbind();
+    let mut settler = Settler {
+        event_loop: running.unbind(),
+        target: future.clone().unbind(),
+        settle: py.import("oncedb._oncedb")?.getattr("_settle")?.unbind(),
+        settled: false,
+    };
     runtime()?.spawn(async move {
         let outcome = work.await;
         Python::attach(|py| {
@@ -923,11 +934,56 @@ where
                 Ok(pair) => pair,
                 Err(err) => (false, err.into_value(py).into_any()),
             };
-            let _ =
-                event_loop.call_method1(py, "call_soon_threadsafe", (settle, target, ok, value));
+            settler.settle(py, ok, value);
         });
     });
     Ok(future)
+}
+
+/// Settles one asyncio future from the runtime thread, once: with the task's outcome,
+/// or, dropped unsettled (the task panicked and is unwinding), with an error.
+struct Settler {
+    event_loop: Py<PyAny>,
+    target: Py<PyAny>,
+    settle: Py<PyAny>,
+    settled: bool,
+}
+
+impl Settler {
+    fn settle(&mut self, py: Python<'_>, ok: bool, value: Py<PyAny>) {
+        self.settled = true;
+        let (settle, target) = (self.settle.clone_ref(py), self.target.clone_ref(py));
+        let _ =
+            self.event_loop
+                .call_method1(py, "call_soon_threadsafe", (settle, target, ok, value));
+    }
+}
+
+impl Drop for Settler {
+    fn drop(&mut self) {
+        if self.settled {
+            return;
+        }
+        Python::attach(|py| {
+            let message = "oncedb's task for this call panicked: its outcome is unknown";
+            let error = Kind::Other
+                .error(message.to_owned())
+                .into_value(py)
+                .into_any();
+            self.settle(py, false, error);
+        });
+    }
+}
+
+/// An awaitable whose task panics, for the test that a panic settles its future.
+#[cfg(debug_assertions)]
+#[pyfunction]
+fn _awaitable_that_panics(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
+    #[expect(clippy::panic, reason = "the panic under test")]
+    async fn panics() -> Result<(), (String, Kind)> {
+        panic!("a task of oncedb's runtime panicked (test)")
+    }
+    awaitable(py, panics())
 }
 
 /// Settles `future` with `value` (a result if `ok`, else an exception), unless it was

@@ -412,3 +412,12 @@ def test_excluded_paths_and_optional_keys_pass_unguarded():
 
     assert asyncio.run(main()).status_code == 201
     assert calls == [b"body"]
+
+
+def test_a_runtime_task_that_panics_settles_its_awaitable_with_an_error():
+    # Without the settling guard the future stays pending: wait_for's limit would end it.
+    async def main():
+        with pytest.raises(oncedb.Error, match="panicked"):
+            await asyncio.wait_for(oncedb._oncedb._awaitable_that_panics(), 30)
+
+    asyncio.run(main())

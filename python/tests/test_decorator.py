@@ -3,6 +3,7 @@
 import asyncio
 import os
 import threading
+import time
 
 import pytest
 
@@ -330,3 +331,18 @@ def test_the_decorated_function_keeps_its_signature_for_type_checkers(tmp_path):
     )
     assert 'Argument 2 to "charge" has incompatible type "str"' in found.stdout, found.stdout
     assert found.stdout.count("error:") == 1, found.stdout
+
+
+def test_a_value_that_aged_out_raises_expired_not_failed():
+    # Responses kept for one second of a minute's window: the record stays, its value
+    # goes once its bucket passes the retention (the clock is the real one).
+    db = oncedb.Db(window=60, bucket=1, response_retention=1)
+    charge, calls = counting(db)
+    assert charge("o-9", 5) == {"charged": 5, "call": 1}
+    deadline = time.monotonic() + 30
+    while db.reserve("t", "charge:o-9", "o-9", b'{"amount":5}').status != "expired":
+        assert time.monotonic() < deadline, "the stored value never aged out"
+        time.sleep(0.05)
+    with pytest.raises(oncedb.Expired, match="no longer stored"):
+        charge("o-9", 5)
+    assert len(calls) == 1
