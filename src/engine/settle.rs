@@ -196,7 +196,10 @@ impl Engine {
         let new = group.iter().filter(|&&i| admitted[i as usize]);
         shard.note_pending_keys(new.map(|&i| fingerprints[i as usize]), at, acknowledged);
         for &i in group.iter().filter(|&&i| !admitted[i as usize]) {
-            found.add(shard.pending_write(fingerprints[i as usize], acknowledged), marks);
+            found.add(
+                shard.pending_write(fingerprints[i as usize], acknowledged),
+                marks,
+            );
         }
     }
 

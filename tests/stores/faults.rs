@@ -3,9 +3,10 @@
 //! NATS cluster, fresh ones and repeats of earlier ones, and reports every answer; it asks
 //! again for a key whose outcome was unknown, as a caller that must not drop a message
 //! does. The schedule, drawn from a seed, pauses nodes (SIGSTOP), kills them with and
-//! without their disk, SIGKILLs the writer (a new one opens its directory), and restores
-//! the replica to a new directory while the writer writes (a new writer then takes the
-//! new directory, the old one fenced). At the end the replica is restored once more, and
+//! without their disk, SIGKILLs the writer (a new one opens its directory), restores
+//! the replica to a new directory while the writer writes, and starts a standby that
+//! follows for a while and is then promoted (a new writer then takes the new directory,
+//! the old one fenced). At the end the replica is restored once more, and
 //! the checker (`oncedb_testkit::schedule`) holds the promises against what the writers
 //! were told: every admitted key remembered, none admitted twice, none answered "seen"
 //! that no writer was told was admitted (unless its write's outcome was unknown and a
@@ -170,14 +171,15 @@ impl Writer {
         history.ended(self.id, format!("writer {} {what}", self.id));
     }
 
-    /// Waits for it to end by itself (fenced), at most `limit`, then kills it.
+    /// Waits for it to end by itself (fenced by a restore or a promotion), at most
+    /// `limit`, then kills it.
     fn end_within(mut self, limit: Duration, history: &History) {
         let deadline = Instant::now() + limit;
         while Instant::now() < deadline && matches!(self.child.try_wait(), Ok(None)) {
             // Polls the child's exit, which has no wait with a time limit.
             std::thread::sleep(Duration::from_millis(20));
         }
-        self.kill(history, "fenced by the restore");
+        self.kill(history, "fenced by the new owner");
     }
 
     fn finish(&mut self) {
@@ -204,6 +206,7 @@ enum Fault {
     KillNodeWithDisk,
     KillWriter,
     RestoreUnderOwner,
+    PromoteStandby,
 }
 
 /// Whether the schedule draws a node's loss with its disk: on nats-server 2.10 and
@@ -277,6 +280,38 @@ impl Run {
         self.spawn_writer()
     }
 
+    /// Starts a standby in a new directory while `writer` writes, lets it follow for a
+    /// drawn number of answers, then promotes it; a new writer takes the promoted
+    /// directory, and the old one, fenced, ends. A promotion answered `Unavailable` (a
+    /// stream without a leader for a moment) is run again on the same directory, as an
+    /// operator would.
+    fn promote_standby(&mut self, writer: Writer) -> Writer {
+        let dir = self.work.path().join(format!("standby-{}", self.writers));
+        self.wait_whole();
+        let url = self.url();
+        let standby = when_available(|| Db::standby(options(&dir, &url)));
+        self.progress(5..80, Duration::from_secs(10));
+        self.history
+            .fault("standby promoted while the owner writes");
+        let promoted = match standby.map(oncedb::Standby::promote) {
+            Ok(Err(Error::Unavailable { .. })) => {
+                when_available(|| Db::standby(options(&dir, &url))?.promote())
+            }
+            Ok(promoted) => promoted,
+            Err(err) => Err(err),
+        };
+        match promoted {
+            Ok((db, _)) => drop(db),
+            Err(err) => self
+                .errors
+                .lock()
+                .push(format!("standby promotion under the owner: {err}")),
+        }
+        writer.end_within(Duration::from_secs(20), &self.history);
+        self.dir = dir;
+        self.spawn_writer()
+    }
+
     /// Waits until the replica's stream has a leader and both other copies current, at
     /// most two minutes: faults come one at a time, each on a stream made whole again (a
     /// node that lost its disk is caught up before another node is lost). A stream that
@@ -326,10 +361,16 @@ impl Run {
                 KillNodeWithDisk,
                 KillWriter,
                 RestoreUnderOwner,
+                PromoteStandby,
             ])
         } else {
-            self.schedule
-                .pick(&[PauseNode, KillNode, KillWriter, RestoreUnderOwner])
+            self.schedule.pick(&[
+                PauseNode,
+                KillNode,
+                KillWriter,
+                RestoreUnderOwner,
+                PromoteStandby,
+            ])
         };
         let fault = fault.unwrap_or(KillWriter);
         let node = usize::try_from(self.schedule.below(3)).unwrap_or(0);
@@ -359,6 +400,7 @@ impl Run {
                 return self.spawn_writer();
             }
             RestoreUnderOwner => return self.restore_under(writer),
+            PromoteStandby => return self.promote_standby(writer),
         }
         writer
     }
