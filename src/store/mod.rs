@@ -14,6 +14,7 @@
 //! thread; drop it off the runtime (`spawn_blocking(move || drop(db))`) where that matters.
 
 mod once;
+mod renewals;
 
 #[cfg(feature = "http")]
 pub(crate) use once::Held;

@@ -1,5 +1,6 @@
 //! [`Store::run_once`] on every store: the loop of [`Db::run_once`](crate::Db::run_once),
-//! asynchronous, with the lease renewed by a task of its own beside the operation.
+//! asynchronous, with the lease renewed beside the operation (the process's renewal
+//! timer, then a task of its own once the first renewal comes due).
 //!
 //! Every ending is an ending: the operation's output completes the record, its error
 //! releases or fails it, an output over the store's limit fails it with a short text,
@@ -10,6 +11,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
+
+use super::renewals::{Registration, Timer};
 use super::{Store, StoreLease};
 use crate::api::{
     LeaseWatch, OnError, Once, Renewals, Reservation, RunOnce, Scope, cut_to, too_large_note,
@@ -58,58 +62,94 @@ where
     }
 }
 
-/// A lease while its operation runs: renewed by a task of its own (so an operation that
-/// keeps its own task busy does not starve the renewals on a multi-threaded runtime),
-/// and, if dropped before [`Held::stop`] (the caller's future was cancelled, or the
-/// operation panicked), left in flight with a note.
+/// A lease while its operation runs, and, if dropped before [`Held::stop`] (the caller's
+/// future was cancelled, or the operation panicked), left in flight with a note. Its
+/// first renewal is registered with the process's renewal timer ([`Timer`]); if the
+/// operation is still running when it comes due, the lease gets a renewal task of its
+/// own on its runtime from then on (so an operation that keeps its own task busy does not starve the
+/// renewals on a multi-threaded runtime).
 pub(crate) struct Held<L: StoreLease> {
     lease: Option<Arc<L>>,
-    renewer: Option<tokio::task::JoinHandle<()>>,
+    renewing: Option<Arc<Mutex<Renewing>>>,
     /// What the operation is told of its lease.
     pub(crate) watch: LeaseWatch,
 }
 
+/// Where a held lease's renewals are.
+enum Renewing {
+    /// Its first renewal is registered with the timer (`None` for the moment between
+    /// the registration and its answer).
+    Armed(Option<Registration>),
+    /// It came due: the lease's renewal task.
+    Running(tokio::task::JoinHandle<()>),
+    /// The operation ended: nothing more starts.
+    Stopped,
+}
+
 impl<L: StoreLease> Held<L> {
-    /// [`Held::start`], then lets the renewal task run to its first sleep before the
-    /// caller goes on: a task spawned from a worker thread waits in that worker's own
-    /// next-task slot, which no other worker takes, so an operation that then blocks the
-    /// thread would keep it from ever starting. Once asleep, its timer wakes it on
-    /// whichever worker runs.
+    /// Starts renewing `lease`, asked for at `asked`, every third of `lease_timeout`, if
+    /// set. (Async for its callers, which once let a renewal task of its own start here.)
     pub(crate) async fn started(leased: (L, Instant), lease_timeout: Option<Duration>) -> Held<L> {
-        let held = Held::start(leased, lease_timeout);
-        if held.renewer.is_some() {
-            tokio::task::yield_now().await;
-        }
-        held
+        Held::start(leased, lease_timeout)
     }
 
-    /// Starts renewing `lease`, asked for at `asked`, every third of `lease_timeout`,
-    /// if set.
     fn start((lease, asked): (L, Instant), lease_timeout: Option<Duration>) -> Held<L> {
         let watch = LeaseWatch::new(lease.epoch(), lease_timeout, asked);
         let lease = Arc::new(lease);
-        // The task holds the lease weakly, and strongly only while a renewal is on its
-        // way: `stop` then takes the lease back without waiting for the task to end.
-        let renewer = lease_timeout.map(|timeout| {
-            tokio::spawn(renew(
-                Arc::downgrade(&lease),
-                watch.clone(),
-                (timeout, asked),
-            ))
+        let renewing = lease_timeout.map(|timeout| {
+            let state = Arc::new(Mutex::new(Renewing::Armed(None)));
+            // The task holds the lease weakly, and strongly only while a renewal is on
+            // its way: `stop` then takes the lease back without waiting for the task.
+            let due = {
+                let (lease, watch, state) =
+                    (Arc::downgrade(&lease), watch.clone(), Arc::clone(&state));
+                let runtime = tokio::runtime::Handle::current();
+                Box::new(move || {
+                    let mut state = state.lock();
+                    if matches!(*state, Renewing::Armed(_)) {
+                        let task = renew(lease, watch, (timeout, asked), Duration::ZERO);
+                        *state = Renewing::Running(runtime.spawn(task));
+                    }
+                })
+            };
+            let first = Renewals::new(timeout, asked).first();
+            let at = asked.checked_add(first).unwrap_or(asked);
+            let registration = Timer::get().register(timeout, at, due);
+            let mut armed = state.lock();
+            if matches!(*armed, Renewing::Armed(None)) {
+                *armed = Renewing::Armed(Some(registration));
+            }
+            drop(armed);
+            state
         });
         Held {
             lease: Some(lease),
-            renewer,
+            renewing,
             watch,
+        }
+    }
+
+    /// Ends the renewals: takes the first one back, or stops the renewal task; the task,
+    /// if there was one.
+    fn stop_renewals(&mut self) -> Option<tokio::task::JoinHandle<()>> {
+        let state = self.renewing.take()?;
+        let previous = std::mem::replace(&mut *state.lock(), Renewing::Stopped);
+        match previous {
+            Renewing::Armed(Some(registration)) => {
+                Timer::get().cancel(registration);
+                None
+            }
+            Renewing::Armed(None) | Renewing::Stopped => None,
+            Renewing::Running(task) => {
+                task.abort();
+                Some(task)
+            }
         }
     }
 
     /// Stops the renewals and hands the lease back, to end it.
     pub(crate) async fn stop(mut self) -> Result<L> {
-        let renewer = self.renewer.take();
-        if let Some(renewer) = &renewer {
-            renewer.abort();
-        }
+        let renewer = self.stop_renewals();
         let Some(lease) = self.lease.take() else {
             return Err(still_shared());
         };
@@ -129,9 +169,7 @@ impl<L: StoreLease> Held<L> {
 
 impl<L: StoreLease> Drop for Held<L> {
     fn drop(&mut self) {
-        if let Some(renewer) = self.renewer.take() {
-            renewer.abort();
-        }
+        drop(self.stop_renewals());
         let Some(lease) = self.lease.take() else {
             return;
         };
@@ -155,15 +193,16 @@ fn still_shared() -> Error {
     ))
 }
 
-/// Renews `lease` as [`Renewals`] says until it is lost (then `watch` says so), gone, or
-/// the task is aborted.
+/// Renews `lease` as [`Renewals`] says, the first time after `first`, until it is lost
+/// (then `watch` says so), gone, or the task is aborted.
 async fn renew<L: StoreLease>(
     lease: std::sync::Weak<L>,
     watch: LeaseWatch,
     (timeout, asked): (Duration, Instant),
+    first: Duration,
 ) {
     let mut renewals = Renewals::new(timeout, asked);
-    let mut wait = renewals.first();
+    let mut wait = first;
     loop {
         tokio::time::sleep(wait).await;
         let Some(lease) = lease.upgrade() else {
