@@ -38,8 +38,9 @@ it with ``"release"``, or leaves it in flight, noted ``HTTP <status>: outcome un
 with ``"keep_in_flight"``. A handler that knows better marks its answer with
 :func:`mark_side_effect`. An exception in the app is noted (``service error: ...``) and
 follows ``server_errors`` too: stored as a ``500`` (and answered so), released, or kept in
-flight; the last two re-raise it, and every app exception is logged with its traceback
-(``oncedb.asgi``). An answer with a ``Content-Length`` within ``max_response_bytes`` is
+flight; in each case the exception then goes on to the server (with ``"store"``, after
+the stored ``500`` is sent), so that the server's error handling and error reporters
+see it. An app that ended with a ``CancelledError`` is answered and logged instead. An answer with a ``Content-Length`` within ``max_response_bytes`` is
 collected whole however many messages carry it (a ``BaseHTTPMiddleware`` inside this one
 re-sends every answer in chunks). A streaming answer (no ``Content-Length``, or over the
 limit) is passed through as it comes and releases the key, so buffering is bounded by
@@ -315,6 +316,11 @@ class _Refused(Exception):
         self.status, self.code, self.extra = status, code, extra or []
 
 
+class _AppEnded(RuntimeError):
+    """The app ended with a ``BaseException`` that is not an ``Exception`` (a
+    ``CancelledError`` it awaited): answered as a failure, never raised on."""
+
+
 class _Disconnected(Exception):
     """The client went away before its whole body arrived: nothing to answer."""
 
@@ -549,9 +555,13 @@ class IdempotencyMiddleware:
         answer = await asyncio.shield(attempt)
         if answer is None:
             return
-        status, headers, content = answer
+        status, headers, content, raised = answer
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": content})
+        if raised is not None:
+            # The stored 500 is sent; the server and the error reporters around this
+            # middleware (Starlette's `ServerErrorMiddleware`, Sentry) see the exception.
+            raise raised
 
     async def _attempt(self, scope: Scope, body: bytes, lease: Any, send: Send) -> Any:
         call = _AppCall(self.app, scope, body, send, self.max_response_bytes)
@@ -569,19 +579,24 @@ class IdempotencyMiddleware:
         status, headers, content = answer
         marked = scope.get("extensions", {}).get(SIDE_EFFECT)
         await self._finish(lease, status, headers, content, marked)
-        return answer
+        return status, headers, content, None
 
     async def _failed(self, lease: Any, err: Exception) -> Any:
-        """An app that raised before answering: logged with its traceback (a stored
-        ``500`` would hide it from the server's error handling), noted, then per
-        ``server_errors``."""
-        log.error("oncedb: the app raised before answering", exc_info=err)
+        """An app that raised before answering: noted, then per ``server_errors``; the
+        exception goes on to the server (after the stored ``500`` is sent, with
+        ``"store"``), so that its error handling sees it. An app that ended with a
+        ``CancelledError`` or another ``BaseException`` is logged instead: the server
+        would take that for its own request being cancelled."""
         note = f"service error: {err!r}".encode("utf-8", "replace")[:1024]
         await self._safely(lease.anote, note)
+        raised: Optional[Exception] = err
+        if isinstance(err, _AppEnded):
+            log.error("oncedb: the app ended before answering: %s", err)
+            raised = None
         if self.server_errors == "store":
             status, headers, content = _problem_parts(500, "internal_server_error", [])
             await self._safely(lease.afail, encode_response(status, headers, content))
-            return status, headers, content
+            return status, headers, content, raised
         if self.server_errors == "release":
             await self._safely(lease.arelease)
         raise err
@@ -705,7 +720,7 @@ class _AppCall:
             if not isinstance(err, Exception):
                 # A `CancelledError` (the app awaited a task something else cancelled) or
                 # another `BaseException`: the request still gets an answer.
-                failure = RuntimeError(f"the app ended with {err!r}")
+                failure = _AppEnded(f"the app ended with {err!r}")
             if not self.answer.done():
                 self.answer.set_exception(failure)
             else:

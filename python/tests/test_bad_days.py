@@ -421,3 +421,48 @@ def test_a_runtime_task_that_panics_settles_its_awaitable_with_an_error():
             await asyncio.wait_for(oncedb._oncedb._awaitable_that_panics(), 30)
 
     asyncio.run(main())
+
+
+def test_an_app_exception_reaches_the_server_after_the_stored_500():
+    # Finding 6: with the default `server_errors="store"` the exception was stored as a
+    # 500 and went no further, so the server's error handling (ServerErrorMiddleware,
+    # Sentry, the server's own traceback) never saw it.
+    calls = []
+
+    async def broken(scope, receive, send):
+        calls.append(1)
+        raise RuntimeError("database down")
+
+    db = oncedb.Db(window=3600, bucket=60)
+    app = IdempotencyMiddleware(broken, db=db, tenant=lambda scope: TENANT)
+
+    async def call():
+        sent = []
+        scope = {
+            "type": "http", "method": "POST", "path": "/things", "raw_path": b"/things",
+            "query_string": b"", "headers": [(b"idempotency-key", KEY.encode())],
+            "scheme": "http", "server": ("test", 80), "client": ("test", 1), "root_path": "",
+            "http_version": "1.1", "asgi": {"version": "3.0"},
+        }
+        messages = [{"type": "http.request", "body": b"{}", "more_body": False}]
+
+        async def receive():
+            return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+        async def send(message):
+            sent.append(message)
+
+        try:
+            await app(scope, receive, send)
+            return sent, None
+        except RuntimeError as err:
+            return sent, err
+
+    first, raised = asyncio.run(call())
+    assert str(raised) == "database down"
+    assert first[0]["status"] == 500, "the stored 500 is sent before the exception goes on"
+    again, raised_again = asyncio.run(call())
+    assert raised_again is None, "a replay raises nothing"
+    assert again[0]["status"] == 500
+    assert (b"idempotent-replayed", b"true") in again[0]["headers"]
+    assert len(calls) == 1
