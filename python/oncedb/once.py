@@ -46,12 +46,77 @@ class Expired(Error):
     value cannot be returned."""
 
 
+#: The key of a tagged value in a stored result: ``{"$oncedb": TAG, "v": FORM}``.
+_TAG = "$oncedb"
+
+
+def _tagged(value: Any) -> Any:
+    """``value`` as plain JSON, with every value JSON cannot carry as itself tagged, so
+    that :func:`_json_decode` gives back an equal value of the same type: tuples, sets,
+    bytes, dates and times, ``Decimal``, ``UUID``, and dicts whose keys are not all
+    strings (or that hold the tag's own key). Any other type raises ``TypeError``."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, list):
+        return [_tagged(item) for item in value]
+    if isinstance(value, dict):
+        if all(isinstance(key, str) for key in value) and _TAG not in value:
+            return {key: _tagged(item) for key, item in value.items()}
+        return {_TAG: "dict", "v": [[_tagged(key), _tagged(item)] for key, item in value.items()]}
+    if isinstance(value, tuple):
+        return {_TAG: "tuple", "v": [_tagged(item) for item in value]}
+    if isinstance(value, (set, frozenset)):
+        items = sorted((_tagged(item) for item in value), key=lambda item: json.dumps(item, sort_keys=True))
+        return {_TAG: type(value).__name__, "v": items}
+    if isinstance(value, (bytes, bytearray)):
+        return {_TAG: type(value).__name__, "v": bytes(value).hex()}
+    for kind in (datetime.datetime, datetime.date, datetime.time):
+        if isinstance(value, kind):
+            return {_TAG: kind.__name__, "v": value.isoformat()}
+    if isinstance(value, (decimal.Decimal, uuid.UUID)):
+        return {_TAG: type(value).__name__, "v": str(value)}
+    raise TypeError(
+        f"a {type(value).__qualname__} result has no stored form that gives it back: "
+        "return plain data, or give `encode=` and `decode=`"
+    )
+
+
+#: How each tag's form is read back.
+_UNTAG: dict[str, Callable[[Any], Any]] = {
+    "dict": lambda pairs: {_hashable(key): item for key, item in pairs},
+    "tuple": tuple,
+    "set": lambda items: {_hashable(item) for item in items},
+    "frozenset": lambda items: frozenset(_hashable(item) for item in items),
+    "bytes": bytes.fromhex,
+    "bytearray": lambda text: bytearray.fromhex(text),
+    "datetime": datetime.datetime.fromisoformat,
+    "date": datetime.date.fromisoformat,
+    "time": datetime.time.fromisoformat,
+    "Decimal": decimal.Decimal,
+    "UUID": uuid.UUID,
+}
+
+
+def _hashable(value: Any) -> Any:
+    """A decoded key or set member: a list (from a form that was a list) cannot be one."""
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _untagged(form: dict) -> Any:
+    if len(form) == 2 and form.get(_TAG) in _UNTAG and "v" in form:
+        return _UNTAG[form[_TAG]](form["v"])
+    return form
+
+
 def _json_encode(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
+    """The default ``encode``: JSON, with the types :func:`_tagged` names tagged."""
+    return json.dumps(_tagged(value), separators=(",", ":"), sort_keys=True).encode()
 
 
 def _json_decode(stored: bytes) -> Any:
-    return json.loads(stored)
+    """The default ``decode``: plain JSON (a record stored before tags decodes as it
+    did), tagged values given back as their types."""
+    return json.loads(stored, object_hook=_untagged)
 
 
 def _canonical(value: Any) -> Any:
@@ -360,8 +425,11 @@ def idempotent(
       ``Decimal``, ``UUID`` and dataclasses have one form in every process; any other
       object raises ``TypeError`` before the function runs, asking for ``payload=``);
       the key used again with another payload raises :class:`Mismatch`;
-    - the return value is stored with ``encode`` (JSON by default) and a retry returns it,
-      ``decode``d, without calling the function; once the store no longer keeps it
+    - the return value is stored with ``encode`` and a retry returns it, ``decode``d,
+      without calling the function. The default is JSON in which tuples, sets, bytes,
+      dates and times, ``Decimal``, ``UUID`` and dicts with non-string keys are tagged, so
+      a retry gets back an equal value of the same type; another type fails the key (see
+      below); once the store no longer keeps it
       (``response_retention`` shorter than the window) a retry raises :class:`Expired`;
     - a call that finds the key in flight waits up to ``wait`` seconds for the outcome
       (woken by it, never polling), then raises :class:`InFlight`;
