@@ -692,6 +692,8 @@ class _AppCall:
         self.body, self.client, self.limit = body, send, limit
         self.status, self.headers, self.chunks, self.size = 500, [], [], 0
         self.streaming = False
+        #: The app's ``http.response.start``, forwarded as sent (its ``trailers`` flag too).
+        self.start: Message = {}
         #: The answer's ``content-length``: a body of known length within the limit is
         #: collected whole across any number of messages (a ``BaseHTTPMiddleware`` re-sends
         #: every answer in chunks, then an empty last one).
@@ -729,35 +731,50 @@ class _AppCall:
                 raise
 
     async def _send(self, message: Message) -> None:
-        if message["type"] == "http.response.start":
+        kind = message["type"]
+        if kind == "http.response.start":
+            self.start = message
             self.status = message["status"]
             self.headers = list(message.get("headers", []))
             for name, value in self.headers:
                 if name.lower() == b"content-length" and value.strip().isdigit():
                     self.length = int(value)
             return
-        if message["type"] != "http.response.body":
-            return
-        chunk, more = message.get("body", b""), message.get("more_body", False)
         if self.streaming:
             await self._forward(message)
             return
+        if kind == "http.response.pathsend":
+            # A file the server sends itself (the `http.response.pathsend` extension):
+            # nothing whole to store, so it passes through and the key is released.
+            await self._stream_from(message)
+            return
+        if kind != "http.response.body":
+            return
+        chunk, more = message.get("body", b""), message.get("more_body", False)
         self.size += len(chunk)
-        if more and self.length is not None and self.size <= min(self.length, self.limit):
+        trailers = bool(self.start.get("trailers", False))
+        if more and not trailers and self.length is not None and self.size <= min(self.length, self.limit):
             # A body of known length sent in several messages: collected whole.
             self.chunks.append(chunk)
             return
-        if more:
-            # A stream: what came so far goes out, then the rest as it comes.
-            self.streaming = True
-            if not self.answer.done():
-                self.answer.set_result(None)
-            await self._forward({"type": "http.response.start", "status": self.status, "headers": self.headers})
-            await self._forward({"type": "http.response.body", "body": b"".join(self.chunks) + chunk, "more_body": more})
+        if more or trailers:
+            # A stream, or an answer with trailers (which are not stored): what came so
+            # far goes out, then the rest as it comes.
+            await self._stream_from({"type": "http.response.body", "body": b"".join(self.chunks) + chunk, "more_body": more})
             return
         self.chunks.append(chunk)
         if not self.answer.done():
             self.answer.set_result((self.status, self.headers, b"".join(self.chunks)))
+
+    async def _stream_from(self, message: Message) -> None:
+        """Turns the answer into a stream: the start as the app sent it, then `message`,
+        then every message after as it comes."""
+        self.streaming = True
+        if not self.answer.done():
+            self.answer.set_result(None)
+        start = self.start or {"type": "http.response.start", "status": self.status, "headers": self.headers}
+        await self._forward(start)
+        await self._forward(message)
 
     async def _forward(self, message: Message) -> None:
         try:

@@ -162,3 +162,30 @@ def test_a_replay_without_its_body_says_its_own_length():
     replay = dict(starts[-1]["headers"])
     assert replay[b"idempotent-body-omitted"] == b"true"
     assert replay[b"content-length"] == b"0", replay
+
+
+def test_trailers_and_a_file_the_server_sends_pass_through_and_release_the_key():
+    runs = []
+
+    async def with_trailers(scope, receive, send):
+        runs.append("trailers")
+        await send({"type": "http.response.start", "status": 200, "headers": [], "trailers": True})
+        await send({"type": "http.response.body", "body": b"data"})
+        await send({"type": "http.response.trailers", "headers": [(b"checksum", b"abc")]})
+
+    async def file_sent_by_the_server(scope, receive, send):
+        runs.append("pathsend")
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.pathsend", "path": "/srv/report.pdf"})
+
+    headers = [(b"idempotency-key", KEY.encode()), (b"content-type", b"application/json")]
+    for app, last in [(with_trailers, "http.response.trailers"), (file_sent_by_the_server, "http.response.pathsend")]:
+        guarded_app = guarded(app)
+        for _ in range(2):
+            sent = []
+            call_directly(guarded_app, "/things", headers, sent)
+            assert [m["type"] for m in sent][-1] == last, sent
+            assert sent[0]["type"] == "http.response.start"
+            assert sent[0].get("trailers", False) == (app is with_trailers)
+    # Nothing whole was stored: each retry ran the app again.
+    assert runs == ["trailers", "trailers", "pathsend", "pathsend"]
