@@ -1078,3 +1078,59 @@ async fn migrations_run_without_the_response_timeout() {
     );
     assert!(!store.insert_if_absent(&7i64.to_be_bytes()).await.unwrap());
 }
+
+/// A waiter on a store with a listener and no lease timeout looks again at least every
+/// second: an ending whose `NOTIFY` it never gets (a pooler in transaction mode, a wait
+/// registered while the listener closes; here, an ending written without one) still
+/// answers it long before its deadline, where it slept until the deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_whose_notify_is_lost_looks_again_before_its_deadline() {
+    let server = PgServer::start();
+    let store = store(&server, Duration::from_secs(3600)).await;
+    let scope = Scope::new("t", "silent");
+    let _held = acquired(store.reserve(&scope, b"k", b"req").await.unwrap());
+    let client = store.pool().get().await.unwrap();
+    let before: std::time::SystemTime = client.query_one("SELECT now()", &[]).await.unwrap().get(0);
+    let waiter = {
+        let (store, scope) = (store.clone(), scope.clone());
+        tokio::spawn(async move {
+            store
+                .wait_finished(&scope, b"k", Duration::from_secs(60))
+                .await
+        })
+    };
+    // The waiter's first look has read the record in flight (only the server shows it).
+    let looked = "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle' \
+                  AND query LIKE 'SELECT request_hash, status, response_body%' AND query_start > $1";
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while client
+        .query_one(looked, &[&before])
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+        == 0
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the waiter never looked"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The ending, written with no NOTIFY.
+    let silent = "UPDATE idempotency_records SET status = 'completed', response_body = $1, \
+                  finished_at = now(), updated_at = now() WHERE status = 'processing'";
+    assert_eq!(
+        client
+            .execute(silent, &[&b"done".as_slice()])
+            .await
+            .unwrap(),
+        1
+    );
+    let answer = tokio::time::timeout(Duration::from_secs(15), waiter)
+        .await
+        .expect("the waiter slept toward its deadline past a lost NOTIFY")
+        .unwrap()
+        .unwrap()
+        .expect("the record");
+    assert_eq!(answer.status(), RecordStatus::Completed);
+}
