@@ -868,7 +868,10 @@ impl Engine {
         // first (so that neither waits behind the other for ever).
         let held = self.index.budget_bytes();
         let keys = (held.tables, sealer.runs.threshold());
-        let records = (held.records, sealer.runs.record_threshold());
+        // Records weigh by what a seal would take: records in flight, and capacity
+        // their predecessors left, would have it seal nothing at every check, and keep
+        // the dedup tables from ever sealing.
+        let records = (held.sealable_records, sealer.runs.record_threshold());
         let past =
             |(bytes, threshold): (u64, u64)| (bytes >= threshold).then_some((bytes, threshold));
         *task = match (past(keys), past(records)) {

@@ -412,9 +412,14 @@ impl DenseRecords {
     }
 
     /// Records held, live or expired but not yet dropped.
-    #[cfg(test)]
     pub(super) fn len(&self) -> usize {
         self.index.len()
+    }
+
+    /// The bytes its records take, counted by record (a slot and its index entry), not by
+    /// the capacity the ring and table keep once records leave.
+    pub(super) fn record_bytes(&self) -> usize {
+        self.len() * (size_of::<Packed>() + size_of::<u32>())
     }
 
     /// Heap bytes held: the chunks' capacity and the table's.

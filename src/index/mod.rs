@@ -68,6 +68,8 @@ pub(crate) struct BudgetBytes {
     pub(crate) tables: u64,
     /// The idempotency records memory holds.
     pub(crate) records: u64,
+    /// Of those, the bytes of settled records: what a record seal would take.
+    pub(crate) sealable_records: u64,
 }
 
 /// Keeps each shard lock on its own cache lines so that shards do not false-share.
@@ -209,7 +211,9 @@ impl Index {
         for index in 0..self.shards.len() {
             let shard = self.lock_index(index);
             bytes.tables += shard.table_bytes() as u64;
-            bytes.records += shard.record_bytes() as u64;
+            let (records, sealable) = shard.record_bytes();
+            bytes.records += records as u64;
+            bytes.sealable_records += sealable as u64;
         }
         bytes
     }

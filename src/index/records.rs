@@ -172,6 +172,11 @@ impl StoredRecord {
 
     /// The record as a settled one: finished, its response and key both in the log, and
     /// no take-over to remember (`None` for any other form).
+    /// Whether [`StoredRecord::settled`] gives it (cheaply, without building it).
+    fn is_settled(&self) -> bool {
+        matches!(self.body, Body::Logged { .. }) && self.extra.is_none()
+    }
+
     fn settled(&self) -> Option<SettledRecord> {
         match &self.body {
             Body::Logged {
@@ -889,15 +894,26 @@ impl RecordMap {
         self.map.len() + self.dense.len()
     }
 
-    /// Approximate heap bytes held.
-    pub(crate) fn heap_bytes(&self) -> usize {
+    /// Approximate heap bytes held, and of those the bytes a record seal would take out
+    /// of memory: the settled records', counted by record. Records in flight cannot be
+    /// sealed, and capacity left behind by records that left is not sealable either: a
+    /// seal decided on the whole would find nothing to take, again and again.
+    pub(crate) fn heap_bytes(&self) -> (usize, usize) {
         let per_entry = size_of::<(u128, StoredRecord)>() + 1;
-        let payload: usize = self.map.values().map(StoredRecord::heap_bytes).sum();
+        let (mut payload, mut sealable) = (0, 0);
+        for record in self.map.values() {
+            let bytes = record.heap_bytes();
+            payload += bytes;
+            if record.is_settled() {
+                sealable += per_entry + bytes;
+            }
+        }
         let queues = self.expiry.capacity() + self.aging.as_ref().map_or(0, VecDeque::capacity);
-        self.map.capacity() * per_entry
+        let held = self.map.capacity() * per_entry
             + queues * size_of::<(u64, u128)>()
             + payload
-            + self.dense.heap_bytes()
+            + self.dense.heap_bytes();
+        (held, sealable + self.dense.record_bytes())
     }
 }
 
@@ -1018,7 +1034,7 @@ mod tests {
             );
             map.settle(fingerprint, window);
         }
-        let per_record = map.heap_bytes() / RECORDS as usize;
+        let per_record = map.heap_bytes().0 / RECORDS as usize;
         assert!(per_record <= 96, "{per_record} bytes a record");
         assert_eq!(map.len(), RECORDS as usize);
         let fingerprint = 77u128.wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835);
@@ -1041,12 +1057,12 @@ mod tests {
         done.finish(RecordStatus::Completed, Ending::Held(&[7; 4096]), 0);
         map.insert(1, done, window);
         map.insert(2, record(1, b"b"), window);
-        let before = map.heap_bytes();
+        let before = map.heap_bytes().0;
         map.age(10, retention, 2);
-        assert_eq!(map.heap_bytes(), before, "inside the retention: kept");
+        assert_eq!(map.heap_bytes().0, before, "inside the retention: kept");
         map.age(10, retention, 3);
         assert!(
-            map.heap_bytes() + 4096 <= before,
+            map.heap_bytes().0 + 4096 <= before,
             "the response's bytes are gone"
         );
         let kept = map

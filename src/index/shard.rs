@@ -1152,7 +1152,9 @@ impl Shard {
     }
 
     /// Heap bytes of the records memory holds.
-    pub(crate) fn record_bytes(&self) -> usize {
+    /// The records' heap bytes, and of those the bytes a record seal would take
+    /// ([`RecordMap::heap_bytes`]).
+    pub(crate) fn record_bytes(&self) -> (usize, usize) {
         self.records.heap_bytes()
     }
 
@@ -1193,7 +1195,7 @@ impl Shard {
     /// Bytes of the shard's tables, any frozen one included.
     pub(crate) fn heap_bytes(&self) -> usize {
         self.table_bytes()
-            + self.records.heap_bytes()
+            + self.records.heap_bytes().0
             + self.marks.heap_bytes()
             + self.ring.len() * size_of::<BucketCount>()
     }

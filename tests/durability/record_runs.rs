@@ -441,3 +441,36 @@ fn a_power_loss_after_a_record_seal_leaves_every_record_answerable() {
     }
     assert!(finished > 0, "no record survived the seal's fsync");
 }
+
+/// Records in flight cannot be sealed. Past the record threshold they start no record
+/// seal, which would take nothing (a run file written and removed, a run id used, at
+/// every check) and, chosen over the dedup tables for being further past its threshold,
+/// kept the keys from ever sealing: the keys seal, and no record run is written.
+#[test]
+fn records_in_flight_start_no_record_seal_and_leave_the_keys_to_seal() {
+    let disk = MemStorage::new();
+    let clock = manual_clock();
+    let db = Db::open(options(Arc::new(disk.clone()), &clock)).unwrap();
+    let scope = Scope::new("org", "pay");
+    let mut held = Vec::new();
+    for n in 0..20_000 {
+        let Reservation::Acquired(lease) = db.reserve(&scope, &key(n), b"req").unwrap() else {
+            panic!("record {n} is new");
+        };
+        held.push(lease);
+    }
+    for n in 0..50_000_u64 {
+        assert!(db.insert_if_absent(&n.to_le_bytes()).unwrap());
+    }
+    db.flush().unwrap();
+    let stats = db.stats();
+    assert!(
+        stats.sealed_runs >= 1,
+        "the dedup keys never sealed: {stats:?}"
+    );
+    assert_eq!(stats.sealed_record_runs, 0, "{stats:?}");
+    assert!(record_runs_on(&disk).is_empty());
+    for lease in held {
+        lease.complete(b"done").unwrap();
+    }
+}
