@@ -132,19 +132,7 @@ impl<L: StoreLease> Held<L> {
     /// Ends the renewals: takes the first one back, or stops the renewal task; the task,
     /// if there was one.
     fn stop_renewals(&mut self) -> Option<tokio::task::JoinHandle<()>> {
-        let state = self.renewing.take()?;
-        let previous = std::mem::replace(&mut *state.lock(), Renewing::Stopped);
-        match previous {
-            Renewing::Armed(Some(registration)) => {
-                Timer::get().cancel(registration);
-                None
-            }
-            Renewing::Armed(None) | Renewing::Stopped => None,
-            Renewing::Running(task) => {
-                task.abort();
-                Some(task)
-            }
-        }
+        stop_renewing(self.renewing.take()?)
     }
 
     /// Stops the renewals and hands the lease back, to end it.
@@ -167,22 +155,47 @@ impl<L: StoreLease> Held<L> {
     }
 }
 
+/// Ends the renewals of `state`: takes the first one back, or stops the renewal task;
+/// the task, if there was one.
+fn stop_renewing(state: Arc<Mutex<Renewing>>) -> Option<tokio::task::JoinHandle<()>> {
+    let previous = std::mem::replace(&mut *state.lock(), Renewing::Stopped);
+    match previous {
+        Renewing::Armed(Some(registration)) => {
+            Timer::get().cancel(registration);
+            None
+        }
+        Renewing::Armed(None) | Renewing::Stopped => None,
+        Renewing::Running(task) => {
+            task.abort();
+            Some(task)
+        }
+    }
+}
+
 impl<L: StoreLease> Drop for Held<L> {
     fn drop(&mut self) {
-        drop(self.stop_renewals());
+        let renewing = self.renewing.take();
         let Some(lease) = self.lease.take() else {
+            drop(renewing.and_then(stop_renewing));
             return;
         };
         let note = unfinished_note();
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
+                // The renewals go on until the note has landed: a lease that lapsed
+                // first could be taken over, and the operation run again, although its
+                // outcome is unknown.
                 drop(runtime.spawn(async move {
                     if let Err(err) = lease.note(note).await {
                         log::warn!("run_once: noting an unfinished operation: {err}");
                     }
+                    drop(renewing.and_then(stop_renewing));
                 }));
             }
-            Err(_) => log::warn!("run_once: an unfinished operation outside a runtime"),
+            Err(_) => {
+                drop(renewing.and_then(stop_renewing));
+                log::warn!("run_once: an unfinished operation outside a runtime");
+            }
         }
     }
 }
