@@ -434,7 +434,7 @@ impl Engine {
             Ok(ticket) => {
                 if let Some(ticket) = ticket {
                     let at = PendingWrite::Logged(ticket.position());
-                    self.note_pending_key(&mut shard, fingerprint, at);
+                    self.note_pending_keys(&mut shard, std::iter::once(fingerprint), at);
                 }
                 Ok((true, ticket))
             }
@@ -643,10 +643,9 @@ impl Engine {
         if let Some(ticket) = own {
             for (group, shard) in groups.iter().zip(shards.iter_mut()) {
                 shard.logged(ticket.position());
-                for &i in group.iter().filter(|&&i| batch.admitted[i as usize]) {
-                    let at = PendingWrite::Logged(ticket.position());
-                    self.note_pending_key(shard, fingerprints[i as usize], at);
-                }
+                let new = group.iter().filter(|&&i| batch.admitted[i as usize]);
+                let at = PendingWrite::Logged(ticket.position());
+                self.note_pending_keys(shard, new.map(|&i| fingerprints[i as usize]), at);
             }
         }
         // Marked batches are waited for with no shard held: they take these locks.

@@ -156,21 +156,18 @@ impl Engine {
         }
     }
 
-    /// Under `Sync`: remembers that key `fingerprint`, admitted in `shard` (locked), rests
-    /// on write `at` (logged, or a batch's still admitting) until the log is acknowledged
-    /// past it.
-    pub(super) fn note_pending_key(
+    /// Under `Sync`: remembers that the keys `fingerprints`, admitted in `shard` (locked),
+    /// rest on write `at` (logged, or a batch's still admitting) until the log is
+    /// acknowledged past it; the acknowledged position is read once for all of them.
+    pub(super) fn note_pending_keys(
         &self,
         shard: &mut Shard,
-        fingerprint: Fingerprint,
+        fingerprints: impl Iterator<Item = Fingerprint>,
         at: PendingWrite,
     ) {
         if let Some(journal) = self.sync_journal() {
-            shard.note_pending_key(
-                fingerprint,
-                at,
-                (journal.acknowledged_position(), &self.batch_marks),
-            );
+            let acknowledged = (journal.acknowledged_position(), &self.batch_marks);
+            shard.note_pending_keys(fingerprints, at, acknowledged);
         }
     }
 
@@ -192,9 +189,9 @@ impl Engine {
         let Some(journal) = self.sync_journal() else {
             return;
         };
-        let acknowledged = (journal.acknowledged_position(), &self.batch_marks);
         let new = group.iter().filter(|&&i| admitted[i as usize]);
-        shard.note_pending_keys(new.map(|&i| fingerprints[i as usize]), at, acknowledged);
+        self.note_pending_keys(shard, new.map(|&i| fingerprints[i as usize]), at);
+        let acknowledged = (journal.acknowledged_position(), &self.batch_marks);
         for &i in group.iter().filter(|&&i| !admitted[i as usize]) {
             found.add(
                 shard.pending_write(fingerprints[i as usize], acknowledged),

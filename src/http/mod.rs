@@ -778,7 +778,7 @@ where
     };
     // Renewed while the handler runs, so that a retry never takes over a handler that
     // is still running; the handler can read the lease's state (`Extension<LeaseWatch>`).
-    let held = Held::started((lease, asked), store.lease_timeout()).await;
+    let held = Held::start((lease, asked), store.lease_timeout());
     parts.extensions.insert(held.watch.clone());
     let Keyed {
         tenant,

@@ -123,18 +123,12 @@ impl BatchMarks {
     /// `None` if it logged nothing or was refused (the key was taken back: the answer that
     /// found it is checked again). Returns at once if the slot moved on to another batch.
     pub(crate) fn wait_logged(&self, mark: BatchMark) -> Option<u64> {
-        let slot = self.slot(mark)?;
-        let current = |slot: &Slot| {
-            let position = slot.position.load(Ordering::Acquire);
-            let claims = slot.claims.load(Ordering::Acquire);
-            (claims & CLAIM_MASK == mark.0 & CLAIM_MASK).then_some(position)
-        };
         let mut guard = self.lock.lock();
         loop {
-            match current(slot) {
-                Some(UNLOGGED) => self.published.wait(&mut guard),
-                Some(NOTHING_LOGGED) | None => return None,
-                Some(position) => return Some(position),
+            match self.position(mark.0) {
+                UNLOGGED => self.published.wait(&mut guard),
+                NOTHING_LOGGED => return None,
+                position => return Some(position),
             }
         }
     }
@@ -176,22 +170,10 @@ pub(crate) struct PendingKeys {
 }
 
 impl PendingKeys {
-    /// Notes key `tag`, admitted by a write logged up to `position`, or marked by a batch
-    /// still admitting; forgets the keys acknowledged up to `acknowledged`.
+    /// Notes every key of `tags`, admitted by write `at` (logged, or a batch's still
+    /// admitting), after forgetting the keys acknowledged up to `acknowledged` once for
+    /// all of them.
     pub(crate) fn note(
-        &mut self,
-        tag: u64,
-        at: PendingWrite,
-        acknowledged: u64,
-        marks: &BatchMarks,
-    ) {
-        self.forget_acknowledged(acknowledged, marks);
-        self.push(tag, at);
-    }
-
-    /// Notes every key of `tags`, admitted by write `at`, after forgetting the keys
-    /// acknowledged up to `acknowledged` once for all of them.
-    pub(crate) fn note_all(
         &mut self,
         tags: impl Iterator<Item = u64>,
         at: PendingWrite,
@@ -272,7 +254,7 @@ mod tests {
         let marks = BatchMarks::default();
         let mut keys = PendingKeys::default();
         let mark = marks.claim(0).unwrap();
-        keys.note(7, PendingWrite::Batch(mark), 0, &marks);
+        keys.note(std::iter::once(7), PendingWrite::Batch(mark), 0, &marks);
         assert_eq!(keys.find(7, 0, &marks), Some(PendingWrite::Batch(mark)));
         assert_eq!(keys.find(8, 0, &marks), None);
         marks.publish(mark, Some(100));
@@ -280,7 +262,7 @@ mod tests {
         assert_eq!(keys.find(7, 0, &marks), Some(PendingWrite::Logged(100)));
         assert_eq!(keys.find(7, 100, &marks), None, "acknowledged");
         // Acknowledged, the entry leaves at the next note, and the slot is free again.
-        keys.note(9, PendingWrite::Logged(200), 100, &marks);
+        keys.note(std::iter::once(9), PendingWrite::Logged(200), 100, &marks);
         assert!(!keys.has_marks());
     }
 
@@ -305,7 +287,7 @@ mod tests {
         let marks = BatchMarks::default();
         let mut keys = PendingKeys::default();
         let mark = marks.claim(0).unwrap();
-        keys.note(7, PendingWrite::Batch(mark), 0, &marks);
+        keys.note(std::iter::once(7), PendingWrite::Batch(mark), 0, &marks);
         marks.publish(mark, None);
         assert_eq!(marks.wait_logged(mark), None);
         assert_eq!(keys.find(7, 0, &marks), None);

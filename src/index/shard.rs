@@ -178,27 +178,16 @@ impl Shard {
         })
     }
 
-    /// Under `Sync`: key `fingerprint` was admitted by write `at` (logged, or a batch's
-    /// not yet), not acknowledged yet; the keys whose writes are acknowledged up to
-    /// `acknowledged` are forgotten.
-    pub(crate) fn note_pending_key(
-        &mut self,
-        fingerprint: Fingerprint,
-        at: PendingWrite,
-        (acknowledged, marks): (u64, &BatchMarks),
-    ) {
-        self.pending_keys
-            .note(fingerprint.tag(), at, acknowledged, marks);
-    }
-
-    /// [`Shard::note_pending_key`] for every key of `fingerprints`, all admitted by `at`.
+    /// Under `Sync`: the keys `fingerprints` were admitted by write `at` (logged, or a
+    /// batch's not yet), not acknowledged yet; the keys whose writes are acknowledged up
+    /// to `acknowledged` are forgotten first.
     pub(crate) fn note_pending_keys(
         &mut self,
         fingerprints: impl Iterator<Item = Fingerprint>,
         at: PendingWrite,
         (acknowledged, marks): (u64, &BatchMarks),
     ) {
-        self.pending_keys.note_all(
+        self.pending_keys.note(
             fingerprints.map(|fingerprint| fingerprint.tag()),
             at,
             acknowledged,

@@ -40,7 +40,7 @@ where
         let asked = Instant::now();
         match store.reserve(scope, key, request).await? {
             Reservation::Acquired(lease) => {
-                let held = Held::started((lease, asked), store.lease_timeout()).await;
+                let held = Held::start((lease, asked), store.lease_timeout());
                 let output = operation(held.watch.clone()).await;
                 let lease = held.stop().await?;
                 return finish(lease, how, store.max_response_bytes(), output).await;
@@ -88,12 +88,8 @@ enum Renewing {
 
 impl<L: StoreLease> Held<L> {
     /// Starts renewing `lease`, asked for at `asked`, every third of `lease_timeout`, if
-    /// set. (Async for its callers, which once let a renewal task of its own start here.)
-    pub(crate) async fn started(leased: (L, Instant), lease_timeout: Option<Duration>) -> Held<L> {
-        Held::start(leased, lease_timeout)
-    }
-
-    fn start((lease, asked): (L, Instant), lease_timeout: Option<Duration>) -> Held<L> {
+    /// set. Called on a runtime: a renewal task, once one is due, is spawned onto it.
+    pub(crate) fn start((lease, asked): (L, Instant), lease_timeout: Option<Duration>) -> Held<L> {
         let watch = LeaseWatch::new(lease.epoch(), lease_timeout, asked);
         let lease = Arc::new(lease);
         let renewing = lease_timeout.map(|timeout| {

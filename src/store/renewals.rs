@@ -222,11 +222,11 @@ impl Timer {
         registration
     }
 
-    /// Takes `registration` back; false if it came due already (its `due` ran or runs).
-    pub(crate) fn cancel(&self, registration: Registration) -> bool {
+    /// Takes `registration` back, unless it came due already (its `due` ran or runs).
+    pub(crate) fn cancel(&self, registration: Registration) {
         let cancelled = self.slab.lock().cancel(registration);
         // Dropped outside the lock: it holds the lease's state.
-        cancelled.is_some()
+        drop(cancelled);
     }
 
     fn run(&self) {
