@@ -109,6 +109,8 @@ pub(crate) struct Engine {
     /// Take-backs of failed writes so far ([`settle`]): an answer that waited for
     /// another call's write stands only if this did not move meanwhile.
     revocations: AtomicU64,
+    /// Take-backs under way ([`Engine::counted_take_back`]).
+    taking_back: AtomicU64,
     /// Under `Sync`: the marks of batches admitting and not logged yet ([`settle`]).
     batch_marks: BatchMarks,
 }
@@ -189,6 +191,7 @@ impl Engine {
             _shipper: parts.shipper,
             recovery: parts.recovery,
             revocations: AtomicU64::new(0),
+            taking_back: AtomicU64::new(0),
             batch_marks: BatchMarks::default(),
         }
     }
@@ -692,8 +695,7 @@ impl Engine {
         match &logged {
             Ok(own) => self.batch_marks.publish(mark, own.map(Ticket::position)),
             Err(_) => {
-                self.revocations.fetch_add(1, Ordering::AcqRel);
-                self.revoke_admitted(fingerprints, batch.admitted);
+                self.counted_take_back(|| self.revoke_admitted(fingerprints, batch.admitted));
                 self.batch_marks.publish(mark, None);
             }
         }

@@ -241,13 +241,27 @@ impl Engine {
         }
     }
 
-    /// Whether no write was taken back since `looked_at`.
+    /// Whether no write was taken back since `looked_at`, and none is being taken back:
+    /// a caller that looked after a take-back was counted, but found its keys before
+    /// they left memory, looks again too.
     pub(super) fn stands_since(&self, looked_at: u64) -> Concluded {
-        if self.revocations.load(Ordering::Acquire) == looked_at {
+        if self.taking_back.load(Ordering::Acquire) == 0
+            && self.revocations.load(Ordering::Acquire) == looked_at
+        {
             Concluded::Stands
         } else {
             Concluded::Redo
         }
+    }
+
+    /// Counts a take-back for its whole length: the count moves when it starts and
+    /// again when it ends, and [`Engine::stands_since`] answers `Redo` meanwhile.
+    pub(super) fn counted_take_back(&self, take_back: impl FnOnce()) {
+        self.taking_back.fetch_add(1, Ordering::AcqRel);
+        self.revocations.fetch_add(1, Ordering::AcqRel);
+        take_back();
+        self.revocations.fetch_add(1, Ordering::AcqRel);
+        self.taking_back.fetch_sub(1, Ordering::AcqRel);
     }
 
     /// Takes back what a write whose wait failed admitted, unless the log is
@@ -261,7 +275,10 @@ impl Engine {
         if matches!(undo, Undo::Nothing) {
             return;
         }
-        self.revocations.fetch_add(1, Ordering::AcqRel);
+        self.counted_take_back(|| self.take_back_counted(journal, undo));
+    }
+
+    fn take_back_counted(&self, journal: &crate::wal::Journal, undo: &Undo) {
         let bucket = self.current_bucket();
         match *undo {
             Undo::Nothing => {}
