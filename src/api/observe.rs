@@ -172,6 +172,8 @@ pub(crate) fn gauges(stats: &Stats) {
         metrics::gauge!("oncedb_replication_lag_bytes").set(gauge(stats.replication_lag_bytes));
         metrics::gauge!("oncedb_replication_runs_unshipped")
             .set(gauge(stats.replication_runs_unshipped));
+        metrics::gauge!("oncedb_replication_runs_awaiting_log")
+            .set(gauge(stats.replication_runs_awaiting_log));
     }
 }
 

@@ -100,6 +100,10 @@ pub struct Stats {
     /// whole yet. A restore leaves out a run held in part, and every later one; their
     /// keys are replayed from the log instead, which is slower but loses nothing.
     pub replication_runs_unshipped: u64,
+    /// Replicating stores: of those, the runs held back until the log their cover names
+    /// is on the replica (a restore refuses a run whose log it lacks). Under `Buffered`
+    /// and `Interval`, a run waits for the fsync that ships that log.
+    pub replication_runs_awaiting_log: u64,
     /// Durable stores: bytes on disk (segment files and the manifest).
     pub bytes_on_disk: u64,
     /// Durable stores: fsync latency percentiles since open, in microseconds, as the
@@ -217,6 +221,7 @@ impl Stats {
             sealed_filter_bytes: engine.sealing.filter_bytes,
             runs_sealed: engine.sealing.runs_written,
             replication_runs_unshipped: engine.replica_runs_unshipped,
+            replication_runs_awaiting_log: engine.replica_runs_awaiting_log,
             runs_expired: engine.sealing.runs_expired,
             runs_merged: engine.sealing.runs_merged,
             frozen_table_bytes: index.frozen_bytes,

@@ -131,6 +131,8 @@ pub(crate) struct EngineStats {
     pub(crate) sealing: sealing::SealStats,
     /// With a replica: live sealed runs it does not hold whole yet.
     pub(crate) replica_runs_unshipped: u64,
+    /// With a replica: runs held back until the log their cover names is on it.
+    pub(crate) replica_runs_awaiting_log: u64,
 }
 
 /// The window and bucket width (in ms) the store in `dir` was created with, from its
@@ -1596,7 +1598,9 @@ impl Engine {
                 .as_ref()
                 .map(sealing::Sealer::stats)
                 .unwrap_or_default(),
-            replica_runs_unshipped: self.runs_unshipped(shipped.as_deref()),
+            replica_runs_unshipped: self
+                .runs_unshipped(shipped.as_ref().map(|runs| &runs.whole[..])),
+            replica_runs_awaiting_log: shipped.map_or(0, |runs| runs.awaiting_log),
         }
     }
 }

@@ -23,7 +23,7 @@ use super::layout::{
 use super::removal::Removal;
 use super::{Replication, owner, unavailable};
 use crate::base::{Error, Result, random_secret};
-use crate::wal::{FeedSnapshot, LogFeed, parse_run_name, read_cover};
+use crate::wal::{FeedSnapshot, LogFeed, RunsOnReplica, parse_run_name, read_cover};
 
 /// How long the shipper waits for more log before it looks again (for expiries).
 const IDLE_WAIT: Duration = Duration::from_millis(500);
@@ -152,7 +152,7 @@ struct Link {
     dir: PathBuf,
     /// Per sealed run, the bytes the stream holds.
     runs: BTreeMap<u64, u64>,
-    /// When the directory was last listed for runs.
+    /// When the directory was last listed for runs; `None`: list it next round.
     runs_listed: Option<std::time::Instant>,
     /// Whether a run waits to be shipped, or shipped only in part.
     runs_pending: bool,
@@ -543,12 +543,13 @@ impl Link {
         self.runs_listed = Some(std::time::Instant::now());
         let local = local_runs(feed.storage(), &self.dir)
             .map_err(|err| local_failure(feed, "listing the sealed runs", err))?;
-        let whole = |runs: &BTreeMap<u64, u64>| -> Vec<u64> {
-            local
+        let seen = |runs: &BTreeMap<u64, u64>, awaiting_log: u64| RunsOnReplica {
+            whole: local
                 .iter()
                 .filter(|(run_id, (_, len))| runs.get(run_id) == Some(len))
                 .map(|(&run_id, _)| run_id)
-                .collect()
+                .collect(),
+            awaiting_log,
         };
         let mut budget = RUN_CHUNKS_PER_ROUND;
         self.runs_pending = false;
@@ -556,15 +557,18 @@ impl Link {
             let mut offset = self.runs.get(&run_id).copied().unwrap_or(0);
             if offset == 0 && !self.holds_cover_of(feed, path)? {
                 // Its cover names log the stream lacks yet: a restore would refuse it. It
-                // (and every later run) waits for the round that ships that log.
-                self.runs_pending = true;
-                feed.runs_shipped(whole(&self.runs));
+                // (and every later run) waits for a round that ships that log: the next
+                // round lists again, started by the next fsync or the idle wait (not at
+                // once, which would spin while `Buffered` fsyncs nothing).
+                self.runs_listed = None;
+                let awaiting = local.range(run_id..).count() as u64;
+                feed.runs_shipped(seen(&self.runs, awaiting));
                 return Ok(());
             }
             while offset < *len {
                 if budget == 0 {
                     self.runs_pending = true;
-                    feed.runs_shipped(whole(&self.runs));
+                    feed.runs_shipped(seen(&self.runs, 0));
                     return Ok(());
                 }
                 let size = (len - offset).min(CHUNK_BYTES);
@@ -583,7 +587,7 @@ impl Link {
                 budget -= 1;
             }
         }
-        feed.runs_shipped(whole(&self.runs));
+        feed.runs_shipped(seen(&self.runs, 0));
         let gone: Vec<u64> = self
             .runs
             .keys()

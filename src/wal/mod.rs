@@ -28,7 +28,9 @@ pub(crate) use entry::{DecodedEntry, DecodedFinish, LogEntry, encode_mark};
 pub(crate) use format::{MAX_SEGMENT_FILE_BYTES, SEGMENT_HEADER_LEN, frame_seed};
 #[cfg(feature = "replicate")]
 pub(crate) use journal::{FeedSnapshot, LogFeed};
-pub(crate) use journal::{Journal, JournalConfig, JournalStats, ReplicaGate, SealHandle, Ticket};
+pub(crate) use journal::{
+    Journal, JournalConfig, JournalStats, ReplicaGate, RunsOnReplica, SealHandle, Ticket,
+};
 #[cfg(feature = "replicate")]
 pub(crate) use manifest::store_small_file;
 pub(crate) use manifest::{MANIFEST_LEN, MANIFEST_NAME, Manifest};

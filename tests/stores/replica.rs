@@ -994,6 +994,85 @@ fn sealed_runs_are_shipped_and_restored_whole() {
     drop(partial);
 }
 
+/// A run reaches the replica only after the log its cover names (finding: a run shipped
+/// first left a replica whose restore refused to open, "covers a log position the store
+/// never reached"). Under `Interval` a key run covers log appended but not yet fsynced,
+/// so not yet shipped: the shipper holds every such run back, and says so in
+/// `replication_runs_awaiting_log`, and a restore at that moment opens. After an fsync
+/// ships the log, the runs follow and a restore holds every key.
+#[test]
+fn a_run_waits_on_the_replica_for_the_log_its_cover_names() {
+    let server = NatsServer::start();
+    let work = tempfile::tempdir().unwrap();
+    // An interval no test reaches: the log is fsynced only by `flush`.
+    let unsynced = |dir: &str, name: &str| {
+        Options::new(work.path().join(dir))
+            .window(Duration::from_secs(3600))
+            .bucket_width(Duration::from_secs(60))
+            .durability(Durability::Interval(Duration::from_secs(3600)))
+            .memory_budget(1 << 16)
+            .shards(4)
+            .replicate(
+                Replication::new(server.url(), name)
+                    .replicas(1)
+                    .mode(ReplicaMode::Async),
+            )
+    };
+    let all: Vec<Vec<u8>> = (0..20_000).map(key).collect();
+    let fill = |db: &Db| {
+        for batch in all.chunks(256) {
+            assert!(db.insert_many(batch).unwrap().iter().all(|&new| new));
+        }
+    };
+    let settled = |db: &Db, done: &dyn Fn(&oncedb::Stats) -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let stats = db.stats();
+            if done(&stats) {
+                return stats;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the shipper never settled: {stats:?}"
+            );
+            std::thread::yield_now();
+        }
+    };
+
+    // Sealed runs whose cover lies in log no fsync has reached: every one waits.
+    let db = open_when_ready(|| unsynced("held", "held"));
+    fill(&db);
+    assert!(files_with_extension(&work.path().join("held"), "keys") >= 1);
+    let stats = settled(&db, &|s| {
+        s.replication_runs_awaiting_log > 0 || s.replication_runs_unshipped == 0
+    });
+    assert!(
+        stats.replication_runs_awaiting_log > 0
+            && stats.replication_runs_awaiting_log == stats.replication_runs_unshipped,
+        "a run was shipped before the log its cover names: {stats:?}"
+    );
+    assert!(run_subjects(&server.url(), "held").is_empty());
+    // A restore now (the owner alive, and fenced by it) opens.
+    let (restored, report) = Db::restore(unsynced("held-copy", "held"), &mut |_, _| {}).unwrap();
+    assert_eq!(report.runs, 0, "{report:?}");
+    drop(restored);
+    drop(db);
+
+    // Once an fsync ships the log, the runs follow, and a restore holds every key.
+    let db = open_when_ready(|| unsynced("shipped", "shipped"));
+    fill(&db);
+    db.flush().unwrap();
+    let stats = settled(&db, &|s| s.replication_runs_unshipped == 0);
+    assert_eq!(stats.replication_runs_awaiting_log, 0, "{stats:?}");
+    drop(db);
+    let (restored, report) =
+        Db::restore(unsynced("shipped-copy", "shipped"), &mut |_, _| {}).unwrap();
+    assert!(report.runs >= 1, "{report:?}");
+    for batch in all.chunks(256) {
+        assert!(restored.insert_many(batch).unwrap().iter().all(|&new| !new));
+    }
+}
+
 /// A run damaged on the replica (one byte flipped) is `Corrupted` at restore, never a
 /// smaller window.
 #[test]

@@ -327,8 +327,8 @@ struct Shared {
     lagging: AtomicBool,
     /// Another store took the replica over: writes are refused for good.
     not_owner: AtomicBool,
-    /// The sealed runs the replica holds whole, by id, as its shipper last saw them.
-    runs_shipped: Mutex<Vec<u64>>,
+    /// The sealed runs on the replica, as its shipper last saw them.
+    runs_shipped: Mutex<RunsOnReplica>,
     /// `WriterState::written`, readable without the lock.
     written_to: AtomicU64,
     /// [`Shared::acknowledged`], readable without the lock: how far the log is as
@@ -357,6 +357,17 @@ struct Shared {
     sync_times: SyncTimes,
     /// Segment files kept open for replays.
     readers: readers::SegmentReaders,
+}
+
+/// The sealed runs as the shipper last saw them on the replica.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RunsOnReplica {
+    /// The runs the replica holds whole, by id.
+    pub(crate) whole: Vec<u64>,
+    /// Runs held back because the log their cover names is not on the replica yet (a
+    /// restore would refuse a run whose cover the log it fetched does not reach): under
+    /// `Buffered` and `Interval`, until the fsync that ships that log.
+    pub(crate) awaiting_log: u64,
 }
 
 /// The journal as a thread outside it (the one sealing runs) uses it: to fsync the log
@@ -435,7 +446,7 @@ impl Journal {
             replica_down: Mutex::new(None),
             lagging: AtomicBool::new(false),
             not_owner: AtomicBool::new(false),
-            runs_shipped: Mutex::new(Vec::new()),
+            runs_shipped: Mutex::new(RunsOnReplica::default()),
             written_to: AtomicU64::new(0),
             acknowledged_to: AtomicU64::new(0),
             backlog: AtomicU64::new(0),
@@ -831,8 +842,8 @@ impl Journal {
         state.segments.iter().map(|(&id, &len)| (id, len)).collect()
     }
 
-    /// With a replica: the sealed runs it holds whole, by id, as its shipper last saw.
-    pub(crate) fn replica_runs_shipped(&self) -> Option<Vec<u64>> {
+    /// With a replica: the sealed runs on it, as its shipper last saw them.
+    pub(crate) fn replica_runs_shipped(&self) -> Option<RunsOnReplica> {
         let shared = &*self.shared;
         shared
             .replica

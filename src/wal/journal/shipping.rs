@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::{Journal, Shared, WriterState};
+use super::{Journal, RunsOnReplica, Shared, WriterState};
 use crate::io::Storage;
 use crate::wal::manifest::MANIFEST_LEN;
 use crate::wal::names::segment_path;
@@ -111,8 +111,8 @@ impl LogFeed {
         *self.0.replica_down.lock() = Some(why);
     }
 
-    /// The sealed runs the replica holds whole now, by id.
-    pub(crate) fn runs_shipped(&self, runs: Vec<u64>) {
+    /// What the replica holds of the sealed runs now.
+    pub(crate) fn runs_shipped(&self, runs: RunsOnReplica) {
         *self.0.runs_shipped.lock() = runs;
     }
 
