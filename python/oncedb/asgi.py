@@ -206,6 +206,12 @@ def json_pointer(value: Any, pointer: str) -> Any:
     return value
 
 
+RAW_BODY = b"\x00"
+"""The byte before a body compared by its bytes (the Rust layer's ``RAW_BODY``): no
+canonical JSON text and no ``pointer=value`` line starts with it, so a body not read as
+JSON never has the fingerprint of one that is."""
+
+
 def fingerprint(
     method: str,
     path: str,
@@ -217,7 +223,7 @@ def fingerprint(
     """What a retry must repeat: method, path and query, and the (canonical JSON) body, or
     with ``pointers`` only the body fields they name (each ``pointer=value`` or
     ``pointer=-`` on a line), as the Rust layer's ``fields_request``. Never raises: a body
-    that cannot be read as JSON counts by its bytes."""
+    that cannot be read as JSON counts by its bytes (after ``RAW_BODY``)."""
     read = _read(body) if media_is_json(content_type) or pointers is not None else None
     return _fingerprint(method, path, query, body, pointers, read)
 
@@ -241,7 +247,7 @@ def _fingerprint(
     target = path + ("?" + query.decode("latin-1") if query else "")
     head = f"{method} {target}\n".encode()
     if read is None:
-        return head + body
+        return head + RAW_BODY + body
     value, canonical = read
     if pointers is None:
         return head + canonical

@@ -259,6 +259,18 @@ def test_no_lock_is_held_across_a_gil_release(tmp_path):
     assert not any(thread.is_alive() for thread in threads), "a lease call hung"
 
 
+def test_a_body_read_by_its_bytes_never_matches_a_json_request():
+    # A text body whose bytes are a JSON request's fields form, or its canonical form, is
+    # another request (422 on reuse), as in the Rust layer (RAW_BODY).
+    json_print = fingerprint("POST", "/hooks", b"", "application/json", b'{"amount":5}', ["/amount"])
+    text_print = fingerprint("POST", "/hooks", b"", "text/plain", b"/amount=5\n", ["/amount"])
+    assert json_print != text_print
+    assert fingerprint("POST", "/u", b"", "application/json", b'{"a":1}') != fingerprint(
+        "POST", "/u", b"", "text/plain", b'{"a":1}'
+    )
+    assert fingerprint("POST", "/u", b"", "text/plain", b"a b") == b"POST /u\n\x00a b"
+
+
 def test_any_body_fingerprints_without_raising():
     deep = b"[" * 100_000 + b"]" * 100_000
     surrogate = b'{"a":"\\ud800"}'

@@ -8,7 +8,8 @@ use axum::http::request::Parts;
 
 /// `METHOD path?query`, a newline, and the body: for a JSON content type whose body
 /// parses, its canonical form (below), so `{"b":1, "a":2}` and `{"a":2,"b":1}` are one
-/// request; for anything else, the raw bytes. The store hashes the result (XXH3-128).
+/// request; for anything else, [`RAW_BODY`] then the raw bytes. The store hashes the
+/// result (XXH3-128).
 ///
 /// The canonical form is written here, independent of any JSON library's features:
 /// object members sorted by their (unescaped) names, recursively; strings re-escaped
@@ -27,10 +28,17 @@ pub fn canonical_request(parts: &Parts, body: &[u8]) -> Vec<u8> {
             essence.eq_ignore_ascii_case("application/json") || essence.ends_with("+json")
         });
     if !(json && canonical_json_into(body, &mut out)) {
+        out.push(RAW_BODY);
         out.extend_from_slice(body);
     }
     out
 }
+
+/// The byte before a body compared by its bytes. No canonical JSON text and no line of
+/// [`fields_request`] starts with it, so a body that is not read as JSON (a text body, or
+/// a JSON content type that does not parse) never has the fingerprint of one that is,
+/// whatever its bytes: reusing a key across the two is 422, not a replay.
+pub const RAW_BODY: u8 = 0;
 
 /// `METHOD path?query` and a newline, in a buffer with room for `more` bytes after it.
 fn request_line(parts: &Parts, more: usize) -> Vec<u8> {
@@ -597,23 +605,43 @@ mod tests {
         assert_eq!(first, of(br#"{"sent_at":2,"to":"a","amount":5}"#));
         assert_ne!(first, of(br#"{"amount":6,"to":"a","sent_at":1}"#));
         assert_eq!(of(br#"{"amount":5}"#), b"POST /hooks\n/amount=5\n/to=-\n");
-        assert_eq!(of(b"raw"), b"POST /hooks\nraw");
+        assert_eq!(of(b"raw"), b"POST /hooks\n\0raw");
+    }
+
+    #[test]
+    fn a_body_read_by_its_bytes_never_matches_a_json_request() {
+        // A text body whose bytes are a JSON request's fields form, or its canonical
+        // form: another request (422 on reuse), not a replay.
+        let (parts, ()) = Request::builder()
+            .method("POST")
+            .uri("/hooks")
+            .body(())
+            .unwrap()
+            .into_parts();
+        let pointers = vec!["/amount".to_owned()];
+        let json = super::fields_request(&parts, br#"{"amount":5}"#, &pointers);
+        let text = super::fields_request(&parts, b"/amount=5\n", &pointers);
+        assert_ne!(json, text);
+        assert_ne!(
+            fingerprint("POST", "/u", "application/json", br#"{"a":1}"#),
+            fingerprint("POST", "/u", "text/plain", br#"{"a":1}"#)
+        );
     }
 
     #[test]
     fn other_bodies_compare_by_bytes() {
         let a = fingerprint("POST", "/u", "text/plain", b"a b");
-        assert_eq!(a, b"POST /u\na b");
+        assert_eq!(a, b"POST /u\n\0a b");
         assert_ne!(a, fingerprint("POST", "/u", "text/plain", b"a  b"));
         // Broken JSON falls back to the bytes, also where it breaks after a part of its
         // canonical form was written.
         assert_eq!(
             fingerprint("POST", "/u", "application/json", b"{x"),
-            b"POST /u\n{x"
+            b"POST /u\n\0{x"
         );
         assert_eq!(
             fingerprint("POST", "/u", "application/json", b"[1, {\"a\": 2},"),
-            b"POST /u\n[1, {\"a\": 2},"
+            b"POST /u\n\0[1, {\"a\": 2},"
         );
     }
 

@@ -63,7 +63,7 @@ use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderName, HeaderValue, 
 use axum::http::request::Parts;
 use axum::http::{Method, Request, Response, StatusCode};
 
-pub use fingerprint::{canonical_request, fields_request};
+pub use fingerprint::{RAW_BODY, canonical_request, fields_request};
 pub use stored::StoredResponse;
 
 use crate::api::{Reservation, Scope};
