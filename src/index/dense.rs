@@ -346,6 +346,13 @@ impl DenseRecords {
     /// expired record behind a live one (which settled first, from a newer bucket) waits
     /// at most as long as it was itself in flight (lookups already answer it absent).
     pub(super) fn expire(&mut self, budget: usize, window: Window, current: u64) -> bool {
+        let idle = self.expire_front(budget, window, current);
+        self.give_back();
+        idle
+    }
+
+    /// [`DenseRecords::expire`]'s drops.
+    fn expire_front(&mut self, budget: usize, window: Window, current: u64) -> bool {
         for _ in 0..budget {
             let Some(front) = self.ring.slot(self.ring.head).copied() else {
                 return true;
@@ -356,6 +363,17 @@ impl DenseRecords {
             self.pop_front(window);
         }
         false
+    }
+
+    /// Gives back the table's memory once it holds under a quarter of its capacity (the
+    /// ring gives back its chunks as they empty): records that left, sealed or expired,
+    /// leave no peak behind for the memory budget to weigh.
+    fn give_back(&mut self) {
+        if self.index.len() * 4 < self.index.capacity() {
+            let ring = &self.ring;
+            self.index
+                .shrink_to(2 * self.index.len(), |&position| ring.hash_at(position));
+        }
     }
 
     /// Drops the front slot and its table entry; returns its record's bucket if it
@@ -403,6 +421,7 @@ impl DenseRecords {
             // Zero once `end` is reached; past the ring's length if expiry passed it.
             let left = end.wrapping_sub(head);
             if left == 0 || left > tail.wrapping_sub(head) {
+                self.give_back();
                 return;
             }
             if let Some(bucket) = self.pop_front(window) {
@@ -466,6 +485,39 @@ mod tests {
         };
         dense.add(5, completed, window).unwrap();
         assert_eq!(dense.get(5, window, 3), Some(completed));
+    }
+
+    /// Records that leave, expired or sealed, give their memory back: the ring its
+    /// chunks, the table its capacity.
+    #[test]
+    fn memory_records_leave_is_given_back() {
+        let window = Window::new(4_000, 1_000);
+        let mut dense = DenseRecords::default();
+        let empty = dense.heap_bytes();
+        // Fingerprints spread over both halves, as hashed keys are.
+        let fingerprint = |n: u128| n.wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835);
+        for n in 0..50_000 {
+            dense.add(fingerprint(n), settled(2, 1), window).unwrap();
+        }
+        let peak = dense.heap_bytes();
+        assert!(dense.expire(60_000, window, 9));
+        assert_eq!(dense.len(), 0);
+        assert!(
+            dense.heap_bytes() < empty + peak / 100,
+            "{} of {peak}",
+            dense.heap_bytes()
+        );
+        for n in 0..50_000 {
+            dense.add(fingerprint(n), settled(20, 1), window).unwrap();
+        }
+        let (_, end) = dense.live_records(window, 20);
+        dense.drop_before(end, window, |_| {});
+        assert_eq!(dense.len(), 0);
+        assert!(
+            dense.heap_bytes() < empty + peak / 100,
+            "{} of {peak}",
+            dense.heap_bytes()
+        );
     }
 
     #[test]

@@ -788,8 +788,14 @@ impl RecordMap {
         }
     }
 
-    /// Drops the queue entries of records that left the map (or were stored again).
+    /// Drops the queue entries of records that left the map (or were stored again), and
+    /// gives back the map's memory once it holds under a quarter of its capacity: a map
+    /// grown for many records in flight would otherwise keep its peak for good, weighed
+    /// by the memory budget with the records gone.
     fn compact_queues(&mut self) {
+        if self.map.len() * 4 < self.map.capacity() {
+            self.map.shrink_to(2 * self.map.len());
+        }
         let map = &self.map;
         let needed = |&mut (bucket, fingerprint): &mut (u64, u128)| {
             map.get(&fingerprint).is_some_and(|r| r.bucket == bucket)
