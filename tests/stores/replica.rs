@@ -189,6 +189,44 @@ fn a_restored_replica_fences_its_old_owner() {
     assert!(!new.contains(b"written by the old owner").unwrap());
 }
 
+/// A fenced owner learns that it is fenced even when the stream's last message is gone
+/// (the new owner removed it: an expired segment, a run merged away). It asks the owner
+/// subject who owns the replica, not the stream's last message, so its next write is
+/// `NotOwner`; it used to look up the missing message, take that for JetStream being
+/// down, and answer `Unavailable` for ever.
+#[test]
+fn a_fenced_owner_learns_it_when_the_streams_last_message_was_removed() {
+    let server = NatsServer::start();
+    let work = tempfile::tempdir().unwrap();
+    let replication = || Replication::new(server.url(), "gone").replicas(1);
+    let old = open_when_ready(|| options(&work.path().join("old"), replication()));
+    for n in 0..10 {
+        assert!(old.insert_if_absent(&key(n)).unwrap());
+    }
+    let (new, _) = Db::restore(
+        options(&work.path().join("new"), replication()),
+        &mut |_, _| {},
+    )
+    .unwrap();
+    drop(new);
+    // A message after the claim, then removed: the stream's last sequence names nothing.
+    servers::runtime().block_on(async {
+        let client = async_nats::connect(server.url()).await.unwrap();
+        let js = async_nats::jetstream::new(client);
+        js.publish("oncedb.gone.probe", "probe".into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        let stream = js.get_stream("ONCEDB_gone").await.unwrap();
+        stream.purge().filter("oncedb.gone.probe").await.unwrap();
+    });
+    match old.insert_if_absent(b"written after the claim") {
+        Err(Error::NotOwner { .. }) => {}
+        other => panic!("the fenced owner answered {other:?}"),
+    }
+}
+
 /// A restore run while the old owner writes steadily (a rebalance with a zombie owner):
 /// the restore claims the replica first, then copies to the stream's end as of the
 /// claim, so it succeeds where it refused the replica as holding log its copy lacked. The
