@@ -6,7 +6,10 @@
 //! without their disk, SIGKILLs the writer (a new one opens its directory), restores
 //! the replica to a new directory while the writer writes, and starts a standby that
 //! follows for a while and is then promoted (a new writer then takes the new directory,
-//! the old one fenced). At the end the replica is restored once more, and
+//! the old one fenced), and cuts the power under a writer (its store moved onto
+//! in-memory storage, whose power loss tears unsynced appends; `Buffered` cannot
+//! replicate, so the writer is the schedule's `Sync` one). At the end the replica is
+//! restored once more, and
 //! the checker (`oncedb_testkit::schedule`) holds the promises against what the writers
 //! were told: every admitted key remembered, none admitted twice, none answered "seen"
 //! that no writer was told was admitted (unless its write's outcome was unknown and a
@@ -29,7 +32,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::support::servers;
-use oncedb::io::SplitMix64;
+use oncedb::io::{SplitMix64, Storage};
 use oncedb::{Db, Durability, Error, Options, Replication};
 use oncedb_testkit::schedule::{ASKED, History, Report, Schedule, Told, duration_or, random_seed};
 use servers::nats::NatsCluster;
@@ -84,16 +87,48 @@ fn fault_writer_child() {
         return;
     };
     // Each answer on a line of its own, tagged: the test harness may print before it.
-    let say = |told: Told, n: u64| crate::support::say(&format!("\ntold {} {n}\n", told.letter()));
+    let mut say = |said: Said| match said {
+        Said::Asked(n) => crate::support::say(&format!("\ntold {ASKED} {n}\n")),
+        Said::Told(told, n) => crate::support::say(&format!("\ntold {} {n}\n", told.letter())),
+        Said::Failed(err) => crate::support::say(&format!("\ntold E {err}\n")),
+    };
     let db = match when_available(|| Db::open(options(Path::new(&dir), &url))) {
         Ok(db) => db,
-        Err(Error::NotOwner { .. }) => return say(Told::Refused, 0),
-        Err(err) => return crate::support::say(&format!("\ntold E open: {err}\n")),
+        Err(Error::NotOwner { .. }) => return say(Said::Told(Told::Refused, 0)),
+        Err(err) => return say(Said::Failed(format!("open: {err}"))),
     };
-    let mut next: u64 = below.parse().unwrap();
-    let mut rng = SplitMix64::new(seed.parse().unwrap());
+    let keys = (below.parse().unwrap(), seed.parse().unwrap());
+    write_keys(
+        &db,
+        keys,
+        &std::sync::atomic::AtomicBool::new(false),
+        &mut say,
+    );
+}
+
+/// What a writer says of one call.
+enum Said {
+    /// It calls the store about this key.
+    Asked(u64),
+    /// What it was told about this key.
+    Told(Told, u64),
+    /// The store failed otherwise: the writer ends.
+    Failed(String),
+}
+
+/// The writers' loop (a process's, or a thread's on in-memory storage): keys from
+/// `below` on, one in five a repeat drawn from `seed`, until fenced, stopped (a call
+/// that fails once `stop` is set ends it quietly: its power was cut), or failed.
+fn write_keys(
+    db: &Db,
+    (below, seed): (u64, u64),
+    stop: &std::sync::atomic::AtomicBool,
+    say: &mut dyn FnMut(Said),
+) {
+    let mut next = below;
+    let mut rng = SplitMix64::new(seed);
     let mut again = None;
-    loop {
+    while !stop.load(std::sync::atomic::Ordering::Acquire) {
         let n = again.take().unwrap_or_else(|| {
             if next > 0 && rng.below(5) == 0 {
                 rng.below(next)
@@ -102,16 +137,17 @@ fn fault_writer_child() {
                 next - 1
             }
         });
-        crate::support::say(&format!("\ntold {ASKED} {n}\n"));
+        say(Said::Asked(n));
         match db.insert_if_absent(&key(n)) {
-            Ok(true) => say(Told::Admitted, n),
-            Ok(false) => say(Told::Seen, n),
+            Ok(true) => say(Said::Told(Told::Admitted, n)),
+            Ok(false) => say(Said::Told(Told::Seen, n)),
             Err(Error::Unavailable { .. }) => {
-                say(Told::Unknown, n);
+                say(Said::Told(Told::Unknown, n));
                 again = Some(n);
             }
-            Err(Error::NotOwner { .. }) => return say(Told::Refused, n),
-            Err(err) => return crate::support::say(&format!("\ntold E {n}: {err}\n")),
+            Err(Error::NotOwner { .. }) => return say(Said::Told(Told::Refused, n)),
+            Err(_) if stop.load(std::sync::atomic::Ordering::Acquire) => return,
+            Err(err) => return say(Said::Failed(format!("{n}: {err}"))),
         }
     }
 }
@@ -207,6 +243,7 @@ enum Fault {
     KillWriter,
     RestoreUnderOwner,
     PromoteStandby,
+    PowerLoss,
 }
 
 /// Whether the schedule draws a node's loss with its disk: on nats-server 2.10 and
@@ -312,6 +349,70 @@ impl Run {
         self.spawn_writer()
     }
 
+    /// Moves the store onto in-memory storage (the writer SIGKILLed, its directory's files
+    /// copied as they are), lets a writer thread go on there, cuts the power (each file
+    /// back to its last fsync, with unsynced appends torn as the schedule draws: cut,
+    /// zeroed in part, or pages lost), and moves what the power loss left to a new
+    /// directory, where a new writer process takes over. The acknowledged writes are
+    /// fsynced, so every admitted key must outlive it; a torn tail must be told from
+    /// damage at the reopen, and the log the replica lacks shipped before any answer.
+    fn power_loss(&mut self, writer: Writer) -> Writer {
+        writer.kill(
+            &self.history,
+            "SIGKILLed, its store moved to in-memory storage",
+        );
+        let disk = oncedb::io::MemStorage::new();
+        let memory = PathBuf::from(format!("/power-{}", self.writers));
+        for entry in std::fs::read_dir(&self.dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_file() {
+                let name = path.file_name().unwrap();
+                disk.set_contents(&memory.join(name), std::fs::read(&path).unwrap());
+            }
+        }
+        self.writers += 1;
+        let (id, url) = (self.writers, self.url());
+        let opened =
+            when_available(|| Db::open(options(&memory, &url).storage(Arc::new(disk.clone()))));
+        let db = match opened {
+            Ok(db) => db,
+            Err(err) => {
+                self.errors
+                    .lock()
+                    .push(format!("open on in-memory storage: {err}"));
+                return self.spawn_writer();
+            }
+        };
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let keys = (self.history.keys_below(), u64::from(id) + 1);
+        let (history, errors) = (Arc::clone(&self.history), Arc::clone(&self.errors));
+        let tear = self.schedule.below(u64::MAX);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                write_keys(&db, keys, &stop, &mut |said| match said {
+                    Said::Asked(n) => history.asked(id, n),
+                    Said::Told(told, n) => history.told(id, n, told),
+                    Said::Failed(err) => errors.lock().push(format!("writer {id}: {err}")),
+                });
+            });
+            self.progress(5..200, Duration::from_secs(10));
+            self.history
+                .fault(format!("power cut under writer {id} (appends torn)"));
+            stop.store(true, std::sync::atomic::Ordering::Release);
+            disk.torn_power_loss(tear);
+        });
+        self.history
+            .ended(id, format!("writer {id} lost its power"));
+        drop(db);
+        self.dir = self.work.path().join(format!("powered-{id}"));
+        std::fs::create_dir_all(&self.dir).unwrap();
+        for path in disk.list(&memory).unwrap() {
+            let bytes = disk.contents(&path).unwrap();
+            std::fs::write(self.dir.join(path.file_name().unwrap()), bytes).unwrap();
+        }
+        self.spawn_writer()
+    }
+
     /// Waits until the replica's stream has a leader and both other copies current, at
     /// most two minutes: faults come one at a time, each on a stream made whole again (a
     /// node that lost its disk is caught up before another node is lost). A stream that
@@ -362,6 +463,7 @@ impl Run {
                 KillWriter,
                 RestoreUnderOwner,
                 PromoteStandby,
+                PowerLoss,
             ])
         } else {
             self.schedule.pick(&[
@@ -370,6 +472,7 @@ impl Run {
                 KillWriter,
                 RestoreUnderOwner,
                 PromoteStandby,
+                PowerLoss,
             ])
         };
         let fault = fault.unwrap_or(KillWriter);
@@ -401,6 +504,7 @@ impl Run {
             }
             RestoreUnderOwner => return self.restore_under(writer),
             PromoteStandby => return self.promote_standby(writer),
+            PowerLoss => return self.power_loss(writer),
         }
         writer
     }
