@@ -27,10 +27,8 @@ pub(crate) use checkpoint::{
 pub(crate) use entry::{DecodedEntry, DecodedFinish, LogEntry, encode_mark};
 pub(crate) use format::{MAX_SEGMENT_FILE_BYTES, SEGMENT_HEADER_LEN, frame_seed};
 #[cfg(feature = "replicate")]
-pub(crate) use journal::{FeedSnapshot, LogFeed};
-pub(crate) use journal::{
-    Journal, JournalConfig, JournalStats, ReplicaGate, RunsOnReplica, SealHandle, Ticket,
-};
+pub(crate) use journal::{FeedSnapshot, LogFeed, RunsOnReplica};
+pub(crate) use journal::{Journal, JournalConfig, JournalStats, ReplicaGate, SealHandle, Ticket};
 #[cfg(feature = "replicate")]
 pub(crate) use manifest::store_small_file;
 pub(crate) use manifest::{MANIFEST_LEN, MANIFEST_NAME, Manifest};
