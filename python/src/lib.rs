@@ -599,6 +599,8 @@ struct Lease {
     pid: u32,
     /// The store's response limit: checked before an awaitable end takes the lease.
     max_response_bytes: usize,
+    /// Where its awaitable calls start: a lease of the embedded store tries them here.
+    start: Start,
     /// The fencing epoch: pass it to downstream writes so that a replaced holder's
     /// writes can be refused.
     #[pyo3(get)]
@@ -666,8 +668,13 @@ impl Kept {
 
 impl Lease {
     fn new(lease: AnyLease, max_response_bytes: usize) -> Lease {
+        let start = match &lease {
+            AnyLease::Embedded(_) => Start::Here,
+            _ => Start::OnRuntime,
+        };
         Lease {
             epoch: oncedb::StoreLease::epoch(&lease),
+            start,
             lease: tokio::sync::Mutex::new(Some(lease)),
             pid: std::process::id(),
             max_response_bytes,
@@ -687,8 +694,8 @@ impl Lease {
                 lease.max_response_bytes
             )));
         }
-        let this = slf.unbind();
-        awaitable(py, async move {
+        let (start, this) = (lease.start, slf.unbind());
+        awaitable(py, start, async move {
             let lease = this.get().lease.lock().await.take().ok_or_else(gone)?;
             ending.on(lease).await.map_err(|err| carried(&err))
         })
@@ -698,8 +705,8 @@ impl Lease {
     fn akeep(slf: Bound<'_, Self>, kept: Kept) -> PyResult<Bound<'_, PyAny>> {
         let py = slf.py();
         same_process(slf.get().pid)?;
-        let this = slf.unbind();
-        awaitable(py, async move {
+        let (start, this) = (slf.get().start, slf.unbind());
+        awaitable(py, start, async move {
             let slot = this.get().lease.lock().await;
             let lease = slot.as_ref().ok_or_else(gone)?;
             kept.on(lease).await.map_err(|err| carried(&err))
@@ -901,12 +908,27 @@ fn runtime_handle() -> Result<tokio::runtime::Handle, String> {
     Ok(handle)
 }
 
-/// An asyncio future of the running loop, settled from the runtime thread by `work`'s
-/// outcome (through `call_soon_threadsafe`, so the loop's own thread sets it). A future
-/// cancelled meanwhile is left alone. A task that panics settles it too, with
-/// `oncedb.Error` (outcome unknown), instead of leaving it pending.
+/// Where an awaitable's call starts.
+#[derive(Debug, Clone, Copy)]
+enum Start {
+    /// On the calling thread (the GIL released), for the embedded store: its first poll
+    /// answers at once unless the call waits for an fsync, the log's writer or a file's
+    /// work, which then goes on on the runtime thread. No crossing of threads, and no
+    /// wait for the GIL to settle the future, when nothing is to be waited for.
+    Here,
+    /// On the runtime thread: a shared store's call waits on its server.
+    OnRuntime,
+}
+
+/// An asyncio future of the running loop, settled by `work`'s outcome: at once if `start`
+/// is [`Start::Here`] and its first poll (on this thread, the GIL released, in the
+/// runtime's context) answers; otherwise from the runtime thread (through
+/// `call_soon_threadsafe`, so the loop's own thread sets it). A future cancelled
+/// meanwhile is left alone. A task that panics settles it too, with `oncedb.Error`
+/// (outcome unknown), instead of leaving it pending.
 fn awaitable<'py, T>(
     py: Python<'py>,
+    start: Start,
     work: impl std::future::Future<Output = Result<T, (String, Kind)>> + Send + 'static,
 ) -> PyResult<Bound<'py, PyAny>>
 where
@@ -914,30 +936,68 @@ where
 {
     let running = py.import("asyncio")?.call_method0("get_running_loop")?;
     let future = running.call_method0("create_future")?;
+    let handle = runtime()?;
+    let mut work = Box::pin(work);
+    if matches!(start, Start::Here)
+        && let Some(outcome) = py.detach(|| first_poll(&handle, work.as_mut()))
+    {
+        let (ok, value) = python_outcome(py, outcome);
+        future.call_method1(if ok { "set_result" } else { "set_exception" }, (value,))?;
+        return Ok(future);
+    }
     let mut settler = Settler {
         event_loop: running.unbind(),
         target: future.clone().unbind(),
         settle: py.import("oncedb._oncedb")?.getattr("_settle")?.unbind(),
         settled: false,
     };
-    runtime()?.spawn(async move {
+    handle.spawn(async move {
         let outcome = work.await;
         Python::attach(|py| {
-            let value: PyResult<(bool, Py<PyAny>)> = match outcome {
-                Ok(value) => value
-                    .into_pyobject(py)
-                    .map(|v| (true, v.into_any().unbind()))
-                    .map_err(Into::into),
-                Err((message, kind)) => Ok((false, kind.error(message).into_value(py).into_any())),
-            };
-            let (ok, value) = match value {
-                Ok(pair) => pair,
-                Err(err) => (false, err.into_value(py).into_any()),
-            };
+            let (ok, value) = python_outcome(py, outcome);
             settler.settle(py, ok, value);
         });
     });
     Ok(future)
+}
+
+/// Polls `work` once on this thread, in the runtime's context (a call that hands file
+/// work to the blocking pool, or waits on a timer, finds them), with a waker that does
+/// nothing: the runtime polls it again, with its own, if it is not ready. A panic is
+/// the call's outcome, unknown.
+fn first_poll<T>(
+    handle: &tokio::runtime::Handle,
+    work: std::pin::Pin<&mut (impl std::future::Future<Output = Result<T, (String, Kind)>> + ?Sized)>,
+) -> Option<Result<T, (String, Kind)>> {
+    let _entered = handle.enter();
+    let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+    let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        work.poll(&mut context)
+    }));
+    match polled {
+        Ok(std::task::Poll::Ready(outcome)) => Some(outcome),
+        Ok(std::task::Poll::Pending) => None,
+        Err(_) => Some(Err((
+            "oncedb's call panicked: its outcome is unknown".to_owned(),
+            Kind::Other,
+        ))),
+    }
+}
+
+/// A call's outcome as Python sees it: whether it is a result, and the result or the
+/// exception.
+fn python_outcome<T>(py: Python<'_>, outcome: Result<T, (String, Kind)>) -> (bool, Py<PyAny>)
+where
+    T: for<'a> IntoPyObject<'a>,
+{
+    let value: PyResult<(bool, Py<PyAny>)> = match outcome {
+        Ok(value) => value
+            .into_pyobject(py)
+            .map(|v| (true, v.into_any().unbind()))
+            .map_err(Into::into),
+        Err((message, kind)) => Ok((false, kind.error(message).into_value(py).into_any())),
+    };
+    value.unwrap_or_else(|err| (false, err.into_value(py).into_any()))
 }
 
 /// Settles one asyncio future from the runtime thread, once: with the task's outcome,
@@ -983,7 +1043,7 @@ fn _awaitable_that_panics(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
     async fn panics() -> Result<(), (String, Kind)> {
         panic!("a task of oncedb's runtime panicked (test)")
     }
-    awaitable(py, panics())
+    awaitable(py, Start::OnRuntime, panics())
 }
 
 /// Settles `future` with `value` (a result if `ok`, else an exception), unless it was
@@ -1005,7 +1065,7 @@ fn _settle(future: &Bound<'_, PyAny>, ok: bool, value: &Bound<'_, PyAny>) -> PyR
 /// generic helper each, each holding no thread while it waits (for a group commit, a
 /// server, an ending); `$wrap` makes the store's lease one of the module's.
 macro_rules! awaitables {
-    ($class:ty, $wrap:expr) => {
+    ($class:ty, $wrap:expr, $start:expr) => {
         #[pymethods]
         impl $class {
             /// `insert_if_absent`, as an awaitable.
@@ -1014,7 +1074,7 @@ macro_rules! awaitables {
                 py: Python<'py>,
                 key: &Bound<'_, PyAny>,
             ) -> PyResult<Bound<'py, PyAny>> {
-                ainsert_on(py, self.handle()?, key)
+                ainsert_on(py, $start, self.handle()?, key)
             }
 
             /// `reserve`, as an awaitable.
@@ -1027,7 +1087,7 @@ macro_rules! awaitables {
                 request: Vec<u8>,
             ) -> PyResult<Bound<'py, PyAny>> {
                 let scoped = scoped(tenant, operation, key)?;
-                areserve_on(py, self.handle()?, $wrap, scoped, request)
+                areserve_on(py, $start, self.handle()?, $wrap, scoped, request)
             }
 
             /// `wait_finished`, as an awaitable woken by the ending.
@@ -1040,14 +1100,14 @@ macro_rules! awaitables {
                 timeout: &Bound<'_, PyAny>,
             ) -> PyResult<Bound<'py, PyAny>> {
                 let scoped = scoped(tenant, operation, key)?;
-                await_finished_on(py, self.handle()?, scoped, duration_of(timeout)?)
+                await_finished_on(py, $start, self.handle()?, scoped, duration_of(timeout)?)
             }
         }
     };
 }
 
-awaitables!(Db, AnyLease::Embedded);
-awaitables!(shared::SharedStore, std::convert::identity);
+awaitables!(Db, AnyLease::Embedded, Start::Here);
+awaitables!(shared::SharedStore, std::convert::identity, Start::OnRuntime);
 
 /// A store error carried out of the runtime thread (no Python object is made there).
 fn carried(err: &oncedb::Error) -> (String, Kind) {
@@ -1057,11 +1117,12 @@ fn carried(err: &oncedb::Error) -> (String, Kind) {
 /// `insert_if_absent` on any store, as an awaitable.
 fn ainsert_on<'py, S: oncedb::Store>(
     py: Python<'py>,
+    start: Start,
     store: std::sync::Arc<S>,
     key: &Bound<'_, PyAny>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let key = key_of(key)?.into_owned();
-    awaitable(py, async move {
+    awaitable(py, start, async move {
         let admitted = store.insert_if_absent(&key).await;
         admitted.map_err(|err| carried(&err))
     })
@@ -1070,12 +1131,13 @@ fn ainsert_on<'py, S: oncedb::Store>(
 /// `reserve` on any store, as an awaitable; `wrap` makes its lease one of the module's.
 fn areserve_on<'py, S: oncedb::Store>(
     py: Python<'py>,
+    start: Start,
     store: std::sync::Arc<S>,
     wrap: fn(S::Lease) -> AnyLease,
     (scope, key): (oncedb::Scope, Vec<u8>),
     request: Vec<u8>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    awaitable(py, async move {
+    awaitable(py, start, async move {
         let reserved = store.reserve(&scope, &key, &request).await;
         let reservation = reserved.map_err(|err| carried(&err))?;
         let max = store.max_response_bytes();
@@ -1086,11 +1148,12 @@ fn areserve_on<'py, S: oncedb::Store>(
 /// `wait_finished` on any store, as an awaitable.
 fn await_finished_on<'py, S: oncedb::Store>(
     py: Python<'py>,
+    start: Start,
     store: std::sync::Arc<S>,
     (scope, key): (oncedb::Scope, Vec<u8>),
     timeout: Duration,
 ) -> PyResult<Bound<'py, PyAny>> {
-    awaitable(py, async move {
+    awaitable(py, start, async move {
         let record = store.wait_finished(&scope, &key, timeout).await;
         let record = record.map_err(|err| carried(&err))?;
         Ok(record.map(|record| Reservation::of_record(&record)))

@@ -1,6 +1,7 @@
 """The library API: keys, batches, the record lifecycle, fencing, notes, the ordering
 guard, errors and closing."""
 
+import asyncio
 from datetime import timedelta
 
 import pytest
@@ -112,3 +113,38 @@ def test_a_durable_store_is_locked_closed_and_reopened(tmp_path):
     assert reopened.contains("kept")
     assert reopened.reserve("t", "op", "k", b"r").response == b"response"
     assert reopened.stats()["fsyncs"] >= 0
+
+
+def test_an_embedded_awaitable_that_waits_for_nothing_is_answered_at_once(tmp_path):
+    # Under `interval` nothing waits for an fsync: the call is made on the caller's
+    # thread and its future is done before it is awaited (no crossing to oncedb's
+    # runtime thread and back). Under `sync` it waits for its group commit there.
+    async def main():
+        quick = oncedb.Db(str(tmp_path / "interval"), durability="interval:10ms")
+        # The first writes create the log's first segment and raise the floor of lease
+        # ids (the manifest rewritten): file work, handed to a thread.
+        first = await quick.areserve("t", "op", "first", b"req")
+        await first.lease.acomplete(b"done")
+        reserving = quick.areserve("t", "op", "k", b"req")
+        assert reserving.done()
+        reservation = await reserving
+        assert reservation.status == "acquired"
+        completing = reservation.lease.acomplete(b"done")
+        assert completing.done()
+        await completing
+        inserting = quick.ainsert_if_absent("key")
+        assert inserting.done() and inserting.result() is True
+        replay = await quick.areserve("t", "op", "k", b"req")
+        assert (replay.status, replay.response) == ("completed", b"done")
+        quick.close()
+
+        durable = oncedb.Db(str(tmp_path / "sync"), durability="sync")
+        reserving = durable.areserve("t", "op", "k", b"req")
+        reservation = await reserving
+        assert reservation.status == "acquired"
+        await reservation.lease.acomplete(b"done")
+        replay = await durable.areserve("t", "op", "k", b"req")
+        assert (replay.status, replay.response) == ("completed", b"done")
+        durable.close()
+
+    asyncio.run(main())
