@@ -2,7 +2,7 @@ from datetime import timedelta
 from os import PathLike
 from typing import Awaitable, Literal, Optional, Sequence, Union, final
 
-from typing_extensions import disjoint_base
+from typing_extensions import Never, disjoint_base
 
 _Key = Union[bytes, str]
 _Seconds = Union[int, float, timedelta]
@@ -131,6 +131,8 @@ class Db:
 class SharedStore:
     """A store several processes share (a server): ``Db``'s reservation API."""
 
+    # No constructor of its own: a store is made as one of its subclasses.
+    def __init__(self, _made_as_a_subclass: Never, /) -> None: ...
     def insert_if_absent(self, key: _Key) -> bool: ...
     def insert_many(self, keys: Sequence[_Key]) -> list[bool]: ...
     def ainsert_if_absent(self, key: _Key) -> Awaitable[bool]: ...
