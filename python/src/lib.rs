@@ -967,13 +967,13 @@ where
 /// the call's outcome, unknown.
 fn first_poll<T>(
     handle: &tokio::runtime::Handle,
-    work: std::pin::Pin<&mut (impl std::future::Future<Output = Result<T, (String, Kind)>> + ?Sized)>,
+    work: std::pin::Pin<
+        &mut (impl std::future::Future<Output = Result<T, (String, Kind)>> + ?Sized),
+    >,
 ) -> Option<Result<T, (String, Kind)>> {
     let _entered = handle.enter();
     let mut context = std::task::Context::from_waker(std::task::Waker::noop());
-    let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        work.poll(&mut context)
-    }));
+    let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work.poll(&mut context)));
     match polled {
         Ok(std::task::Poll::Ready(outcome)) => Some(outcome),
         Ok(std::task::Poll::Pending) => None,
@@ -1107,7 +1107,11 @@ macro_rules! awaitables {
 }
 
 awaitables!(Db, AnyLease::Embedded, Start::Here);
-awaitables!(shared::SharedStore, std::convert::identity, Start::OnRuntime);
+awaitables!(
+    shared::SharedStore,
+    std::convert::identity,
+    Start::OnRuntime
+);
 
 /// A store error carried out of the runtime thread (no Python object is made there).
 fn carried(err: &oncedb::Error) -> (String, Kind) {
