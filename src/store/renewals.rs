@@ -13,7 +13,7 @@
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 
 /// What a registration does when it comes due (on the timer's thread, with no lock held).
 pub(crate) type Due = Box<dyn FnOnce() + Send>;
@@ -53,6 +53,25 @@ struct Slab {
     slots: Vec<Slot>,
     free: Vec<u32>,
     lists: Vec<List>,
+    /// What the timer's thread waits for, as it last went to sleep.
+    sleep: Sleep,
+    /// The shortest wait of a registration made since the thread last found none. It
+    /// sleeps that long when it finds none, rather than until woken: the registrations
+    /// of a steady stream of short operations, each due later than that, then never
+    /// wake it (each would cost a futex wake and a switch to its thread).
+    recent_wait: Option<Duration>,
+}
+
+/// What the timer's thread waits for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum Sleep {
+    /// It is awake, or woken: it looks at the registrations before it sleeps again.
+    #[default]
+    Awake,
+    /// It sleeps until then: a registration due earlier wakes it.
+    Until(Instant),
+    /// It sleeps until woken: any registration wakes it.
+    Forever,
 }
 
 /// The process's renewal timer: a thread of its own, so that no operation that blocks
@@ -78,8 +97,8 @@ impl Slab {
         self.lists.len() - 1
     }
 
-    /// Appends a registration due at `at` to the list of `timeout`; whether it is the
-    /// earliest of every list (the task must wake for it).
+    /// Appends a registration due at `at` to the list of `timeout`; whether the timer's
+    /// thread must be woken for it (it sleeps past `at`).
     fn push(&mut self, timeout: Duration, at: Instant, due: Due) -> (Registration, bool) {
         let list = self.list_of(timeout);
         let tail = self.lists.get(list).map_or(NONE, |list| list.tail);
@@ -118,8 +137,30 @@ impl Slab {
         if let Some(list) = self.lists.get_mut(list) {
             list.tail = slot;
         }
-        let earliest = self.earliest().is_none_or(|first| at <= first);
-        (Registration { slot, generation }, earliest)
+        let wait = at.saturating_duration_since(Instant::now());
+        self.recent_wait = Some(self.recent_wait.map_or(wait, |recent| recent.min(wait)));
+        let wake = match self.sleep {
+            Sleep::Awake => false,
+            Sleep::Until(until) => at < until,
+            Sleep::Forever => true,
+        };
+        if wake {
+            self.sleep = Sleep::Awake;
+        }
+        (Registration { slot, generation }, wake)
+    }
+
+    /// What the thread sleeps until, having found nothing due at `now`: the earliest
+    /// registration; with none, the shortest recent wait from now (once), or until woken.
+    fn sleep_from(&mut self, now: Instant) -> Sleep {
+        self.sleep = match self.earliest() {
+            Some(at) => Sleep::Until(at),
+            None => match self.recent_wait.take() {
+                Some(wait) => Sleep::Until(now + wait),
+                None => Sleep::Forever,
+            },
+        };
+        self.sleep
     }
 
     /// Takes registration `registration` out, if it is still there.
@@ -215,8 +256,8 @@ impl Timer {
     /// Registers `due` to run at `at`, for a lease of `timeout` (every registration of
     /// one timeout comes due in the order made).
     pub(crate) fn register(&self, timeout: Duration, at: Instant, due: Due) -> Registration {
-        let (registration, earliest) = self.slab.lock().push(timeout, at, due);
-        if earliest {
+        let (registration, wake) = self.slab.lock().push(timeout, at, due);
+        if wake {
             self.wake.notify_one();
         }
         registration
@@ -231,20 +272,26 @@ impl Timer {
 
     fn run(&self) {
         let mut due = Vec::new();
+        let mut slab = self.slab.lock();
         loop {
-            let mut slab = self.slab.lock();
-            match slab.earliest() {
-                Some(at) if at > Instant::now() => {
-                    self.wake.wait_until(&mut slab, at);
+            let now = Instant::now();
+            slab.take_due(now, &mut due);
+            if !due.is_empty() {
+                slab.sleep = Sleep::Awake;
+                MutexGuard::unlocked(&mut slab, || {
+                    for fire in due.drain(..) {
+                        fire();
+                    }
+                });
+                continue;
+            }
+            match slab.sleep_from(now) {
+                Sleep::Until(until) => {
+                    self.wake.wait_until(&mut slab, until);
                 }
-                Some(_) => {}
-                None => self.wake.wait(&mut slab),
+                Sleep::Forever | Sleep::Awake => self.wake.wait(&mut slab),
             }
-            slab.take_due(Instant::now(), &mut due);
-            drop(slab);
-            for fire in due.drain(..) {
-                fire();
-            }
+            slab.sleep = Sleep::Awake;
         }
     }
 }
@@ -266,10 +313,8 @@ mod tests {
         let start = Instant::now();
         let timeout = Duration::from_secs(30);
         let at = |ms| start + Duration::from_millis(ms);
-        let (first, earliest) = slab.push(timeout, at(10), counting(&fired, 1));
-        assert!(earliest);
-        let (second, earliest) = slab.push(timeout, at(20), counting(&fired, 2));
-        assert!(!earliest);
+        let (first, _) = slab.push(timeout, at(10), counting(&fired, 1));
+        let (second, _) = slab.push(timeout, at(20), counting(&fired, 2));
         let (_third, _) = slab.push(timeout, at(30), counting(&fired, 3));
         assert!(slab.cancel(second).is_some());
         assert!(slab.cancel(second).is_none(), "cancelled twice");
@@ -290,6 +335,41 @@ mod tests {
         assert_eq!(slab.slots.len(), 3, "slots are reused");
     }
 
+    /// The thread is woken only for a registration due before it wakes anyway: after it
+    /// found none, it sleeps the shortest recent wait, so a steady stream of short
+    /// operations (each registering, then cancelling) does not wake it at every call.
+    #[test]
+    fn the_thread_is_woken_only_for_a_registration_due_before_it_wakes() {
+        let mut slab = Slab::default();
+        let fired = Arc::new(Mutex::new(Vec::new()));
+        let timeout = Duration::from_secs(30);
+        let start = Instant::now();
+        let at = |s| start + Duration::from_secs(s);
+        // Awake: it looks before it sleeps.
+        let (first, wake) = slab.push(timeout, at(10), counting(&fired, 1));
+        assert!(!wake);
+        assert_eq!(slab.sleep_from(start), Sleep::Until(at(10)));
+        // Due after what it sleeps until: no wake; due before: woken (once).
+        let (second, wake) = slab.push(timeout, at(11), counting(&fired, 2));
+        assert!(!wake);
+        let (third, wake) = slab.push(timeout, at(9), counting(&fired, 3));
+        assert!(wake);
+        let (_, wake) = slab.push(timeout, at(8), counting(&fired, 4));
+        assert!(!wake, "woken already");
+        // Every registration cancelled: it sleeps the shortest recent wait, once, then
+        // until woken.
+        for registration in [first, second, third] {
+            assert!(slab.cancel(registration).is_some());
+        }
+        let mut due = Vec::new();
+        slab.take_due(at(100), &mut due);
+        assert_eq!(due.len(), 1);
+        assert!(matches!(slab.sleep_from(at(100)), Sleep::Until(until) if until > at(100)));
+        assert_eq!(slab.sleep_from(at(200)), Sleep::Forever);
+        let (_, wake) = slab.push(timeout, at(300), counting(&fired, 5));
+        assert!(wake);
+    }
+
     #[test]
     fn lists_of_several_timeouts_each_stay_in_order() {
         let mut slab = Slab::default();
@@ -297,9 +377,12 @@ mod tests {
         let start = Instant::now();
         let at = |ms| start + Duration::from_millis(ms);
         slab.push(Duration::from_secs(30), at(300), counting(&fired, 1));
-        let (_, earliest) = slab.push(Duration::from_secs(3), at(30), counting(&fired, 2));
-        assert!(earliest, "due before the other list's head");
-        assert_eq!(slab.earliest(), Some(at(30)));
+        slab.push(Duration::from_secs(3), at(30), counting(&fired, 2));
+        assert_eq!(
+            slab.earliest(),
+            Some(at(30)),
+            "due before the other list's head"
+        );
         let mut due = Vec::new();
         slab.take_due(at(100), &mut due);
         due.drain(..).for_each(|fire| fire());
