@@ -559,7 +559,7 @@ impl Link {
                 // Its cover names log the stream lacks yet: a restore would refuse it. It
                 // (and every later run) waits for a round that ships that log: the next
                 // round lists again, started by the next fsync or the idle wait (not at
-                // once, which would spin while `Buffered` fsyncs nothing).
+                // once, which would spin until `Interval`'s next fsync).
                 self.runs_listed = None;
                 let awaiting = local.range(run_id..).count() as u64;
                 feed.runs_shipped(seen(&self.runs, awaiting));
