@@ -120,7 +120,13 @@ def test_an_embedded_awaitable_that_waits_for_nothing_is_answered_at_once(tmp_pa
     # thread and its future is done before it is awaited (no crossing to oncedb's
     # runtime thread and back). Under `sync` it waits for its group commit there.
     async def main():
-        quick = oncedb.Db(str(tmp_path / "interval"), durability="interval:10ms")
+        # Day-wide buckets: no new bucket (and roll-over) comes between the calls.
+        quick = oncedb.Db(
+            str(tmp_path / "interval"),
+            durability="interval:10ms",
+            window=timedelta(days=7),
+            bucket=timedelta(days=1),
+        )
         # The first writes create the log's first segment and raise the floor of lease
         # ids (the manifest rewritten): file work, handed to a thread.
         first = await quick.areserve("t", "op", "first", b"req")

@@ -1042,11 +1042,14 @@ fn sealed_runs_are_shipped_and_restored_whole() {
 fn a_run_waits_on_the_replica_for_the_log_its_cover_names() {
     let server = NatsServer::start();
     let work = tempfile::tempdir().unwrap();
-    // An interval no test reaches: the log is fsynced only by `flush`.
+    // An interval no test reaches, and a clock that stays in one bucket (a new bucket
+    // would roll the log over, and fsync it): the log is fsynced only by `flush`.
+    let clock = manual_clock();
     let unsynced = |dir: &str, name: &str| {
         Options::new(work.path().join(dir))
             .window(Duration::from_secs(3600))
             .bucket_width(Duration::from_secs(60))
+            .clock(clock.clone())
             .durability(Durability::Interval(Duration::from_secs(3600)))
             .memory_budget(1 << 16)
             .shards(4)
