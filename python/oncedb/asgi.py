@@ -153,6 +153,7 @@ class _Number(str):
 #: building an encoder per call.
 _string_text: Callable[[str], str] = json.encoder.encode_basestring  # type: ignore[attr-defined]
 
+
 def _canonical(value: Any) -> str:
     if isinstance(value, _Number):
         return str(value)

@@ -1,6 +1,8 @@
 """Fixtures shared by the test modules: one PostgreSQL and one Redis server for the
-session (started on first use), and the shared stores on them."""
+session (started on first use), the shared stores on them, and mypy on a snippet."""
 
+import subprocess
+import sys
 import tempfile
 import uuid
 from pathlib import Path
@@ -41,3 +43,20 @@ def shared(request):
     open_store.url = url
     open_store.tenant = f"tenant-{uuid.uuid4().hex[:12]}"
     return open_store
+
+
+@pytest.fixture
+def mypy(tmp_path):
+    """Runs mypy on a source text: what it prints."""
+
+    def check(source: str) -> str:
+        checked = tmp_path / "typed.py"
+        checked.write_text(source)
+        found = subprocess.run(
+            [sys.executable, "-m", "mypy", "--no-incremental", str(checked)],
+            capture_output=True,
+            text=True,
+        )
+        return found.stdout
+
+    return check

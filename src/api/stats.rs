@@ -101,8 +101,8 @@ pub struct Stats {
     /// keys are replayed from the log instead, which is slower but loses nothing.
     pub replication_runs_unshipped: u64,
     /// Replicating stores: of those, the runs held back until the log their cover names
-    /// is on the replica (a restore refuses a run whose log it lacks). Under `Buffered`
-    /// and `Interval`, a run waits for the fsync that ships that log.
+    /// is on the replica (a restore refuses a run whose log it lacks). Under `Interval`, a
+    /// run waits for the fsync that ships that log.
     pub replication_runs_awaiting_log: u64,
     /// Durable stores: bytes on disk (segment files and the manifest).
     pub bytes_on_disk: u64,

@@ -189,9 +189,9 @@ impl Engine {
         let Some(journal) = self.sync_journal() else {
             return;
         };
-        let new = group.iter().filter(|&&i| admitted[i as usize]);
-        self.note_pending_keys(shard, new.map(|&i| fingerprints[i as usize]), at);
         let acknowledged = (journal.acknowledged_position(), &self.batch_marks);
+        let new = group.iter().filter(|&&i| admitted[i as usize]);
+        shard.note_pending_keys(new.map(|&i| fingerprints[i as usize]), at, acknowledged);
         for &i in group.iter().filter(|&&i| !admitted[i as usize]) {
             found.add(
                 shard.pending_write(fingerprints[i as usize], acknowledged),

@@ -172,11 +172,6 @@ impl StoredRecord {
 
     /// The record as a settled one: finished, its response and key both in the log, and
     /// no take-over to remember (`None` for any other form).
-    /// Whether [`StoredRecord::settled`] gives it (cheaply, without building it).
-    fn is_settled(&self) -> bool {
-        matches!(self.body, Body::Logged { .. }) && self.extra.is_none()
-    }
-
     fn settled(&self) -> Option<SettledRecord> {
         match &self.body {
             Body::Logged {
@@ -910,7 +905,7 @@ impl RecordMap {
         for record in self.map.values() {
             let bytes = record.heap_bytes();
             payload += bytes;
-            if record.is_settled() {
+            if record.settled().is_some() {
                 sealable += per_entry + bytes;
             }
         }

@@ -1140,7 +1140,6 @@ impl Shard {
         }
     }
 
-    /// Heap bytes of the records memory holds.
     /// The records' heap bytes, and of those the bytes a record seal would take
     /// ([`RecordMap::heap_bytes`]).
     pub(crate) fn record_bytes(&self) -> (usize, usize) {

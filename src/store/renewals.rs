@@ -55,11 +55,11 @@ struct Slab {
     lists: Vec<List>,
     /// What the timer's thread waits for, as it last went to sleep.
     sleep: Sleep,
-    /// The shortest wait of a registration made since the thread last found none. It
-    /// sleeps that long when it finds none, rather than until woken: the registrations
-    /// of a steady stream of short operations, each due later than that, then never
-    /// wake it (each would cost a futex wake and a switch to its thread).
-    recent_wait: Option<Duration>,
+    /// When the latest registration made since the thread last found none was due. It
+    /// sleeps until then when it finds none, rather than until woken: the registrations
+    /// of a steady stream of short operations, each due later than the one before, then
+    /// never wake it (each would cost a futex wake and a switch to its thread).
+    latest_due: Option<Instant>,
 }
 
 /// What the timer's thread waits for.
@@ -137,8 +137,7 @@ impl Slab {
         if let Some(list) = self.lists.get_mut(list) {
             list.tail = slot;
         }
-        let wait = at.saturating_duration_since(Instant::now());
-        self.recent_wait = Some(self.recent_wait.map_or(wait, |recent| recent.min(wait)));
+        self.latest_due = Some(self.latest_due.map_or(at, |latest| latest.max(at)));
         let wake = match self.sleep {
             Sleep::Awake => false,
             Sleep::Until(until) => at < until,
@@ -151,13 +150,14 @@ impl Slab {
     }
 
     /// What the thread sleeps until, having found nothing due at `now`: the earliest
-    /// registration; with none, the shortest recent wait from now (once), or until woken.
+    /// registration; with none, when the latest one made lately was due (once, if that
+    /// is still to come), or until woken.
     fn sleep_from(&mut self, now: Instant) -> Sleep {
         self.sleep = match self.earliest() {
             Some(at) => Sleep::Until(at),
-            None => match self.recent_wait.take() {
-                Some(wait) => Sleep::Until(now + wait),
-                None => Sleep::Forever,
+            None => match self.latest_due.take() {
+                Some(latest) if latest > now => Sleep::Until(latest),
+                _ => Sleep::Forever,
             },
         };
         self.sleep
@@ -336,7 +336,7 @@ mod tests {
     }
 
     /// The thread is woken only for a registration due before it wakes anyway: after it
-    /// found none, it sleeps the shortest recent wait, so a steady stream of short
+    /// found none, it sleeps until the latest recent one was due, so a steady stream of short
     /// operations (each registering, then cancelling) does not wake it at every call.
     #[test]
     fn the_thread_is_woken_only_for_a_registration_due_before_it_wakes() {
@@ -354,18 +354,15 @@ mod tests {
         assert!(!wake);
         let (third, wake) = slab.push(timeout, at(9), counting(&fired, 3));
         assert!(wake);
-        let (_, wake) = slab.push(timeout, at(8), counting(&fired, 4));
+        let (fourth, wake) = slab.push(timeout, at(8), counting(&fired, 4));
         assert!(!wake, "woken already");
-        // Every registration cancelled: it sleeps the shortest recent wait, once, then
-        // until woken.
-        for registration in [first, second, third] {
+        // Every registration cancelled: it sleeps until the latest one made lately was
+        // due, once, then until woken.
+        for registration in [first, second, third, fourth] {
             assert!(slab.cancel(registration).is_some());
         }
-        let mut due = Vec::new();
-        slab.take_due(at(100), &mut due);
-        assert_eq!(due.len(), 1);
-        assert!(matches!(slab.sleep_from(at(100)), Sleep::Until(until) if until > at(100)));
-        assert_eq!(slab.sleep_from(at(200)), Sleep::Forever);
+        assert_eq!(slab.sleep_from(at(1)), Sleep::Until(at(11)));
+        assert_eq!(slab.sleep_from(at(12)), Sleep::Forever);
         let (_, wake) = slab.push(timeout, at(300), counting(&fired, 5));
         assert!(wake);
     }

@@ -44,15 +44,30 @@ fn response_of(n: u32) -> Vec<u8> {
 /// Reserves and ends records `range` (every seventh one failed), each with its request.
 fn finish_all(db: &Db, scope: &Scope, range: std::ops::Range<u32>) {
     for n in range {
-        let Reservation::Acquired(lease) = db.reserve(scope, &key(n), b"req").unwrap() else {
-            panic!("record {n} is new");
-        };
-        if n % 7 == 0 {
-            lease.fail(&response_of(n)).unwrap();
-        } else {
-            lease.complete(&response_of(n)).unwrap();
-        }
+        end(n, reserve_new(db, scope, n));
     }
+}
+
+/// Reserves record `n`, which is new: its lease.
+fn reserve_new(db: &Db, scope: &Scope, n: u32) -> oncedb::Lease {
+    match db.reserve(scope, &key(n), b"req").unwrap() {
+        Reservation::Acquired(lease) => lease,
+        other => panic!("record {n} is new: {other:?}"),
+    }
+}
+
+/// Ends record `n` with its response: failed if it is a seventh one, else completed.
+fn end(n: u32, lease: oncedb::Lease) {
+    if n.is_multiple_of(7) {
+        lease.fail(&response_of(n)).unwrap();
+    } else {
+        lease.complete(&response_of(n)).unwrap();
+    }
+}
+
+/// Reserves records `range`, each new, and keeps them in flight: their leases.
+fn reserve_all(db: &Db, scope: &Scope, range: std::ops::Range<u32>) -> Vec<oncedb::Lease> {
+    range.map(|n| reserve_new(db, scope, n)).collect()
 }
 
 /// Every record `range` answers as finished, with its response byte for byte, to a
@@ -452,13 +467,7 @@ fn records_in_flight_start_no_record_seal_and_leave_the_keys_to_seal() {
     let clock = manual_clock();
     let db = Db::open(options(Arc::new(disk.clone()), &clock)).unwrap();
     let scope = Scope::new("org", "pay");
-    let mut held = Vec::new();
-    for n in 0..20_000 {
-        let Reservation::Acquired(lease) = db.reserve(&scope, &key(n), b"req").unwrap() else {
-            panic!("record {n} is new");
-        };
-        held.push(lease);
-    }
+    let held = reserve_all(&db, &scope, 0..20_000);
     for n in 0..50_000_u64 {
         assert!(db.insert_if_absent(&n.to_le_bytes()).unwrap());
     }
@@ -490,20 +499,10 @@ fn memory_the_records_left_is_given_back() {
         stats.index_bytes - stats.sealed_filter_bytes
     };
     let empty = held_bytes(&db);
-    let mut leases = Vec::new();
-    for n in 0..20_000 {
-        let Reservation::Acquired(lease) = db.reserve(&scope, &key(n), b"req").unwrap() else {
-            panic!("record {n} is new");
-        };
-        leases.push(lease);
-    }
+    let leases = reserve_all(&db, &scope, 0..20_000);
     let peak = held_bytes(&db);
     for (n, lease) in (0..).zip(leases) {
-        if n % 7 == 0 {
-            lease.fail(&response_of(n)).unwrap();
-        } else {
-            lease.complete(&response_of(n)).unwrap();
-        }
+        end(n, lease);
     }
     db.flush().unwrap();
     // The next writes look at the budget (every 4,096 calls) and seal what settled.

@@ -366,7 +366,7 @@ pub(crate) struct RunsOnReplica {
     pub(crate) whole: Vec<u64>,
     /// Runs held back because the log their cover names is not on the replica yet (a
     /// restore would refuse a run whose cover the log it fetched does not reach): under
-    /// `Buffered` and `Interval`, until the fsync that ships that log.
+    /// `Interval`, until the fsync that ships that log.
     pub(crate) awaiting_log: u64,
 }
 
