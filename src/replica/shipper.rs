@@ -848,3 +848,95 @@ fn owner_of(headers: &HeaderMap) -> Option<u64> {
     let text = headers.get(OWNER_HEADER)?.as_str();
     u64::from_str_radix(text, 16).ok()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use oncedb_testkit::servers::{nats::NatsServer, runtime};
+
+    /// A link for replica `name` as a store holding `token` would have it, with
+    /// `removing` queued: the state of a store that a restore fenced between two rounds,
+    /// before its next publish (which would have told it).
+    async fn fenced_link(server: &NatsServer, name: &str, token: u64, removing: &str) -> Link {
+        let js = async_nats::jetstream::new(async_nats::connect(server.url()).await.unwrap());
+        let stream = js
+            .get_or_create_stream(Config {
+                name: stream_name(name),
+                subjects: vec![all_subjects(name)],
+                duplicate_window: DUPLICATE_WINDOW,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        Link {
+            name: name.to_owned(),
+            js,
+            stream,
+            token,
+            last_seq: 0,
+            cursors: BTreeMap::new(),
+            compacted: BTreeSet::new(),
+            manifest: None,
+            dir: PathBuf::new(),
+            runs: BTreeMap::new(),
+            runs_listed: None,
+            runs_pending: false,
+            removal: Removal::Purge,
+            removing: VecDeque::from([removing.to_owned()]),
+            compaction: None,
+        }
+    }
+
+    /// Finding: a fenced owner removed subjects by its own clock. A store fenced by a
+    /// restore, with a segment queued for removal (its clock moved the segment's bucket
+    /// out of its window) and nothing to publish, must not purge what the new owner
+    /// still holds: a removal carries no expected sequence, so only the owner check
+    /// before the round refuses it.
+    #[test]
+    fn a_fenced_owner_removes_nothing() {
+        let server = NatsServer::start();
+        runtime().block_on(async {
+            let name = "fenced-removal";
+            let segment = segment_subject(name, (7, 0));
+            let (old, new) = (0x01d_u64, 0x0e_u64);
+            let mut link = fenced_link(&server, name, old, &segment).await;
+            // The old owner's claim and chunk, then the new owner's claim.
+            for (subject, token) in [(owner_subject(name), old), (segment.clone(), old)] {
+                let mut headers = HeaderMap::new();
+                headers.insert(OWNER_HEADER, token_text(token).as_str());
+                headers.insert(OFFSET_HEADER, "0");
+                link.js
+                    .publish_with_headers(subject, headers, "bytes".into())
+                    .await
+                    .unwrap()
+                    .await
+                    .unwrap();
+            }
+            let mut claim = HeaderMap::new();
+            claim.insert(OWNER_HEADER, token_text(new).as_str());
+            link.js
+                .publish_with_headers(owner_subject(name), claim, Vec::new().into())
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+
+            assert!(matches!(link.remove_queued().await, Err(Halt::NotOwner)));
+            let held = last_message(&link.stream, &segment).await.unwrap();
+            assert!(
+                held.is_some(),
+                "the fenced owner purged the new owner's segment"
+            );
+
+            // The owner itself removes it.
+            link.token = new;
+            assert!(link.remove_queued().await.is_ok());
+            assert!(
+                last_message(&link.stream, &segment)
+                    .await
+                    .unwrap()
+                    .is_none()
+            );
+        });
+    }
+}
