@@ -11,8 +11,10 @@ use crate::engine::Engine;
 /// independent records.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Scope {
-    tenant: Arc<[u8]>,
-    operation: Arc<[u8]>,
+    /// The tenant, then the operation, in one allocation: a lease clones its scope, and
+    /// one reference count is half the atomic updates of two.
+    parts: Arc<[u8]>,
+    tenant_len: usize,
 }
 
 impl Scope {
@@ -21,20 +23,21 @@ impl Scope {
     /// [`MAX_SCOPE_PART_BYTES`](crate::MAX_SCOPE_PART_BYTES) long; longer parts are
     /// rejected by the call that uses the scope.
     pub fn new(tenant: impl AsRef<[u8]>, operation: impl AsRef<[u8]>) -> Self {
+        let (tenant, operation) = (tenant.as_ref(), operation.as_ref());
         Scope {
-            tenant: Arc::from(tenant.as_ref()),
-            operation: Arc::from(operation.as_ref()),
+            parts: [tenant, operation].concat().into(),
+            tenant_len: tenant.len(),
         }
     }
 
     /// The tenant part.
     pub fn tenant(&self) -> &[u8] {
-        &self.tenant
+        self.parts.get(..self.tenant_len).unwrap_or_default()
     }
 
     /// The operation part.
     pub fn operation(&self) -> &[u8] {
-        &self.operation
+        self.parts.get(self.tenant_len..).unwrap_or_default()
     }
 
     /// Length-prefixed encoding `tenant_len u16 | tenant | operation_len u16 | operation |
@@ -51,8 +54,8 @@ impl Scope {
     /// [`Scope::encode_key`] into `out` (cleared first), reusing its capacity.
     pub(crate) fn encode_key_into(&self, key: &[u8], out: &mut Vec<u8>) -> Result<()> {
         out.clear();
-        out.reserve_exact(4 + self.tenant.len() + self.operation.len() + key.len());
-        for part in [&self.tenant[..], &self.operation[..]] {
+        out.reserve_exact(4 + self.parts.len() + key.len());
+        for part in [self.tenant(), self.operation()] {
             let len = u16::try_from(part.len())
                 .ok()
                 .filter(|&len| usize::from(len) <= MAX_SCOPE_PART_BYTES)
@@ -84,8 +87,8 @@ fn split_part(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
 impl fmt::Debug for Scope {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Scope")
-            .field("tenant", &String::from_utf8_lossy(&self.tenant))
-            .field("operation", &String::from_utf8_lossy(&self.operation))
+            .field("tenant", &String::from_utf8_lossy(self.tenant()))
+            .field("operation", &String::from_utf8_lossy(self.operation()))
             .finish()
     }
 }
