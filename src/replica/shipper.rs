@@ -235,7 +235,44 @@ fn check_stream(replication: &Replication, config: &Config) -> Result<()> {
     )))
 }
 
+/// The stream a replica lives in, as a store creates it.
+fn stream_config(replication: &Replication) -> Config {
+    Config {
+        name: stream_name(&replication.name),
+        subjects: vec![all_subjects(&replication.name)],
+        num_replicas: replication.replicas,
+        duplicate_window: DUPLICATE_WINDOW,
+        ..Default::default()
+    }
+}
+
 impl Link {
+    /// A link to `stream` that has shipped nothing and holds no owner token yet.
+    fn unsettled(
+        replication: &Replication,
+        (js, stream): (async_nats::jetstream::Context, Stream),
+        dir: &std::path::Path,
+        removal: Removal,
+    ) -> Link {
+        Link {
+            name: replication.name.clone(),
+            js,
+            stream,
+            token: 0,
+            last_seq: 0,
+            cursors: BTreeMap::new(),
+            compacted: BTreeSet::new(),
+            manifest: None,
+            dir: dir.to_path_buf(),
+            runs: BTreeMap::new(),
+            runs_listed: None,
+            runs_pending: false,
+            removal,
+            removing: VecDeque::new(),
+            compaction: None,
+        }
+    }
+
     async fn open(
         replication: &Replication,
         feed: &LogFeed,
@@ -259,36 +296,13 @@ impl Link {
             );
         }
         let js = async_nats::jetstream::new(client);
-        let name = replication.name.clone();
         let mut stream = js
-            .get_or_create_stream(Config {
-                name: stream_name(&name),
-                subjects: vec![all_subjects(&name)],
-                num_replicas: replication.replicas,
-                duplicate_window: DUPLICATE_WINDOW,
-                ..Default::default()
-            })
+            .get_or_create_stream(stream_config(replication))
             .await
             .map_err(|err| stream_refused(replication, &err))?;
         let info = stream.info().await.map_err(unavailable)?;
         check_stream(replication, &info.config)?;
-        let mut link = Link {
-            name,
-            js,
-            stream,
-            token: 0,
-            last_seq: 0,
-            cursors: BTreeMap::new(),
-            compacted: BTreeSet::new(),
-            manifest: None,
-            dir: dir.to_path_buf(),
-            runs: BTreeMap::new(),
-            runs_listed: None,
-            runs_pending: false,
-            removal,
-            removing: VecDeque::new(),
-            compaction: None,
-        };
+        let mut link = Link::unsettled(replication, (js, stream), dir, removal);
         link.settle_ownership(feed, dir).await?;
         link.resume(feed).await?;
         Ok(link)
@@ -853,38 +867,22 @@ fn owner_of(headers: &HeaderMap) -> Option<u64> {
 mod tests {
     use super::*;
     use oncedb_testkit::servers::{nats::NatsServer, runtime};
+    use std::path::Path;
 
     /// A link for replica `name` as a store holding `token` would have it, with
     /// `removing` queued: the state of a store that a restore fenced between two rounds,
     /// before its next publish (which would have told it).
     async fn fenced_link(server: &NatsServer, name: &str, token: u64, removing: &str) -> Link {
+        let replication = Replication::new(server.url(), name).replicas(1);
         let js = async_nats::jetstream::new(async_nats::connect(server.url()).await.unwrap());
         let stream = js
-            .get_or_create_stream(Config {
-                name: stream_name(name),
-                subjects: vec![all_subjects(name)],
-                duplicate_window: DUPLICATE_WINDOW,
-                ..Default::default()
-            })
+            .get_or_create_stream(stream_config(&replication))
             .await
             .unwrap();
-        Link {
-            name: name.to_owned(),
-            js,
-            stream,
-            token,
-            last_seq: 0,
-            cursors: BTreeMap::new(),
-            compacted: BTreeSet::new(),
-            manifest: None,
-            dir: PathBuf::new(),
-            runs: BTreeMap::new(),
-            runs_listed: None,
-            runs_pending: false,
-            removal: Removal::Purge,
-            removing: VecDeque::from([removing.to_owned()]),
-            compaction: None,
-        }
+        let mut link = Link::unsettled(&replication, (js, stream), Path::new(""), Removal::Purge);
+        link.token = token;
+        link.removing.push_back(removing.to_owned());
+        link
     }
 
     /// Finding: a fenced owner removed subjects by its own clock. A store fenced by a
@@ -901,10 +899,17 @@ mod tests {
             let (old, new) = (0x01d_u64, 0x0e_u64);
             let mut link = fenced_link(&server, name, old, &segment).await;
             // The old owner's claim and chunk, then the new owner's claim.
-            for (subject, token) in [(owner_subject(name), old), (segment.clone(), old)] {
+            let messages = [
+                (owner_subject(name), old, None),
+                (segment.clone(), old, Some("0")),
+                (owner_subject(name), new, None),
+            ];
+            for (subject, token, offset) in messages {
                 let mut headers = HeaderMap::new();
                 headers.insert(OWNER_HEADER, token_text(token).as_str());
-                headers.insert(OFFSET_HEADER, "0");
+                if let Some(offset) = offset {
+                    headers.insert(OFFSET_HEADER, offset);
+                }
                 link.js
                     .publish_with_headers(subject, headers, "bytes".into())
                     .await
@@ -912,14 +917,6 @@ mod tests {
                     .await
                     .unwrap();
             }
-            let mut claim = HeaderMap::new();
-            claim.insert(OWNER_HEADER, token_text(new).as_str());
-            link.js
-                .publish_with_headers(owner_subject(name), claim, Vec::new().into())
-                .await
-                .unwrap()
-                .await
-                .unwrap();
 
             assert!(matches!(link.remove_queued().await, Err(Halt::NotOwner)));
             let held = last_message(&link.stream, &segment).await.unwrap();
