@@ -54,7 +54,7 @@ pub(crate) trait SealedRecords {
     ) -> crate::base::Result<Option<crate::base::SettledRecord>>;
 }
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::{Mutex, MutexGuard};
 
@@ -76,14 +76,79 @@ pub(crate) struct BudgetBytes {
 #[repr(align(128))]
 struct Padded<T>(T);
 
-/// Where a shard's dedup table was when its lock was last released by a batch: lets a
-/// batch prefetch the home slots of its next shard before it takes that shard's lock.
-/// Only ever used as a prefetch address, so a stale value costs a useless prefetch, never
-/// a wrong answer.
-#[derive(Default)]
+/// Hint entries one index holds in all, at most `2^MAX_HINT_DEPTH` a shard: 128 a shard
+/// at the default 64 shards, fewer with more shards (16 bytes each, 128 KiB an index).
+const HINT_ENTRIES_PER_INDEX: usize = 8192;
+
+/// Most leading tag bits a table hint resolves: segments deeper than this (a shard of
+/// more than about 300 000 keys) are not prefetched before the lock.
+const MAX_HINT_DEPTH: u32 = 7;
+
+/// Where the segments of a shard's dedup table were when its lock was last released by a
+/// writer: lets a batch prefetch the home slots of its next shard before it takes that
+/// shard's lock, and a single call prefetch its home slot before it reads the clock.
+/// Only ever used as a prefetch address, so a stale or torn value costs a useless
+/// prefetch, never a wrong answer.
 struct TableHint {
+    /// The table layout the entries describe ([`DedupTable::layout`]).
+    layout: AtomicU64,
+    /// One entry per leading-bits prefix of the index's hint depth.
+    entries: Box<[HintEntry]>,
+}
+
+/// One segment's place: the address of its first slot (0: none), and its slot count
+/// with its local depth in the top byte.
+#[derive(Default)]
+struct HintEntry {
     base: AtomicUsize,
-    slots: AtomicUsize,
+    slots_and_depth: AtomicUsize,
+}
+
+/// Bit position of a segment's local depth in [`HintEntry::slots_and_depth`].
+const HINT_DEPTH_SHIFT: u32 = usize::BITS - 8;
+
+impl TableHint {
+    fn new(hint_depth: u32) -> TableHint {
+        TableHint {
+            layout: AtomicU64::new(0),
+            entries: (0..1usize << hint_depth)
+                .map(|_| HintEntry::default())
+                .collect(),
+        }
+    }
+
+    /// Writes the places of `table`'s segments unless they are written already, so that
+    /// callers on other threads keep their copy of the lines.
+    fn publish(&self, table: &DedupTable, hint_depth: u32) {
+        let layout = table.layout();
+        if self.layout.load(Ordering::Relaxed) == layout {
+            return;
+        }
+        for (entry, place) in self.entries.iter().zip(table.places(hint_depth)) {
+            let place = place.unwrap_or_default();
+            entry.base.store(place.base, Ordering::Relaxed);
+            let packed = place.slots | (place.depth as usize) << HINT_DEPTH_SHIFT;
+            entry.slots_and_depth.store(packed, Ordering::Relaxed);
+        }
+        self.layout.store(layout, Ordering::Relaxed);
+    }
+
+    /// The published place of the segment of `tag`, if one is known.
+    #[inline]
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "the top byte holds a depth below 64"
+    )]
+    fn place(&self, tag: u64, hint_depth: u32) -> Option<table::SegmentPlace> {
+        let entry = self.entries.get(table::prefix(tag, hint_depth))?;
+        let base = entry.base.load(Ordering::Relaxed);
+        let packed = entry.slots_and_depth.load(Ordering::Relaxed);
+        (base != 0).then_some(table::SegmentPlace {
+            base,
+            slots: packed & ((1 << HINT_DEPTH_SHIFT) - 1),
+            depth: (packed >> HINT_DEPTH_SHIFT) as u32,
+        })
+    }
 }
 
 /// One shard and its table hint, on cache lines of its own.
@@ -127,6 +192,8 @@ pub(crate) struct IndexStats {
 pub(crate) struct Index {
     shards: Box<[Padded<ShardCell>]>,
     shard_bits: u32,
+    /// Leading tag bits each shard's table hint resolves.
+    hint_depth: u32,
     window: Window,
     bounded: bool,
 }
@@ -145,6 +212,10 @@ impl Index {
         let total = table::bytes_for(per_shard).saturating_mul(config.shards);
         Vec::<u8>::new().try_reserve_exact(total)?;
         let mut shards = Vec::with_capacity(config.shards);
+        let hint_depth = (HINT_ENTRIES_PER_INDEX / config.shards.max(1))
+            .max(1)
+            .ilog2()
+            .min(MAX_HINT_DEPTH);
         for _ in 0..config.shards {
             let shard = Shard::new(
                 (config.window, config.retention),
@@ -154,10 +225,8 @@ impl Index {
                 config.full_policy,
                 config.huge_pages,
             )?;
-            let hint = TableHint::default();
-            let (base, slots) = shard.table_place();
-            hint.base.store(base, Ordering::Relaxed);
-            hint.slots.store(slots, Ordering::Relaxed);
+            let hint = TableHint::new(hint_depth);
+            hint.publish(shard.table(), hint_depth);
             shards.push(Padded(ShardCell {
                 lock: Mutex::new(shard),
                 hint,
@@ -166,6 +235,7 @@ impl Index {
         Ok(Index {
             shards: shards.into_boxed_slice(),
             shard_bits: config.shards.trailing_zeros(),
+            hint_depth,
             window: config.window,
             bounded: config.shard_capacity.is_some(),
         })
@@ -242,30 +312,23 @@ impl Index {
         }
     }
 
-    /// Records where the table of `shard` (locked, owning `fingerprint`) is now, for
-    /// [`Index::prefetch_group`] and [`Index::prefetch_home`]. Writes the hint only when
-    /// the table moved, so that callers on other threads keep their copy of its line.
+    /// Records where the table segments of `shard` (locked, owning `fingerprint`) are
+    /// now, for [`Index::prefetch_group`] and [`Index::prefetch_home`].
     pub(crate) fn publish_table(&self, fingerprint: Fingerprint, shard: &Shard) {
         if let Some(padded) = self.shards.get(fingerprint.shard(self.shard_bits)) {
-            let hint = &padded.0.hint;
-            let (base, slots) = shard.table_place();
-            if hint.base.load(Ordering::Relaxed) != base {
-                hint.base.store(base, Ordering::Relaxed);
-            }
-            if hint.slots.load(Ordering::Relaxed) != slots {
-                hint.slots.store(slots, Ordering::Relaxed);
-            }
+            padded.0.hint.publish(shard.table(), self.hint_depth);
         }
     }
 
-    /// Prefetches, without the lock, the home slot of `fingerprint` at the table place
+    /// Prefetches, without the lock, the home slot of `fingerprint` in the table segment
     /// last published for its shard. A single-key call issues it first, so that its one
     /// DRAM miss is under way while it reads the clock and takes the lock.
     pub(crate) fn prefetch_home(&self, fingerprint: Fingerprint) {
         if let Some(padded) = self.shards.get(fingerprint.shard(self.shard_bits)) {
-            let base = padded.0.hint.base.load(Ordering::Relaxed);
-            let slots = padded.0.hint.slots.load(Ordering::Relaxed);
-            prefetch_address(table::home_address(base, slots, fingerprint.tag()));
+            let tag = fingerprint.tag();
+            if let Some(place) = padded.0.hint.place(tag, self.hint_depth) {
+                prefetch_address(table::home_address(place, tag));
+            }
         }
     }
 
@@ -319,7 +382,7 @@ impl Index {
     }
 
     /// Prefetches, without the lock, the home slots of up to `PREFETCH_AHEAD` members of
-    /// `group` (one shard's keys) at the table place last published for that shard.
+    /// `group` (one shard's keys) in the table segments last published for that shard.
     pub(crate) fn prefetch_group(&self, group: &[u32], fingerprints: &[Fingerprint]) {
         let Some(first) = group.first().and_then(|&i| fingerprints.get(i as usize)) else {
             return;
@@ -327,11 +390,12 @@ impl Index {
         let Some(padded) = self.shards.get(first.shard(self.shard_bits)) else {
             return;
         };
-        let base = padded.0.hint.base.load(Ordering::Relaxed);
-        let slots = padded.0.hint.slots.load(Ordering::Relaxed);
         for &index in group.iter().take(PREFETCH_AHEAD) {
             if let Some(fp) = fingerprints.get(index as usize) {
-                prefetch_address(table::home_address(base, slots, fp.tag()));
+                let tag = fp.tag();
+                if let Some(place) = padded.0.hint.place(tag, self.hint_depth) {
+                    prefetch_address(table::home_address(place, tag));
+                }
             }
         }
     }
@@ -521,10 +585,10 @@ pub(crate) fn for_each_prefetched(
 mod tests {
     use super::*;
 
-    /// A single-key admission that grows its shard's table publishes the new place, so
-    /// that the next call's lock-free prefetch reads the table the probe will use.
+    /// Single-key admissions that grow and split their shard's table publish the new
+    /// places, so that the next call's lock-free prefetch reads the slot the probe will.
     #[test]
-    fn single_key_admissions_keep_the_table_hint_current_as_tables_grow() {
+    fn single_key_admissions_keep_the_table_hint_current_as_tables_split() {
         let config = IndexConfig {
             window: Window::new(4, 1),
             retention: None,
@@ -535,22 +599,24 @@ mod tests {
             huge_pages: false,
         };
         let index = Index::new(config, 0).unwrap();
-        let first: Vec<(usize, usize)> =
-            (0..4).map(|i| index.lock_index(i).table_place()).collect();
-        for n in 0..20_000u64 {
-            let fingerprint = Fingerprint(xxhash_rust::xxh3::xxh3_128(&n.to_le_bytes()));
+        let fingerprints: Vec<Fingerprint> = (0..40_000u64)
+            .map(|n| Fingerprint(xxhash_rust::xxh3::xxh3_128(&n.to_le_bytes())))
+            .collect();
+        for &fingerprint in &fingerprints {
             let mut shard = index.lock(fingerprint, 0);
             assert!(index.admit_one(&mut shard, fingerprint, None).unwrap());
         }
-        for (i, padded) in index.shards.iter().enumerate() {
-            let place = index.lock_index(i).table_place();
-            assert_ne!(place, first[i], "shard {i}'s table grew and moved");
-            let hint = &padded.0.hint;
-            let published = (
-                hint.base.load(Ordering::Relaxed),
-                hint.slots.load(Ordering::Relaxed),
-            );
-            assert_eq!(published, place, "shard {i}");
+        for &fingerprint in &fingerprints {
+            let shard = fingerprint.shard(index.shard_bits);
+            let tag = fingerprint.tag();
+            let place = index.shards[shard].0.hint.place(tag, index.hint_depth);
+            let place = place.expect("every prefix's segment is published");
+            let actual = index.lock_index(shard).table().home_slot_address(tag);
+            assert_eq!(table::home_address(place, tag), actual, "shard {shard}");
         }
+        assert!(
+            index.lock_index(0).table().segment_count() > 2,
+            "the tables split"
+        );
     }
 }

@@ -351,10 +351,6 @@ impl Shard {
         self.schedule_sweep();
     }
 
-    #[expect(
-        clippy::cast_possible_truncation,
-        reason = "bucket stamps are 32 bits by design; indices fit the tables they index"
-    )]
     fn schedule_sweep(&mut self) {
         let garbage = self.table.used() as u64 > self.live_keys;
         if self.live_keys == 0 && garbage {
@@ -362,8 +358,7 @@ impl Shard {
             self.table.clear();
             self.oldest_bucket = self.current;
         } else if self.current - self.oldest_bucket >= MAX_UNSWEPT_AGE_BUCKETS {
-            self.table
-                .rebuild(self.live_keys as usize, self.view().liveness(self.current));
+            self.table.rebuild(self.view().liveness(self.current));
             self.oldest_bucket = self.current.saturating_sub(self.window.span);
         } else if garbage && !self.table.sweeping() {
             self.table.start_sweep();
@@ -398,9 +393,9 @@ impl Shard {
         }
     }
 
-    /// Where the dedup table's slots are: (address of the first, count).
-    pub(crate) fn table_place(&self) -> (usize, usize) {
-        self.table.place_of_slots()
+    /// The dedup table, for the places its segments are at ([`DedupTable::places`]).
+    pub(crate) fn table(&self) -> &DedupTable {
+        &self.table
     }
 
     /// Requests the home slots of `fingerprint` ahead of a probe (batch prefetch).
@@ -609,11 +604,6 @@ impl Shard {
         reason = "every index is below a length fixed at construction (shard count, table capacity, batch size)"
     )]
     fn admit_at(&mut self, fingerprint: Fingerprint, stamp: u64) -> bool {
-        if self.table.needs_growth() {
-            self.table
-                .grow(self.live_keys as usize, self.view().liveness(self.current));
-            self.oldest_bucket = self.current.saturating_sub(self.window.span);
-        }
         let admitted = self.table.insert_stamped(
             fingerprint.tag(),
             self.view().liveness(self.current),
