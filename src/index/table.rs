@@ -887,6 +887,27 @@ mod tests {
         assert_eq!(table.used(), 200_000);
     }
 
+    /// A segment whose limit is reached mostly by expired entries is rebuilt at its size
+    /// (dropping them) instead of split: expiry does not make the table grow.
+    #[test]
+    fn a_segment_full_of_expired_entries_is_rebuilt_not_split() {
+        let mut table = DedupTable::with_keys(0, false).unwrap();
+        for n in 1..=20_000u64 {
+            table.insert(spread(n), window().liveness(0));
+        }
+        let (segments, capacity) = (table.segment_count(), table.capacity());
+        // Bucket 0 is past the window at bucket 10: the old entries are all expired.
+        let later = window().liveness(10);
+        for n in 20_001..=40_000u64 {
+            assert_eq!(table.insert(spread(n), later), Inserted::New);
+        }
+        assert_eq!(table.segment_count(), segments, "no segment split");
+        assert_eq!(table.capacity(), capacity, "no segment grew");
+        for n in 20_001..=40_000u64 {
+            assert!(table.contains(spread(n), later));
+        }
+    }
+
     /// Segments filled at the same rate split at different loads: their limits are drawn
     /// apart, so a table's splits spread over many batches instead of a few.
     #[test]
