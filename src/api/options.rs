@@ -185,7 +185,9 @@ impl Options {
     }
 
     /// Sizes the tables up front for about this many live keys, so they never grow
-    /// while serving. Default 0 (grow as needed). At most [`MAX_EXPECTED_KEYS`](crate::MAX_EXPECTED_KEYS); a size
+    /// while serving. Default 0 (grow as needed: a table grows one 48 KiB segment at a
+    /// time, so no write waits for a whole table's rebuild; a presized table is one
+    /// segment, which splits at once if it outgrows its size). At most [`MAX_EXPECTED_KEYS`](crate::MAX_EXPECTED_KEYS); a size
     /// whose tables cannot be allocated is refused by `Db::open` with
     /// [`Error::InvalidOptions`].
     pub fn expected_keys(mut self, keys: u64) -> Self {
@@ -197,7 +199,7 @@ impl Options {
     /// [`expected_keys`](Self::expected_keys)) are mapped and advised for transparent huge
     /// pages (`madvise(MADV_HUGEPAGE)`, Linux only; elsewhere, or where the kernel has no
     /// transparent huge pages, they stay on the heap). Default on: a probe of a large
-    /// table then needs one TLB entry per 2 MiB instead of per 4 KiB. Tables rebuilt while
+    /// table then needs one TLB entry per 2 MiB instead of per 4 KiB. Segments made while
     /// growing stay on the heap either way (`docs/performance.md` has the figures).
     pub fn huge_pages(mut self, on: bool) -> Self {
         self.config.huge_pages = on;
