@@ -149,6 +149,14 @@ impl TableHint {
             depth: (packed >> HINT_DEPTH_SHIFT) as u32,
         })
     }
+
+    /// Prefetches the home slot of `tag` in its published segment, if one is known.
+    #[inline]
+    fn prefetch_home(&self, tag: u64, hint_depth: u32) {
+        if let Some(place) = self.place(tag, hint_depth) {
+            prefetch_address(table::home_address(place, tag));
+        }
+    }
 }
 
 /// One shard and its table hint, on cache lines of its own.
@@ -325,10 +333,10 @@ impl Index {
     /// DRAM miss is under way while it reads the clock and takes the lock.
     pub(crate) fn prefetch_home(&self, fingerprint: Fingerprint) {
         if let Some(padded) = self.shards.get(fingerprint.shard(self.shard_bits)) {
-            let tag = fingerprint.tag();
-            if let Some(place) = padded.0.hint.place(tag, self.hint_depth) {
-                prefetch_address(table::home_address(place, tag));
-            }
+            padded
+                .0
+                .hint
+                .prefetch_home(fingerprint.tag(), self.hint_depth);
         }
     }
 
@@ -392,10 +400,7 @@ impl Index {
         };
         for &index in group.iter().take(PREFETCH_AHEAD) {
             if let Some(fp) = fingerprints.get(index as usize) {
-                let tag = fp.tag();
-                if let Some(place) = padded.0.hint.place(tag, self.hint_depth) {
-                    prefetch_address(table::home_address(place, tag));
-                }
+                padded.0.hint.prefetch_home(fp.tag(), self.hint_depth);
             }
         }
     }

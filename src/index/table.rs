@@ -348,14 +348,13 @@ fn may_move(home: usize, hole: usize, index: usize) -> bool {
 /// of splitting (keyed tags make this unreachable in practice; it bounds the directory).
 const MAX_DEPTH: u32 = 24;
 
-/// The table. `used` counts non-empty slots of every segment, live or expired.
+/// The table: segments, and the directory that sends each tag to one of them.
 #[derive(Debug)]
 pub(crate) struct DedupTable {
     segments: Vec<Segment>,
     /// `2^depth` entries: the index in `segments` of each leading-bits prefix's segment.
     directory: Vec<u32>,
     depth: u32,
-    used: usize,
     /// The sweep pass under way: the segment and slot it resumes at.
     sweep_cursor: Option<(usize, usize)>,
     probes: u64,
@@ -381,7 +380,6 @@ impl DedupTable {
             segments: vec![Segment::new(slots, 0, limit)],
             directory: vec![0],
             depth: 0,
-            used: 0,
             sweep_cursor: None,
             probes: 0,
             moved: 0,
@@ -402,8 +400,9 @@ impl DedupTable {
             .sum()
     }
 
+    /// Non-empty slots of every segment, live or expired.
     pub(crate) fn used(&self) -> usize {
-        self.used
+        self.segments.iter().map(|segment| segment.used).sum()
     }
 
     /// Slots inspected by all lookups so far (a measure of probe length).
@@ -524,10 +523,7 @@ impl DedupTable {
             self.make_room(index, tag, live);
             index = self.segment_of(tag);
         }
-        let segment = &mut self.segments[index];
-        let before = segment.used;
-        let (inserted, probes) = segment.insert(tag, live, stamp);
-        self.used += segment.used - before;
+        let (inserted, probes) = self.segments[index].insert(tag, live, stamp);
         self.probes += probes;
         inserted
     }
@@ -537,9 +533,7 @@ impl DedupTable {
     #[expect(clippy::indexing_slicing, reason = "`segment_of` indexes `segments`")]
     pub(crate) fn remove(&mut self, tag: u64, live: Liveness) -> Option<u32> {
         let index = self.segment_of(tag);
-        let stamp = self.segments[index].remove(tag, live)?;
-        self.used -= 1;
-        Some(stamp)
+        self.segments[index].remove(tag, live)
     }
 
     /// Rebuilds every segment at its size, dropping expired entries. Ends any sweep pass:
@@ -609,7 +603,6 @@ impl DedupTable {
                 segment.place_entry(slot);
             }
         }
-        self.used = self.used - old.used + segment.used;
         self.moved += segment.used as u64;
     }
 
@@ -646,9 +639,7 @@ impl DedupTable {
                 }
             }
         }
-        let kept = low.used + high.used;
-        self.used = self.used - old.used + kept;
-        self.moved += kept as u64;
+        self.moved += (low.used + high.used) as u64;
         self.segments[index] = low;
         let high_index = u32::try_from(self.segments.len()).unwrap_or(u32::MAX);
         self.segments.push(high);
@@ -671,7 +662,6 @@ impl DedupTable {
             segment.slots = SlotMemory::zeroed(segment.slots.len(), huge_pages);
             segment.used = 0;
         }
-        self.used = 0;
         self.sweep_cursor = None;
         self.layout = next_layout();
     }
@@ -703,7 +693,6 @@ impl DedupTable {
             let end = cursor.saturating_add(budget).min(len);
             let (reached, count) = segment.sweep(cursor, end, live);
             removed += count;
-            self.used -= count;
             budget -= reached.saturating_sub(cursor);
             if reached < len {
                 self.sweep_cursor = Some((index, reached));
@@ -747,6 +736,16 @@ mod tests {
 
     fn spread(n: u64) -> u64 {
         n.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1
+    }
+
+    /// A table grown from empty by the keys `spread(n)` for `n` in `keys`, each new,
+    /// admitted under `live`.
+    fn grown(keys: std::ops::RangeInclusive<u64>, live: Liveness) -> DedupTable {
+        let mut table = DedupTable::with_keys(0, false).unwrap();
+        for n in keys {
+            assert_eq!(table.insert(spread(n), live), Inserted::New, "key {n}");
+        }
+        table
     }
 
     /// `count` distinct tags whose home is slot `home` of the first segment (a table of
@@ -864,12 +863,9 @@ mod tests {
     /// steps of a segment, never by a rebuild of the whole table.
     #[test]
     fn a_growing_table_moves_each_key_less_than_twice_and_at_most_a_segment_at_once() {
-        let mut table = DedupTable::with_keys(0, false).unwrap();
         let live = window().liveness(0);
         let keys = 200_000u64;
-        for n in 1..=keys {
-            assert_eq!(table.insert(spread(n), live), Inserted::New);
-        }
+        let mut table = grown(1..=keys, live);
         let (moved, largest) = table.moved();
         assert!(moved < 2 * keys, "{moved} moves for {keys} keys");
         assert!(
@@ -891,10 +887,7 @@ mod tests {
     /// (dropping them) instead of split: expiry does not make the table grow.
     #[test]
     fn a_segment_full_of_expired_entries_is_rebuilt_not_split() {
-        let mut table = DedupTable::with_keys(0, false).unwrap();
-        for n in 1..=20_000u64 {
-            table.insert(spread(n), window().liveness(0));
-        }
+        let mut table = grown(1..=20_000, window().liveness(0));
         let (segments, capacity) = (table.segment_count(), table.capacity());
         // Bucket 0 is past the window at bucket 10: the old entries are all expired.
         let later = window().liveness(10);
@@ -912,11 +905,7 @@ mod tests {
     /// apart, so a table's splits spread over many batches instead of a few.
     #[test]
     fn segments_draw_different_limits() {
-        let mut table = DedupTable::with_keys(0, false).unwrap();
-        let live = window().liveness(0);
-        for n in 1..=100_000u64 {
-            table.insert(spread(n), live);
-        }
+        let table = grown(1..=100_000, window().liveness(0));
         let limits: std::collections::BTreeSet<usize> =
             table.segments.iter().map(|segment| segment.limit).collect();
         assert!(limits.len() > table.segments.len() / 2, "{limits:?}");
